@@ -1,0 +1,14 @@
+"""Explicit list of check modules: importing this fills the registry (gpud's all.go)."""
+
+from babysitter.checks import base
+
+# Each domain module registers its checks on import. Keep this list explicit.
+CHECK_MODULES: list[str] = []
+
+
+def load_all() -> dict[str, type[base.Check]]:
+    import importlib
+
+    for mod in CHECK_MODULES:
+        importlib.import_module(mod)
+    return dict(base.REGISTRY)

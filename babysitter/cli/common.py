@@ -1,0 +1,32 @@
+"""Shared CLI plumbing: per-invocation state, output helpers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from babysitter.config import Config, load_config
+
+
+class State:
+    """Per-invocation state: the --config path and the (lazily loaded) config."""
+
+    def __init__(self, config_path: str | None) -> None:
+        self.config_path = config_path
+        self._config: Config | None = None
+
+    @property
+    def config(self) -> Config:
+        if self._config is None:
+            self._config = load_config(self.config_path)
+        return self._config
+
+
+pass_state = click.make_pass_decorator(State)
+
+
+def echo_json(data: Any) -> None:
+    """Machine output: one JSON document on stdout."""
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))

@@ -1,0 +1,72 @@
+"""Root of the `babysitter` command. Sub-commands live in their own modules, listed explicitly
+in COMMAND_MODULES; each module exposes `commands: list[click.Command]`."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from typing import Any
+
+import click
+
+from babysitter import __version__
+from babysitter.cli.common import State
+from babysitter.errors import BabysitterError
+
+COMMAND_MODULES: list[str] = [
+    "babysitter.cli.config_cmd",
+]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    envvar="BABYSITTER_CONFIG",
+    help="TOML config (default /etc/babysitter/babysitter.toml).",
+)
+@click.option("-v", "--verbose", count=True, help="More logging (-vv for debug).")
+@click.version_option(__version__, prog_name="babysitter")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, verbose: int) -> None:
+    """babysitter: finds broken GPU nodes, takes them out of Slurm, requeues the jobs from their
+    last good checkpoint, and tells on-call."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx.obj = State(config_path)
+
+
+def _register() -> None:
+    for mod_name in COMMAND_MODULES:
+        mod = importlib.import_module(mod_name)
+        for cmd in mod.commands:
+            cli.add_command(cmd)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> Any:
+    try:
+        rv = cli.main(args=argv, prog_name="babysitter", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except BabysitterError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    # commands return their exit code (Nagios codes for `check`), or None for 0
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

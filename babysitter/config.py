@@ -1,0 +1,245 @@
+"""Configuration: TOML file + `BABYSITTER_<SECTION>__<KEY>` environment overrides, validated by
+pydantic. An unknown key or a bad value is a `ConfigError` naming the key.
+
+Each section is its own model; checks own their `[checks.<name>]` model below. Add keys to the
+model of the part you build, with a default and a one-line description (the README's
+configuration reference is generated from these models).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from babysitter.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/babysitter/babysitter.toml")
+ENV_CONFIG = "BABYSITTER_CONFIG"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def _short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+class AgentConfig(Section):
+    controller_url: str = Field("http://127.0.0.1:8090", description="controller base URL")
+    node_name: str = Field(default_factory=_short_hostname, description="Slurm node name")
+    sysfs_root: Path = Field(Path("/"), description="root under which sys/class/... is read")
+    kmsg_path: Path = Field(Path("/dev/kmsg"), description="kernel log to scan for NVRM XIDs")
+    spool_path: Path = Field(
+        Path("/var/lib/babysitter/spool.db"), description="durable report spool (SQLite)"
+    )
+    spool_max_reports: int = Field(10_000, ge=10, description="spool bound; oldest dropped")
+    interval_s: float = Field(30.0, gt=0, description="report cycle; checks keep own intervals")
+    token_file: Path = Field(
+        Path("/etc/babysitter/node.token"), description="this node's API token"
+    )
+    request_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout for report shipping")
+    metrics_listen: str | None = Field(
+        None, description="host:port for the agent's Prometheus metrics (off when unset)"
+    )
+    enabled_checks: list[str] | None = Field(
+        None, description="checks to run (default: every non-invasive check that is supported)"
+    )
+
+
+class ControllerConfig(Section):
+    listen: str = Field("127.0.0.1:8090", description="host:port of the HTTP API")
+    database_url: str = Field(
+        "sqlite:////var/lib/babysitter/babysitter.db", description="SQLAlchemy URL"
+    )
+    cluster_secret_file: Path = Field(
+        Path("/etc/babysitter/cluster.secret"), description="secret node tokens derive from"
+    )
+    admin_token_file: Path = Field(
+        Path("/etc/babysitter/admin.token"), description="admin API token"
+    )
+    read_token_file: Path | None = Field(None, description="optional read-only API token")
+    heartbeat_timeout_s: float = Field(
+        120.0, gt=0, description="no report for this long -> node state unknown"
+    )
+    retention_days: float = Field(30.0, gt=0, description="reports/findings older are pruned")
+    loop_interval_s: float = Field(1.0, gt=0, description="policy/remediation loop period")
+
+
+class SlurmConfig(Section):
+    backend: Literal["cli", "rest", "pyslurm"] = Field("cli", description="how to talk to Slurm")
+    reason_prefix: str = Field("babysitter:", min_length=1, description="owned drain reasons")
+    slurmrestd_url: str | None = Field(
+        None, description="http://host:port or unix:///path/to/socket (rest backend)"
+    )
+    jwt_token_file: Path | None = Field(None, description="JWT for slurmrestd over TCP")
+    slurm_conf: Path | None = Field(None, description="SLURM_CONF for client commands")
+    bin_dir: Path | None = Field(None, description="directory holding sinfo/scontrol/...")
+    timeout_s: float = Field(15.0, gt=0, description="timeout of every Slurm call")
+
+
+class PolicyConfig(Section):
+    dry_run: bool = Field(False, description="decide, log and alert, but never change Slurm")
+    max_drained_fraction: float = Field(
+        0.1, gt=0, le=1, description="never drain more of a partition than this"
+    )
+    max_drains_per_hour: int = Field(20, ge=0, description="drain budget per rolling hour")
+    resume_after_clean_checks: int = Field(
+        3, ge=1, description="consecutive clean reports before an auto-resume"
+    )
+
+
+class AlertsConfig(Section):
+    alertmanager_url: str | None = Field(None, description="Alertmanager base URL (v2 API)")
+    slack_webhook_url: str | None = Field(None, description="Slack incoming webhook URL")
+    pagerduty_routing_key: str | None = Field(None, description="PagerDuty Events v2 key")
+    pagerduty_url: str = Field(
+        "https://events.pagerduty.com/v2/enqueue", description="PagerDuty Events v2 endpoint"
+    )
+    webhook_url: str | None = Field(None, description="generic JSON webhook")
+    timeout_s: float = Field(5.0, gt=0, description="timeout of every alert delivery")
+
+
+class CheckConfig(Section):
+    """Keys every check understands."""
+
+    enabled: bool = Field(True, description="run this check")
+    interval_s: float | None = Field(None, gt=0, description="override the check's interval")
+    timeout_s: float | None = Field(None, gt=0, description="override the check's timeout")
+
+
+class GpuCheckConfig(CheckConfig):
+    expected_count: int | None = Field(None, ge=0, description="GPUs this node must have")
+    profile: str | None = Field(None, description="SKU threshold profile (default: by name)")
+    thresholds: dict[str, float] = Field(
+        default_factory=dict, description="threshold overrides, by name"
+    )
+
+
+class XidCheckConfig(CheckConfig):
+    actions: dict[int, str] = Field(
+        default_factory=dict, description="XID -> action overrides of the NVIDIA catalog"
+    )
+
+
+class KmsgCheckConfig(CheckConfig):
+    pass
+
+
+class HostCheckConfig(CheckConfig):
+    paths: list[Path] = Field(default_factory=lambda: [Path("/tmp")], description="disk paths")
+    min_free_gb: float = Field(5.0, ge=0, description="free space below this is a warning")
+    min_free_memory_fraction: float = Field(0.05, ge=0, le=1, description="memory floor")
+    mounts: list[Path] = Field(default_factory=list, description="mounts that must exist")
+    check_slurmd: bool = Field(True, description="slurmd must be running")
+
+
+class InfinibandCheckConfig(CheckConfig):
+    profile: str | None = Field(None, description="SKU profile for expected ports/rate")
+    expected_ports: int | None = Field(None, ge=0, description="ACTIVE ports expected")
+    expected_rate_gbps: float | None = Field(None, gt=0, description="rate each port must have")
+
+
+class NcclCheckConfig(CheckConfig):
+    all_reduce_perf: Path | None = Field(None, description="path of nccl-tests all_reduce_perf")
+    job_log_globs: list[str] = Field(
+        default_factory=list, description="where to find babysat jobs' stdout/stderr"
+    )
+
+
+class SdcCheckConfig(CheckConfig):
+    backend: Literal["auto", "numpy", "torch", "cupy"] = Field("auto", description="matmul lib")
+    size: int = Field(2048, ge=16, description="matrix size n (n x n)")
+    dtype: Literal["float32", "float64", "float16", "bfloat16"] = Field("float32")
+    seed: int = Field(1234, description="input seed")
+
+
+class ChecksConfig(Section):
+    gpu: GpuCheckConfig = Field(default_factory=GpuCheckConfig)
+    xid: XidCheckConfig = Field(default_factory=XidCheckConfig)
+    kmsg: KmsgCheckConfig = Field(default_factory=KmsgCheckConfig)
+    host: HostCheckConfig = Field(default_factory=HostCheckConfig)
+    infiniband: InfinibandCheckConfig = Field(default_factory=InfinibandCheckConfig)
+    nccl: NcclCheckConfig = Field(default_factory=NcclCheckConfig)
+    sdc: SdcCheckConfig = Field(default_factory=SdcCheckConfig)
+
+
+class Config(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="BABYSITTER_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    controller: ControllerConfig = Field(default_factory=ControllerConfig)
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    checks: ChecksConfig = Field(default_factory=ChecksConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment wins over the file (the file arrives as init kwargs).
+        return (env_settings, init_settings)
+
+
+def _format_validation_error(err: ValidationError, origin: str) -> str:
+    parts = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        value = e.get("input")
+        hide = e["type"] == "extra_forbidden" or isinstance(value, dict)
+        shown = "" if hide else f" (got {value!r})"
+        parts.append(f"{key}: {msg}{shown}")
+    return f"invalid configuration in {origin}: " + "; ".join(parts)
+
+
+def config_path(explicit: str | Path | None = None) -> Path | None:
+    """The file to read: --config, else $BABYSITTER_CONFIG, else the default if it exists."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(ENV_CONFIG)
+    if env:
+        return Path(env)
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Load and validate; raises ConfigError (one line, naming the key) on any problem."""
+    p = config_path(path)
+    data: dict[str, Any] = {}
+    origin = "environment/defaults"
+    if p is not None:
+        origin = f"{p} (or BABYSITTER_* environment)"
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {p}") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {p}: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+    try:
+        return Config(**data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, origin)) from exc
+    except ValueError as exc:  # pydantic-settings raises this for undecodable env JSON
+        raise ConfigError(f"invalid configuration in {origin}: {exc}") from exc

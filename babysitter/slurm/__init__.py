@@ -1,0 +1,1 @@
+"""Slurm behind one narrow client (see client.py); backends in cli.py, rest.py, pyslurm.py."""

@@ -1,0 +1,129 @@
+"""The one narrow interface to Slurm. Everything else in babysitter talks to Slurm through this.
+
+Backends implement `SlurmClient`; `make_client(config)` picks one. Ownership rules (NHC's):
+- `drain` prefixes the reason with the configured prefix and never overwrites another reason;
+- `resume` refuses a node whose reason does not start with our prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class SlurmError(Exception):
+    """A Slurm command or API call failed; `slurm_message` is Slurm's own text."""
+
+    def __init__(self, message: str, slurm_message: str = "") -> None:
+        super().__init__(message)
+        self.slurm_message = slurm_message
+
+
+class SlurmUnavailable(SlurmError):
+    """slurmctld/slurmrestd could not be reached or timed out: retry later."""
+
+
+class SlurmNotFound(SlurmError):
+    """Unknown node or job."""
+
+
+class SlurmNotOwned(SlurmError):
+    """The node's drain/down reason belongs to someone else; babysitter leaves it alone."""
+
+
+class SlurmRejected(SlurmError):
+    """Slurm refused the operation (e.g. requeue of a --no-requeue job)."""
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: str  # base state, upper case: IDLE, MIXED, ALLOCATED, DOWN, ...
+    flags: frozenset[str] = frozenset()  # DRAIN, NOT_RESPONDING, ...
+    reason: str = ""
+    reason_user: str = ""
+    partitions: tuple[str, ...] = ()
+    gres: str = ""
+    jobs: tuple[int, ...] = ()  # running jobs on this node (filled by the client when cheap)
+
+    @property
+    def drained_or_draining(self) -> bool:
+        return "DRAIN" in self.flags
+
+    @property
+    def down(self) -> bool:
+        return self.state == "DOWN"
+
+    @property
+    def not_responding(self) -> bool:
+        return "NOT_RESPONDING" in self.flags
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: int
+    name: str = ""
+    states: tuple[str, ...] = ()  # all state words, e.g. ("PENDING", "COMPLETING")
+    state_reason: str = ""
+    nodes: tuple[str, ...] = ()  # expanded hostlist
+    batch_host: str = ""
+    requeue: bool = True
+    restart_count: int = 0
+    admin_comment: str = ""
+    comment: str = ""
+    excluded_nodes: tuple[str, ...] = ()
+    user: str = ""
+    partition: str = ""
+    work_dir: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def state(self) -> str:
+        """The primary state word (first of `states`)."""
+        return self.states[0] if self.states else ""
+
+    @property
+    def running(self) -> bool:
+        return "RUNNING" in self.states
+
+    @property
+    def pending(self) -> bool:
+        # ["PENDING", "COMPLETING"] still runs down on the old node: not yet truly pending
+        return "PENDING" in self.states and "COMPLETING" not in self.states
+
+
+class SlurmClient:
+    """Abstract interface. Every method has a bounded run time (config slurm.timeout_s)."""
+
+    reason_prefix: str
+
+    def nodes(self) -> list[SlurmNode]:
+        raise NotImplementedError
+
+    def node(self, name: str) -> SlurmNode:
+        raise NotImplementedError
+
+    def jobs(self) -> list[SlurmJob]:
+        raise NotImplementedError
+
+    def job(self, job_id: int) -> SlurmJob:
+        raise NotImplementedError
+
+    def drain(self, node: str, reason: str) -> None:
+        """Drain with `<prefix> <reason>`; SlurmNotOwned if already drained for someone else."""
+        raise NotImplementedError
+
+    def resume(self, node: str) -> None:
+        """Resume only our own drains; SlurmNotOwned otherwise."""
+        raise NotImplementedError
+
+    def requeue(self, job_id: int, exclude: list[str] | None = None, hold: bool = False) -> None:
+        """Requeue; then add `exclude` to ExcNodeList while it is pending."""
+        raise NotImplementedError
+
+    def hold(self, job_id: int) -> None:
+        raise NotImplementedError
+
+    def release(self, job_id: int) -> None:
+        raise NotImplementedError

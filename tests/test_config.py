@@ -1,0 +1,66 @@
+"""Config: TOML + env overrides, and a clear one-line error naming a bad key."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from babysitter.config import load_config
+from babysitter.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "babysitter.toml"
+    p.write_text(text)
+    return p
+
+
+def test_file_values_and_env_override(tmp_path, monkeypatch):
+    p = write(
+        tmp_path,
+        "[agent]\ninterval_s = 5\nnode_name = 'node7'\n[checks.gpu]\nexpected_count = 8\n",
+    )
+    monkeypatch.setenv("BABYSITTER_AGENT__INTERVAL_S", "2.5")
+    cfg = load_config(p)
+    assert cfg.agent.interval_s == 2.5  # env wins over the file
+    assert cfg.agent.node_name == "node7"
+    assert cfg.checks.gpu.expected_count == 8
+
+
+def test_unknown_key_is_named(tmp_path):
+    p = write(tmp_path, "[policy]\nmax_drained_fractoin = 0.5\n")
+    with pytest.raises(ConfigError, match=r"policy\.max_drained_fractoin: unknown key"):
+        load_config(p)
+
+
+def test_bad_value_is_named(tmp_path):
+    p = write(tmp_path, "[policy]\nmax_drained_fraction = 7\n")
+    with pytest.raises(ConfigError, match=r"policy\.max_drained_fraction"):
+        load_config(p)
+
+
+def test_bad_toml(tmp_path):
+    p = write(tmp_path, "[agent\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(p)
+
+
+def test_cli_reports_bad_key_on_one_line_exit_2(tmp_path):
+    p = write(tmp_path, "[slurm]\nbackend = 'carrier-pigeon'\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "babysitter.cli.main", "--config", str(p), "config", "check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "slurm.backend" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_example_config_is_valid():
+    example = Path(__file__).resolve().parents[1] / "systemd" / "babysitter.toml.example"
+    cfg = load_config(example)
+    assert cfg.slurm.reason_prefix == "babysitter:"
