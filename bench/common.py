@@ -1,0 +1,137 @@
+"""Shared benchmark plumbing: every benchmark writes bench/results/<name>.json in one format,
+and bench/report.py turns them into bench/RESULTS.md.
+
+Result format:
+    {"name": ..., "machine": {...}, "date": ..., "commit": ..., "duration_s": ...,
+     "figures": [{"metric", "value", "unit", "baseline"?, "baseline_value"?, "ratio"?,
+                  "p50"?, "p99"?, "spread"?, "n"?, "goal"?, "met"?}],
+     "details": {...}}
+
+Figures are measured beside their baseline in the same run (machines here are noisy); "goal" is a
+human-readable target like "<= 1 s" and "met" says whether this run reached it. Goals are never
+asserted in tests: a missed goal is shown loudly in RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+REPO = BENCH_DIR.parent
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "hostname": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
+
+
+def commit() -> str:
+    try:
+        r = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return r.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); robust for the small samples benchmarks take."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, round(q / 100 * len(s) + 0.5) - 1))
+    return s[k]
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """Median, p50/p99 and spread (IQR) of a sample."""
+    if not values:
+        return {"n": 0}
+    return {
+        "n": len(values),
+        "p50": statistics.median(values),
+        "p99": percentile(values, 99),
+        "min": min(values),
+        "max": max(values),
+        "spread": percentile(values, 75) - percentile(values, 25),
+    }
+
+
+def figure(
+    metric: str,
+    value: float,
+    unit: str,
+    *,
+    baseline: str | None = None,
+    baseline_value: float | None = None,
+    goal: str | None = None,
+    met: bool | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    f: dict[str, Any] = {"metric": metric, "value": value, "unit": unit}
+    if baseline is not None:
+        f["baseline"] = baseline
+        f["baseline_value"] = baseline_value
+        if baseline_value:
+            f["ratio"] = value / baseline_value
+    if goal is not None:
+        f["goal"] = goal
+        f["met"] = bool(met)
+    f.update(extra)
+    return f
+
+
+def write_result(
+    name: str, figures: list[dict[str, Any]], details: dict[str, Any] | None = None, **kw: Any
+) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "name": name,
+        "machine": machine(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": commit(),
+        "figures": figures,
+        "details": details or {},
+        **kw,
+    }
+    path = RESULTS_DIR / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    tmp.replace(path)
+    return path
+
+
+class Timer:
+    def __enter__(self) -> Timer:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.elapsed = time.perf_counter() - self.start
