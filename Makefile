@@ -49,5 +49,8 @@ fmt: venv
 test: setup lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+bench: setup
+	$(PY) -m bench.run
+
 clean:
 	rm -rf .make build *.egg-info .pytest_cache .mypy_cache .ruff_cache
