@@ -1,4 +1,5 @@
 """Shared pytest set-up. Area fixtures live in tests/fixtures/<area>.py and are listed here."""
 
 pytest_plugins: list[str] = [
+    # "tests.fixtures.<area>",
 ]
