@@ -1,0 +1,124 @@
+"""An in-memory Slurm stand-in for benchmarks that simulate clusters far larger than this
+machine can run (10,000 nodes). It follows the client contract (ownership rules, typed errors)
+and can add a per-call latency like a real slurmctld round trip. Not used where real Slurm runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+from babysitter.slurm.client import (
+    SlurmClient,
+    SlurmJob,
+    SlurmNode,
+    SlurmNotFound,
+    SlurmNotOwned,
+    SlurmRejected,
+)
+
+
+class InMemorySlurm(SlurmClient):
+    def __init__(
+        self,
+        node_names: list[str],
+        partition_of: dict[str, str] | None = None,
+        reason_prefix: str = "babysitter:",
+        call_latency_s: float = 0.0,
+    ) -> None:
+        self.reason_prefix = reason_prefix
+        self.call_latency_s = call_latency_s
+        self._lock = threading.Lock()
+        self._nodes = {
+            n: SlurmNode(
+                name=n,
+                state="IDLE",
+                partitions=((partition_of or {}).get(n, "gpu"),),
+            )
+            for n in node_names
+        }
+        self._jobs: dict[int, SlurmJob] = {}
+        self.calls: list[tuple[str, str]] = []  # (operation, target) in order, for assertions
+
+    def _pause(self, op: str, target: str) -> None:
+        if self.call_latency_s:
+            time.sleep(self.call_latency_s)
+        self.calls.append((op, target))
+
+    def add_job(self, job: SlurmJob) -> None:
+        with self._lock:
+            self._jobs[job.job_id] = job
+
+    def nodes(self) -> list[SlurmNode]:
+        self._pause("nodes", "*")
+        with self._lock:
+            return list(self._nodes.values())
+
+    def node(self, name: str) -> SlurmNode:
+        self._pause("node", name)
+        with self._lock:
+            try:
+                return self._nodes[name]
+            except KeyError:
+                raise SlurmNotFound(f"unknown node {name}") from None
+
+    def jobs(self) -> list[SlurmJob]:
+        self._pause("jobs", "*")
+        with self._lock:
+            return list(self._jobs.values())
+
+    def job(self, job_id: int) -> SlurmJob:
+        self._pause("job", str(job_id))
+        with self._lock:
+            try:
+                return self._jobs[job_id]
+            except KeyError:
+                raise SlurmNotFound(f"Invalid job id specified for job {job_id}") from None
+
+    def _owned(self, node: SlurmNode) -> bool:
+        return node.reason.startswith(self.reason_prefix)
+
+    def drain(self, node: str, reason: str) -> None:
+        self._pause("drain", node)
+        with self._lock:
+            n = self._nodes.get(node)
+            if n is None:
+                raise SlurmNotFound(f"unknown node {node}")
+            if n.reason and not self._owned(n):
+                raise SlurmNotOwned(f"{node} is drained by someone else: {n.reason}")
+            self._nodes[node] = replace(
+                n, flags=n.flags | {"DRAIN"}, reason=f"{self.reason_prefix} {reason}"
+            )
+
+    def resume(self, node: str) -> None:
+        self._pause("resume", node)
+        with self._lock:
+            n = self._nodes.get(node)
+            if n is None:
+                raise SlurmNotFound(f"unknown node {node}")
+            if not self._owned(n):
+                raise SlurmNotOwned(f"{node}: reason {n.reason!r} is not babysitter's")
+            self._nodes[node] = replace(n, flags=n.flags - {"DRAIN"}, reason="")
+
+    def requeue(self, job_id: int, exclude: list[str] | None = None, hold: bool = False) -> None:
+        self._pause("requeue", str(job_id))
+        with self._lock:
+            j = self._jobs.get(job_id)
+            if j is None:
+                raise SlurmNotFound(f"Invalid job id specified for job {job_id}")
+            if not j.requeue:
+                raise SlurmRejected(f"Requested operation is presently disabled for job {job_id}")
+            self._jobs[job_id] = replace(
+                j,
+                states=("PENDING",),
+                nodes=(),
+                restart_count=j.restart_count + 1,
+                excluded_nodes=tuple(sorted(set(j.excluded_nodes) | set(exclude or []))),
+            )
+
+    def hold(self, job_id: int) -> None:
+        self._pause("hold", str(job_id))
+
+    def release(self, job_id: int) -> None:
+        self._pause("release", str(job_id))
