@@ -2,4 +2,5 @@
 
 pytest_plugins: list[str] = [
     # "tests.fixtures.<area>",
+    "tests.fixtures.slurm",
 ]

@@ -16,6 +16,8 @@ from babysitter.errors import BabysitterError
 
 COMMAND_MODULES: list[str] = [
     "babysitter.cli.config_cmd",
+    "babysitter.cli.devcluster_cmd",
+    "babysitter.cli.slurm_cmd",
 ]
 
 

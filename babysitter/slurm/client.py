@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from babysitter.errors import BabysitterError
 
-class SlurmError(Exception):
+
+class SlurmError(BabysitterError):
     """A Slurm command or API call failed; `slurm_message` is Slurm's own text."""
 
     def __init__(self, message: str, slurm_message: str = "") -> None:

@@ -1,0 +1,56 @@
+"""`babysitter devcluster up|down`: a real local Slurm cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from babysitter.cli.common import echo_json
+from babysitter.devcluster.cluster import DEFAULT_BASE, DevCluster
+
+
+@click.group("devcluster")
+def devcluster_group() -> None:
+    """A real local Slurm cluster (munged, slurmctld, N x slurmd -N, slurmrestd)."""
+
+
+@devcluster_group.command("up")
+@click.option("--nodes", "n_nodes", default=4, show_default=True, type=click.IntRange(1, 64))
+@click.option(
+    "--base",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_BASE,
+    show_default=True,
+    help="All cluster state lives here.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print {slurm_conf, base, nodes, ...}.")
+def up(n_nodes: int, base: Path, as_json: bool) -> None:
+    """Start the cluster and wait until every node is idle."""
+    info = DevCluster(base, nodes=n_nodes).up()
+    if as_json:
+        echo_json(info.public())
+        return
+    click.echo(
+        f"Slurm {info.slurm_version} cluster up: {len(info.nodes)} nodes "
+        f"({', '.join(info.nodes)}), 8 GPUs each (simulated)"
+    )
+    click.echo(f"  export SLURM_CONF={info.slurm_conf}")
+    click.echo(f"  slurmrestd: unix://{info.restd_socket}")
+    click.echo(f"  stop with: babysitter devcluster down --base {info.base}")
+
+
+@devcluster_group.command("down")
+@click.option(
+    "--base",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_BASE,
+    show_default=True,
+)
+def down(base: Path) -> None:
+    """Stop every process of the cluster at --base (fine when already down)."""
+    DevCluster(base).down()
+    click.echo(f"devcluster at {base} is down")
+
+
+commands = [devcluster_group]

@@ -1,0 +1,220 @@
+"""What every backend shares: argument validation, the ownership rules, scontrol as the
+universal fallback for changes, and turning Slurm's messages into typed errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from babysitter.slurm.client import (
+    SlurmClient,
+    SlurmError,
+    SlurmNode,
+    SlurmNotFound,
+    SlurmNotOwned,
+    SlurmRejected,
+    SlurmUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_REASON = 200  # Slurm keeps longer reasons, but sinfo/squeue columns and humans do not
+
+_UNAVAILABLE = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "connection refused",
+    "zero bytes were transmitted",
+    "communication connection failure",
+    "slurm_persist_conn_open",
+    "could not establish a configuration source",
+)
+_NOT_FOUND = ("invalid job id", "invalid node name", "node not found", "unknown node")
+
+
+def validate_node(name: str) -> str:
+    if not isinstance(name, str) or not _NODE_RE.match(name):
+        raise SlurmRejected(f"invalid node name {name!r}")
+    return name
+
+
+def validate_job_id(job_id: int | str) -> int:
+    try:
+        jid = int(str(job_id).split("_")[0])
+    except ValueError:
+        raise SlurmRejected(f"invalid job id {job_id!r}") from None
+    if jid <= 0:
+        raise SlurmRejected(f"invalid job id {job_id!r}")
+    return jid
+
+
+def clean_reason(reason: str) -> str:
+    """One printable line; Slurm shows reasons in fixed columns and logs."""
+    flat = " ".join("".join(ch if ch.isprintable() else " " for ch in reason).split())
+    if not flat:
+        raise SlurmRejected("a drain needs a reason")
+    return flat
+
+
+def classify(message: str, what: str) -> SlurmError:
+    low = message.lower()
+    if any(s in low for s in _UNAVAILABLE):
+        return SlurmUnavailable(f"{what}: Slurm unavailable: {message}", message)
+    if any(s in low for s in _NOT_FOUND):
+        return SlurmNotFound(f"{what}: {message}", message)
+    return SlurmRejected(f"{what}: {message}", message)
+
+
+class Scontrol:
+    """Runs Slurm client commands (argv, never a shell) with a timeout."""
+
+    def __init__(
+        self,
+        slurm_conf: Path | None = None,
+        bin_dir: Path | None = None,
+        timeout_s: float = 15.0,
+    ) -> None:
+        self.slurm_conf = slurm_conf
+        self.bin_dir = bin_dir
+        self.timeout_s = timeout_s
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.slurm_conf:
+            env["SLURM_CONF"] = str(self.slurm_conf)
+        return env
+
+    def prog(self, name: str) -> str:
+        if self.bin_dir:
+            return str(self.bin_dir / name)
+        return name
+
+    def run(self, prog: str, *args: str, what: str = "") -> str:
+        argv = [self.prog(prog), *args]
+        what = what or " ".join(argv[:3])
+        try:
+            r = subprocess.run(
+                argv, capture_output=True, text=True, timeout=self.timeout_s, env=self.env()
+            )
+        except subprocess.TimeoutExpired:
+            raise SlurmUnavailable(f"{what}: no answer within {self.timeout_s:g} s") from None
+        except FileNotFoundError:
+            raise SlurmUnavailable(f"{what}: {argv[0]} not found (is Slurm installed?)") from None
+        if r.returncode != 0:
+            msg = (r.stderr or r.stdout).strip()
+            msg = re.sub(r"^(scontrol|sinfo|squeue): (error: )?", "", msg, flags=re.M)
+            raise classify(" ".join(msg.split()) or f"exit {r.returncode}", what)
+        return r.stdout
+
+    # changes every backend may need
+    def drain(self, node: str, reason: str) -> None:
+        self.run(
+            "scontrol",
+            "update",
+            f"NodeName={node}",
+            "State=DRAIN",
+            f"Reason={reason}",
+            what=f"drain {node}",
+        )
+
+    def resume(self, node: str) -> None:
+        self.run("scontrol", "update", f"NodeName={node}", "State=RESUME", what=f"resume {node}")
+
+    def requeue(self, job_id: int, hold: bool) -> None:
+        self.run(
+            "scontrol",
+            "requeuehold" if hold else "requeue",
+            str(job_id),
+            what=f"requeue {job_id}",
+        )
+
+    def exclude(self, job_id: int, nodes: list[str]) -> None:
+        self.run(
+            "scontrol",
+            "update",
+            f"JobId={job_id}",
+            f"ExcNodeList={','.join(nodes)}",
+            what=f"exclude nodes for {job_id}",
+        )
+
+    def hold(self, job_id: int) -> None:
+        self.run("scontrol", "hold", str(job_id), what=f"hold {job_id}")
+
+    def release(self, job_id: int) -> None:
+        self.run("scontrol", "release", str(job_id), what=f"release {job_id}")
+
+
+class OwnedClient(SlurmClient):
+    """Ownership rules (NHC's) on top of a backend's reads and `_set_*` writes."""
+
+    def __init__(self, reason_prefix: str = "babysitter:") -> None:
+        self.reason_prefix = reason_prefix
+
+    def owns(self, node: SlurmNode) -> bool:
+        return node.reason.startswith(self.reason_prefix)
+
+    def full_reason(self, reason: str) -> str:
+        text = f"{self.reason_prefix} {clean_reason(reason)}"
+        return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
+
+    def drain(self, node: str, reason: str) -> None:
+        validate_node(node)
+        full = self.full_reason(reason)
+        current = self.node(node)
+        if current.reason and not self.owns(current):
+            raise SlurmNotOwned(
+                f"{node} already has a reason that is not babysitter's "
+                f"({current.reason!r}); leaving it alone",
+                current.reason,
+            )
+        self._set_drain(node, full)
+
+    def resume(self, node: str) -> None:
+        validate_node(node)
+        current = self.node(node)
+        if not current.reason and not current.drained_or_draining and not current.down:
+            return  # nothing to resume
+        if not self.owns(current):
+            raise SlurmNotOwned(
+                f"refusing to resume {node}: its reason {current.reason!r} is not "
+                f"babysitter's (prefix {self.reason_prefix!r})",
+                current.reason,
+            )
+        self._set_resume(node)
+
+    def requeue(self, job_id: int, exclude: list[str] | None = None, hold: bool = False) -> None:
+        jid = validate_job_id(job_id)
+        exclude = [validate_node(n) for n in exclude or []]
+        before = self.job(jid)
+        self._set_requeue(jid, hold)
+        if exclude:
+            merged = sorted(set(before.excluded_nodes) | set(exclude))
+            # ExcNodeList can only change while the job is pending; right after a requeue the
+            # job is PENDING(+COMPLETING), retry briefly if Slurm has not caught up yet.
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    self._set_exclude(jid, merged)
+                    return
+                except SlurmRejected as exc:
+                    if time.monotonic() > deadline or "pending" not in exc.slurm_message.lower():
+                        raise
+                    time.sleep(0.3)
+
+    # backend hooks
+    def _set_drain(self, node: str, reason: str) -> None:
+        raise NotImplementedError
+
+    def _set_resume(self, node: str) -> None:
+        raise NotImplementedError
+
+    def _set_requeue(self, job_id: int, hold: bool) -> None:
+        raise NotImplementedError
+
+    def _set_exclude(self, job_id: int, nodes: list[str]) -> None:
+        raise NotImplementedError

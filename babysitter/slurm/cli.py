@@ -1,0 +1,89 @@
+"""`cli` backend: Slurm's own commands. Reads with `--json` where the version has it
+(22.05: sinfo/squeue --json, which ignore -n/-j filters; 23.02+: scontrol show --json), writes
+with scontrol."""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+
+from babysitter.slurm import parse
+from babysitter.slurm.base import OwnedClient, Scontrol, validate_job_id, validate_node
+from babysitter.slurm.client import SlurmError, SlurmJob, SlurmNode, SlurmNotFound
+
+
+class CliSlurmClient(OwnedClient):
+    def __init__(
+        self,
+        reason_prefix: str = "babysitter:",
+        slurm_conf: Path | None = None,
+        bin_dir: Path | None = None,
+        timeout_s: float = 15.0,
+    ) -> None:
+        super().__init__(reason_prefix)
+        self.sc = Scontrol(slurm_conf, bin_dir, timeout_s)
+
+    @cached_property
+    def version(self) -> tuple[int, int]:
+        return parse.parse_version(self.sc.run("scontrol", "--version", what="scontrol --version"))
+
+    def _json(self, *argv: str) -> dict:
+        out = self.sc.run(*argv)
+        try:
+            doc = json.loads(out)
+        except json.JSONDecodeError as exc:
+            raise SlurmError(f"{' '.join(argv[:3])}: not JSON: {exc}", out[:200]) from None
+        if not isinstance(doc, dict):
+            raise SlurmError(f"{' '.join(argv[:3])}: unexpected JSON", out[:200])
+        errs = parse.errors_of(doc)
+        if errs and not (doc.get("nodes") or doc.get("jobs")):
+            raise SlurmError(f"{' '.join(argv[:3])}: {'; '.join(errs)}", "; ".join(errs))
+        return doc
+
+    def nodes(self) -> list[SlurmNode]:
+        if self.version >= (23, 2):
+            return parse.nodes_from_json(self._json("scontrol", "show", "node", "--json"))
+        return parse.nodes_from_json(self._json("sinfo", "--json"))
+
+    def node(self, name: str) -> SlurmNode:
+        validate_node(name)
+        for n in self.nodes():
+            if n.name == name:
+                return n
+        raise SlurmNotFound(f"unknown node {name}")
+
+    def jobs(self) -> list[SlurmJob]:
+        if self.version >= (23, 2):
+            return parse.jobs_from_json(self._json("scontrol", "show", "job", "--json"))
+        return parse.jobs_from_json(self._json("squeue", "--json"))
+
+    def job(self, job_id: int) -> SlurmJob:
+        jid = validate_job_id(job_id)
+        for j in self.jobs():
+            if j.job_id == jid:
+                return j
+        # finished jobs drop out of squeue but scontrol still knows them for MinJobAge
+        out = self.sc.run("scontrol", "show", "job", "-o", str(jid), what=f"show job {jid}")
+        line = out.strip().splitlines()[0] if out.strip() else ""
+        if not line:
+            raise SlurmNotFound(f"Invalid job id specified for job {jid}")
+        return parse.job_from_scontrol(line)
+
+    def _set_drain(self, node: str, reason: str) -> None:
+        self.sc.drain(node, reason)
+
+    def _set_resume(self, node: str) -> None:
+        self.sc.resume(node)
+
+    def _set_requeue(self, job_id: int, hold: bool) -> None:
+        self.sc.requeue(job_id, hold)
+
+    def _set_exclude(self, job_id: int, nodes: list[str]) -> None:
+        self.sc.exclude(job_id, nodes)
+
+    def hold(self, job_id: int) -> None:
+        self.sc.hold(validate_job_id(job_id))
+
+    def release(self, job_id: int) -> None:
+        self.sc.release(validate_job_id(job_id))
