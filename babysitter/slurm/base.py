@@ -8,7 +8,9 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from babysitter.slurm.client import (
     SlurmClient,
@@ -21,6 +23,7 @@ from babysitter.slurm.client import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_REASON = 200  # Slurm keeps longer reasons, but sinfo/squeue columns and humans do not
@@ -59,6 +62,14 @@ def clean_reason(reason: str) -> str:
     if not flat:
         raise SlurmRejected("a drain needs a reason")
     return flat
+
+
+def parsed(fn: Callable[[dict[str, Any]], T], doc: dict[str, Any], what: str) -> T:
+    """Parse Slurm output; malformed output is a SlurmError, never a crash."""
+    try:
+        return fn(doc)
+    except ValueError as exc:
+        raise SlurmError(f"{what}: {exc}") from None
 
 
 def classify(message: str, what: str) -> SlurmError:

@@ -9,7 +9,7 @@ from functools import cached_property
 from pathlib import Path
 
 from babysitter.slurm import parse
-from babysitter.slurm.base import OwnedClient, Scontrol, validate_job_id, validate_node
+from babysitter.slurm.base import OwnedClient, Scontrol, parsed, validate_job_id, validate_node
 from babysitter.slurm.client import SlurmError, SlurmJob, SlurmNode, SlurmNotFound
 
 
@@ -43,8 +43,10 @@ class CliSlurmClient(OwnedClient):
 
     def nodes(self) -> list[SlurmNode]:
         if self.version >= (23, 2):
-            return parse.nodes_from_json(self._json("scontrol", "show", "node", "--json"))
-        return parse.nodes_from_json(self._json("sinfo", "--json"))
+            return parsed(
+                parse.nodes_from_json, self._json("scontrol", "show", "node", "--json"), "nodes"
+            )
+        return parsed(parse.nodes_from_json, self._json("sinfo", "--json"), "nodes")
 
     def node(self, name: str) -> SlurmNode:
         validate_node(name)
@@ -55,8 +57,10 @@ class CliSlurmClient(OwnedClient):
 
     def jobs(self) -> list[SlurmJob]:
         if self.version >= (23, 2):
-            return parse.jobs_from_json(self._json("scontrol", "show", "job", "--json"))
-        return parse.jobs_from_json(self._json("squeue", "--json"))
+            return parsed(
+                parse.jobs_from_json, self._json("scontrol", "show", "job", "--json"), "jobs"
+            )
+        return parsed(parse.jobs_from_json, self._json("squeue", "--json"), "jobs")
 
     def job(self, job_id: int) -> SlurmJob:
         jid = validate_job_id(job_id)

@@ -98,7 +98,10 @@ def node_from_json(raw: dict[str, Any]) -> SlurmNode:
 def nodes_from_json(doc: dict[str, Any]) -> list[SlurmNode]:
     """`sinfo --json` (22.05), `scontrol show node --json` / REST /nodes (any version)."""
     if isinstance(doc.get("nodes"), list):
-        return [node_from_json(n) for n in doc["nodes"] if isinstance(n, dict)]
+        try:
+            return [node_from_json(n) for n in doc["nodes"] if isinstance(n, dict)]
+        except (TypeError, AttributeError, KeyError) as exc:
+            raise ValueError(f"malformed node record in Slurm JSON: {exc}") from None
     raise ValueError("no 'nodes' list in Slurm JSON")
 
 
@@ -152,7 +155,10 @@ def job_from_json(raw: dict[str, Any]) -> SlurmJob:
 
 def jobs_from_json(doc: dict[str, Any]) -> list[SlurmJob]:
     if isinstance(doc.get("jobs"), list):
-        return [job_from_json(j) for j in doc["jobs"] if isinstance(j, dict)]
+        try:
+            return [job_from_json(j) for j in doc["jobs"] if isinstance(j, dict)]
+        except (TypeError, AttributeError, KeyError) as exc:
+            raise ValueError(f"malformed job record in Slurm JSON: {exc}") from None
     raise ValueError("no 'jobs' list in Slurm JSON")
 
 

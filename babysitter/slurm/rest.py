@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from babysitter.slurm import parse
-from babysitter.slurm.base import OwnedClient, Scontrol, validate_job_id, validate_node
+from babysitter.slurm.base import OwnedClient, Scontrol, parsed, validate_job_id, validate_node
 from babysitter.slurm.client import (
     SlurmError,
     SlurmJob,
@@ -112,7 +112,9 @@ class RestSlurmClient(OwnedClient):
         return _vnum(self.api_version) >= 45
 
     def nodes(self) -> list[SlurmNode]:
-        return parse.nodes_from_json(self._request("GET", f"/slurm/{self.api_version}/nodes"))
+        return parsed(
+            parse.nodes_from_json, self._request("GET", f"/slurm/{self.api_version}/nodes"), "nodes"
+        )
 
     def node(self, name: str) -> SlurmNode:
         validate_node(name)
@@ -122,7 +124,9 @@ class RestSlurmClient(OwnedClient):
         raise SlurmNotFound(f"unknown node {name}")
 
     def jobs(self) -> list[SlurmJob]:
-        return parse.jobs_from_json(self._request("GET", f"/slurm/{self.api_version}/jobs"))
+        return parsed(
+            parse.jobs_from_json, self._request("GET", f"/slurm/{self.api_version}/jobs"), "jobs"
+        )
 
     def job(self, job_id: int) -> SlurmJob:
         jid = validate_job_id(job_id)
