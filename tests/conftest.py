@@ -3,4 +3,5 @@
 pytest_plugins: list[str] = [
     # "tests.fixtures.<area>",
     "tests.fixtures.slurm",
+    "tests.fixtures.gpu",
 ]

@@ -3,7 +3,11 @@
 from babysitter.checks import base
 
 # Each domain module registers its checks on import. Keep this list explicit.
-CHECK_MODULES: list[str] = []
+CHECK_MODULES: list[str] = [
+    "babysitter.checks.gpu",
+    "babysitter.checks.xid",
+    "babysitter.checks.host",
+]
 
 
 def load_all() -> dict[str, type[base.Check]]:

@@ -18,6 +18,7 @@ COMMAND_MODULES: list[str] = [
     "babysitter.cli.config_cmd",
     "babysitter.cli.devcluster_cmd",
     "babysitter.cli.slurm_cmd",
+    "babysitter.cli.check_cmd",
 ]
 
 

@@ -1,0 +1,115 @@
+"""One NVML session per process, shared by the GPU checks and the XID event thread.
+
+pynvml is used as is (the real binding); every call goes through `call()` so that
+NOT_SUPPORTED on one board/function becomes "no data" instead of a failure, and garbage
+strings from the driver are made printable.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+_lock = threading.Lock()
+_initialized = False
+
+
+class NvmlUnavailable(Exception):
+    """NVML could not start (driver not loaded, version mismatch, no library)."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def init() -> None:
+    global _initialized
+    with _lock:
+        if _initialized:
+            return
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise NvmlUnavailable(f"NVML init failed: {exc}", exc.value) from None
+        except OSError as exc:  # library missing or unloadable
+            raise NvmlUnavailable(f"NVML library not usable: {exc}", None) from None
+        _initialized = True
+
+
+def shutdown() -> None:
+    global _initialized
+    with _lock:
+        if _initialized:
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+            _initialized = False
+
+
+def printable(v: Any) -> str:
+    if isinstance(v, bytes):
+        v = v.decode("utf-8", "replace")
+    s = str(v)
+    return "".join(ch if ch.isprintable() else "?" for ch in s)[:96]
+
+
+NOT_SUPPORTED = object()
+
+
+def call(fn: Any, *args: Any) -> Any:
+    """Call a pynvml function; NOT_SUPPORTED -> the NOT_SUPPORTED sentinel."""
+    try:
+        return fn(*args)
+    except pynvml.NVMLError_NotSupported:
+        return NOT_SUPPORTED
+
+
+@dataclass
+class Device:
+    index: int
+    handle: Any
+    name: str
+    uuid: str
+    pci: str
+
+    @property
+    def component(self) -> str:
+        return f"gpu{self.index}"
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index} ({self.uuid}, {self.pci})"
+
+    def ids(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid, "pci_bus_id": self.pci, "name": self.name}
+
+
+@dataclass
+class LostDevice:
+    index: int
+    error: str
+    code: int
+
+
+def devices() -> tuple[list[Device], list[LostDevice]]:
+    """All GPUs NVML reports; a GPU that is lost / fallen off the bus is listed apart."""
+    init()
+    n = pynvml.nvmlDeviceGetCount()
+    ok: list[Device] = []
+    lost: list[LostDevice] = []
+    for i in range(n):
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = printable(call(pynvml.nvmlDeviceGetName, h))
+            uuid = printable(call(pynvml.nvmlDeviceGetUUID, h))
+            pci_info = call(pynvml.nvmlDeviceGetPciInfo, h)
+            pci = "unknown" if pci_info is NOT_SUPPORTED else printable(pci_info.busId)
+        except pynvml.NVMLError as exc:
+            lost.append(LostDevice(i, str(exc), exc.value))
+            continue
+        ok.append(Device(i, h, name, uuid, pci))
+    return ok, lost

@@ -1,0 +1,96 @@
+"""`babysitter check`: run the checks once, like NHC. Nagios exit codes; `--slurm-drain` makes
+it a Slurm HealthCheckProgram (drain own node on critical, resume it when clean, only if the
+drain was babysitter's)."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from babysitter.checks.base import CheckContext, run_checks, select_checks
+from babysitter.cli.common import State, echo_json, pass_state
+from babysitter.errors import UsageError
+from babysitter.finding import Finding, Severity, exit_code, worst
+from babysitter.slurm.client import SlurmError, SlurmNotOwned
+
+_STYLE = {
+    Severity.CRITICAL: "bold red",
+    Severity.WARNING: "yellow",
+    Severity.INFO: "cyan",
+    Severity.OK: "green",
+}
+
+
+def drain_summary(findings: list[Finding]) -> str:
+    crit = [f for f in findings if f.severity is Severity.CRITICAL]
+    first = crit[0]
+    more = f" (+{len(crit) - 1} more)" if len(crit) > 1 else ""
+    return f"{first.check}: {first.message}{more}"
+
+
+@click.command("check")
+@click.option("--only", default="", help="Comma-separated check names or prefixes (gpu,xid).")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as a JSON list.")
+@click.option(
+    "--slurm-drain",
+    is_flag=True,
+    help="Drain this node on a critical finding; resume it when clean (own drains only).",
+)
+@pass_state
+def check(state: State, only: str, as_json: bool, slurm_drain: bool) -> int:
+    """Run the checks once; exit 0 ok, 1 warning, 2 critical, 3 unknown."""
+    cfg = state.config
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    ctx = CheckContext(cfg, cfg.agent.node_name)
+    checks = select_checks(ctx, wanted or None)
+    if wanted and not checks:
+        raise UsageError(f"--only {only!r} matches no check")
+    results = run_checks(checks)
+    findings = [f for r in results for f in r.findings]
+    unknown = any(r.unknown for r in results)
+    code = exit_code(findings, unknown=unknown)
+    if as_json:
+        echo_json([f.to_json_dict() for f in findings])
+    else:
+        _print_table(findings)
+    if slurm_drain:
+        _slurm_drain(state, cfg.agent.node_name, findings)
+    return code
+
+
+def _print_table(findings: list[Finding]) -> None:
+    con = Console()
+    problems = [f for f in findings if f.severity is not Severity.OK]
+    healthy = {(f.check, f.component) for f in findings if f.severity is Severity.OK}
+    if problems:
+        t = Table("severity", "check", "component", "code", "message")
+        for f in sorted(problems, key=lambda f: (-f.severity.rank, f.check, f.component)):
+            t.add_row(
+                f"[{_STYLE[f.severity]}]{f.severity}[/]", f.check, f.component, f.code, f.message
+            )
+        con.print(t)
+    con.print(
+        f"{len(healthy)} check/component pairs ok; worst: {worst(findings)} "
+        "(--json for every finding)"
+    )
+
+
+def _slurm_drain(state: State, node: str, findings: list[Finding]) -> None:
+    from babysitter.slurm.factory import make_client
+
+    err = Console(stderr=True)
+    client = make_client(state.config)
+    try:
+        if worst(findings) is Severity.CRITICAL:
+            client.drain(node, drain_summary(findings))
+            err.print(f"drained {node}")
+        else:
+            client.resume(node)
+    except SlurmNotOwned as exc:
+        err.print(f"left {node} alone: {exc}")
+    except SlurmError as exc:
+        err.print(f"could not update Slurm for {node}: {exc}")
+
+
+commands = [check]

@@ -1,0 +1,124 @@
+"""Simulated GPUs: builds the fake libnvidia-ml.so.1 (C source in tests/fakenvml/) and writes
+its state file atomically, so tests, the demo and benchmarks can inject faults into a running
+agent. The agent itself never knows: it loads "libnvidia-ml.so.1" through pynvml as usual
+(LD_LIBRARY_PATH=<lib dir> for a subprocess, or `preload()` in-process)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE = REPO / "tests" / "fakenvml" / "fakenvml.c"
+DEFAULT_CACHE = Path(os.environ.get("BABYSITTER_FAKENVML_CACHE", "/tmp/babysitter-fakenvml"))
+ENV_STATE = "FAKE_NVML_STATE"
+
+# nvmlReturn_t values tests inject
+NOT_SUPPORTED = 3
+DRIVER_NOT_LOADED = 9
+GPU_IS_LOST = 15
+LIB_RM_VERSION_MISMATCH = 18
+
+
+def build(cache_dir: Path = DEFAULT_CACHE) -> Path:
+    """Compile the fake once per source version; returns the directory holding
+    libnvidia-ml.so.1 (put it on LD_LIBRARY_PATH)."""
+    src = SOURCE.read_bytes()
+    digest = hashlib.sha256(src).hexdigest()[:16]
+    out_dir = cache_dir / digest
+    lib = out_dir / "libnvidia-ml.so.1"
+    if lib.exists():
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".build-{os.getpid()}.so"
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-Wno-format-truncation",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            "-o",
+            str(tmp),
+            str(SOURCE),
+            "-lpthread",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    tmp.replace(lib)
+    return out_dir
+
+
+def preload(lib_dir: Path) -> None:
+    """In-process use: load the fake by absolute path before pynvml's first nvmlInit; glibc
+    then satisfies pynvml's bare-name load by SONAME. One fake per process."""
+    ctypes.CDLL(str(lib_dir / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
+
+
+class FakeGpus:
+    """State of the simulated GPUs of one node, written atomically on every change."""
+
+    def __init__(self, path: Path, count: int = 8, name: str = "NVIDIA H100 80GB HBM3") -> None:
+        self.path = Path(path)
+        self.fields: dict[str, str] = {}
+        self.events: list[tuple[int, int]] = []
+        self._seq = 0
+        self.reset(count, name)
+
+    def reset(self, count: int = 8, name: str = "NVIDIA H100 80GB HBM3") -> FakeGpus:
+        self.fields = {"count": str(count), "driver_version": "550.54.15"}
+        for i in range(count):
+            self.fields[f"gpu{i}.name"] = name
+        self.events = []
+        return self.write()
+
+    def set(self, gpu: int | None = None, /, **values: object) -> FakeGpus:
+        """set(3, dbe_volatile=1) or set(init_error=9); None values remove the key."""
+        for k, v in values.items():
+            key = k if gpu is None else f"gpu{gpu}.{k}"
+            if v is None:
+                self.fields.pop(key, None)
+            else:
+                self.fields[key] = str(v)
+        return self.write()
+
+    def lose(self, gpu: int) -> FakeGpus:
+        return self.set(gpu, lost=1)
+
+    def error(self, gpu: int, function: str, code: int | None) -> FakeGpus:
+        return self.set(gpu, **{f"err.{function}": code})
+
+    def delay(self, function: str, seconds: float | None) -> FakeGpus:
+        return self.set(**{f"delay.{function}": seconds})
+
+    def xid(self, gpu: int, xid: int) -> FakeGpus:
+        """An XID event, seen by event sets registered before it."""
+        self._seq += 1
+        self.events.append((gpu, xid))
+        self.fields[f"event.{self._seq}"] = f"{gpu},{xid}"
+        return self.write()
+
+    def write(self) -> FakeGpus:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        text = "".join(f"{k}={v}\n" for k, v in self.fields.items())
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".fakenvml-")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, self.path)  # readers never see a torn file
+        return self
+
+    def env(self, lib_dir: Path) -> dict[str, str]:
+        """Environment for a subprocess (agent, `babysitter check`) using these GPUs."""
+        ld = os.environ.get("LD_LIBRARY_PATH", "")
+        return {
+            ENV_STATE: str(self.path),
+            "LD_LIBRARY_PATH": f"{lib_dir}:{ld}" if ld else str(lib_dir),
+        }

@@ -1,0 +1,51 @@
+"""`babysitter check --slurm-drain` as a HealthCheckProgram on a real devcluster node."""
+
+from __future__ import annotations
+
+from tests.fixtures.gpu import babysitter_env, run_babysitter
+from tests.fixtures.slurm import slurm
+
+
+def node_state(info, node):
+    out = slurm(info, "sinfo", "-h", "-N", "-n", node, "-o", "%t|%E").stdout.strip()
+    state, reason = out.split("|", 1)
+    return state.rstrip("*"), reason
+
+
+def test_drains_on_critical_resumes_when_clean_and_leaves_admin_drains(
+    clean_cluster, gpus, fakenvml_lib, tmp_path
+):
+    env = babysitter_env(gpus, fakenvml_lib, tmp_path, agent__node_name="node2")
+    env["SLURM_CONF"] = clean_cluster.slurm_conf
+
+    gpus.set(3, dbe_volatile=1)
+    r = run_babysitter(env, "check", "--slurm-drain", "--only", "gpu")
+    assert r.returncode == 2
+    state, reason = node_state(clean_cluster, "node2")
+    assert state == "drain"
+    assert reason.startswith("babysitter: gpu.memory: GPU 3")
+
+    gpus.set(3, dbe_volatile=0)
+    r = run_babysitter(env, "check", "--slurm-drain", "--only", "gpu")
+    assert r.returncode == 0
+    assert node_state(clean_cluster, "node2")[0] == "idle"
+
+    # an admin's drain is never touched
+    env["BABYSITTER_AGENT__NODE_NAME"] = "node3"
+    slurm(
+        clean_cluster,
+        "scontrol",
+        "update",
+        "NodeName=node3",
+        "State=DRAIN",
+        "Reason=admin maintenance",
+    )
+    gpus.set(3, dbe_volatile=1)
+    r = run_babysitter(env, "check", "--slurm-drain", "--only", "gpu")
+    assert r.returncode == 2
+    assert "left node3 alone" in r.stderr
+    assert node_state(clean_cluster, "node3") == ("drain", "admin maintenance")
+    gpus.set(3, dbe_volatile=0)
+    r = run_babysitter(env, "check", "--slurm-drain", "--only", "gpu")
+    assert r.returncode == 0
+    assert node_state(clean_cluster, "node3") == ("drain", "admin maintenance")

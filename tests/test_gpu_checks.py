@@ -1,0 +1,173 @@
+"""`babysitter check` on simulated GPUs: the real pynvml binding over the fake libnvidia-ml."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from babysitter.devcluster import fakenvml
+from tests.fixtures.gpu import babysitter_env, run_babysitter
+
+
+def check_json(env, *extra):
+    r = run_babysitter(env, "check", "--json", *extra)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def non_ok(findings):
+    return [f for f in findings if f["severity"] != "ok"]
+
+
+@pytest.fixture
+def env(gpus, fakenvml_lib, tmp_path):
+    return babysitter_env(gpus, fakenvml_lib, tmp_path)
+
+
+def test_eight_healthy_gpus_exit_0_and_each_gpu_reported(env):
+    rc, findings = check_json(env)
+    assert rc == 0, non_ok(findings)
+    present = {f["component"] for f in findings if f["code"] == "gpu.present"}
+    assert present == {f"gpu{i}" for i in range(8)}
+    assert non_ok(findings) == []
+
+
+def test_volatile_dbe_on_gpu3_is_critical_and_names_the_gpu(env, gpus):
+    gpus.set(3, dbe_volatile=1, uuid="GPU-3333", pci="00000000:5D:00.0")
+    rc, findings = check_json(env)
+    assert rc == 2
+    [f] = non_ok(findings)
+    assert f["component"] == "gpu3" and f["severity"] == "critical"
+    assert f["code"] == "ecc.dbe.volatile"
+    assert "GPU 3" in f["message"] and "GPU-3333" in f["message"]
+    assert "00000000:5D:00.0" in f["message"]
+    assert f["details"]["uuid"] == "GPU-3333" and f["details"]["index"] == 3
+
+
+def test_lost_gpu5_is_critical_reboot(env, gpus):
+    gpus.lose(5)
+    rc, findings = check_json(env)
+    assert rc == 2
+    lost = [f for f in findings if f["code"] == "gpu.lost"]
+    assert [f["component"] for f in lost] == ["gpu5"]
+    assert lost[0]["action"] == "reboot" and "GPU 5" in lost[0]["message"]
+
+
+def test_row_remap_failure(env, gpus):
+    gpus.set(6, remap_failure=1)
+    rc, findings = check_json(env)
+    assert rc == 2
+    assert [(f["component"], f["code"]) for f in non_ok(findings)] == [("gpu6", "row_remap.failed")]
+
+
+def test_pcie_x8_of_x16_is_at_least_warning(env, gpus):
+    gpus.set(2, pcie_width=8)
+    rc, findings = check_json(env)
+    assert rc >= 1
+    [f] = non_ok(findings)
+    assert f["component"] == "gpu2" and f["code"] == "pcie.width_degraded"
+    assert f["severity"] in ("warning", "critical")
+
+
+def test_inactive_nvlink_is_reported_on_the_link(env, gpus):
+    gpus.set(1, nvlink_down="4")
+    rc, findings = check_json(env)
+    assert rc == 2
+    [f] = non_ok(findings)
+    assert f["component"] == "nvlink:gpu1/4" and f["code"] == "nvlink.inactive"
+
+
+def test_not_supported_on_one_board_is_not_a_fault(env, gpus):
+    gpus.error(4, "nvmlDeviceGetRemappedRows", fakenvml.NOT_SUPPORTED)
+    gpus.error(4, "nvmlDeviceGetNvLinkState", fakenvml.NOT_SUPPORTED)
+    rc, findings = check_json(env)
+    assert rc == 0, non_ok(findings)
+
+
+@pytest.mark.parametrize(
+    "code,finding_code", [(9, "driver.not_loaded"), (18, "driver.version_mismatch")]
+)
+def test_driver_init_errors(env, gpus, code, finding_code):
+    gpus.set(init_error=code)
+    rc, findings = check_json(env)
+    assert rc == 2
+    assert finding_code in {f["code"] for f in findings}
+
+
+def test_xid79_in_kernel_log_is_critical_reboot_and_xid13_is_not_a_node_fault(env, gpus, tmp_path):
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(
+        "[  1.0] NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python, Graphics Exception\n"
+    )
+    rc, findings = check_json(env, "--only", "xid")
+    assert rc == 0
+    [f13] = [f for f in findings if f["code"] == "xid.13"] or [None]
+    assert f13 is None or f13["severity"] in ("ok", "info")
+
+    with kmsg.open("a") as fh:
+        fh.write(
+            "[  2.0] NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, "
+            "GPU has fallen off the bus.\n"
+        )
+    rc, findings = check_json(env, "--only", "xid")
+    assert rc == 2
+    [f79] = [f for f in findings if f["code"] == "xid.79"]
+    assert f79["severity"] == "critical" and f79["action"] == "reboot"
+    assert f79["component"] == "gpu3"  # PCI 5d:00 is GPU 3 on the simulated node
+    assert f79["details"]["rule"] == "catalog: xid 79 -> reboot"
+
+
+def test_site_override_of_the_xid_table(env, gpus, tmp_path):
+    (tmp_path / "kmsg").write_text("NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=x, Graphics\n")
+    env["BABYSITTER_CHECKS__XID__ACTIONS"] = '{"13": "reset_gpu"}'
+    rc, findings = check_json(env, "--only", "xid")
+    assert rc == 2
+    [f] = non_ok(findings)
+    assert f["details"]["rule"].startswith("site override")
+
+
+def test_hung_nvml_call_is_cut_off_and_the_run_ends(env, gpus):
+    gpus.delay("nvmlDeviceGetTotalEccErrors", 30)
+    env["BABYSITTER_CHECKS__GPU__TIMEOUT_S"] = "2"
+    r = run_babysitter(env, "check", "--json", "--only", "gpu.memory", timeout=25)
+    findings = json.loads(r.stdout)
+    assert r.returncode == 2
+    [f] = findings
+    assert f["code"] == "check.timeout" and f["check"] == "gpu.memory"
+
+
+def test_human_output_lists_problems(env, gpus):
+    gpus.set(3, dbe_volatile=2)
+    r = run_babysitter(env, "check")
+    assert r.returncode == 2
+    assert "ecc.dbe.volatile" in r.stdout and "gpu3" in r.stdout
+
+
+def test_every_nvml_symbol_the_checks_use_is_exported(fakenvml_lib):
+    import re
+    from pathlib import Path
+
+    used: set[str] = set()
+    for mod in ("gpu.py", "nvml.py", "xid.py"):
+        src = (Path(__file__).resolve().parents[1] / "babysitter" / "checks" / mod).read_text()
+        used |= set(re.findall(r"pynvml\.(nvml[A-Za-z_0-9]+)\b", src))
+    funcs = {u for u in used if u[4].isupper() and not u.startswith("nvmlEventType")}
+    # pynvml wrapper name -> C symbol it resolves
+    rename = {
+        "nvmlInit": "nvmlInitWithFlags",
+        "nvmlDeviceGetCount": "nvmlDeviceGetCount_v2",
+        "nvmlDeviceGetHandleByIndex": "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetPciInfo": "nvmlDeviceGetPciInfo_v3",
+    }
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", str(fakenvml_lib / "libnvidia-ml.so.1")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    exported = {line.split()[-1] for line in symbols.splitlines()}
+    missing = {rename.get(f, f) for f in funcs} - exported
+    assert not missing

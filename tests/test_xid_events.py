@@ -1,0 +1,108 @@
+"""XID events through NVML (nvmlEventSetWait_v2 in one thread) and garbage input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from babysitter.checks.xid import parse_kmsg_line
+from babysitter.checks.xid_catalog import classify
+from tests.fixtures.gpu import babysitter_env, run_babysitter
+
+EVENT_SCRIPT = """
+import json, sys, time
+from babysitter.config import load_config
+from babysitter.checks.base import CheckContext
+from babysitter.checks.xid import NvmlXidEvents
+cfg = load_config()
+src = NvmlXidEvents(CheckContext(cfg, "n1"))
+src.start(lambda fs: [print(json.dumps(f.to_json_dict()), flush=True) for f in fs])
+time.sleep(0.5)
+print("ready", flush=True)
+time.sleep(float(sys.argv[1]))
+src.stop()
+"""
+
+
+def test_nvml_xid_event_is_emitted_at_once(gpus, fakenvml_lib, tmp_path):
+    env = babysitter_env(gpus, fakenvml_lib, tmp_path)
+    p = subprocess.Popen(
+        [sys.executable, "-c", EVENT_SCRIPT, "20"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
+        gpus.xid(3, 79)
+        gpus.xid(4, 13)
+        first = json.loads(p.stdout.readline())
+        second = json.loads(p.stdout.readline())
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+    assert first["component"] == "gpu3" and first["code"] == "xid.79"
+    assert first["severity"] == "critical" and first["action"] == "reboot"
+    assert first["details"]["uuid"].startswith("GPU-")
+    assert second["code"] == "xid.13" and second["severity"] == "info"
+
+
+def test_catalog_classes():
+    assert classify(79).action == "reboot"
+    assert classify(48).action == "reset_gpu"
+    assert classify(13).severity == "info"
+    assert classify(43).severity == "ok"
+    assert classify(99999).severity == "warning"
+
+
+@given(st.text(max_size=400))
+def test_kmsg_garbage_never_crashes(line):
+    parse_kmsg_line(line)
+
+
+@given(st.integers(min_value=-(2**70), max_value=2**70), st.text(max_size=40))
+def test_kmsg_xid_numbers_of_any_size(n, rest):
+    parse_kmsg_line(f"NVRM: Xid (PCI:0000:3b:00): {n}, {rest}")
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.binary(max_size=2000))
+def test_kmsg_file_garbage_gives_findings_not_a_crash(tmp_path_factory, data):
+    from babysitter.checks.base import CheckContext
+    from babysitter.checks.xid import KmsgXidCheck
+    from babysitter.config import Config
+
+    p = tmp_path_factory.mktemp("k") / "kmsg"
+    p.write_bytes(data + b"\nNVRM: Xid (PCI:0000:3b:00): 79, x\n")
+    cfg = Config.model_validate({"agent": {"kmsg_path": str(p)}})
+    findings = KmsgXidCheck(CheckContext(cfg, "n")).run()
+    assert any(f.code == "xid.79" for f in findings)
+
+
+def test_garbage_nvml_strings_do_not_crash_the_run(gpus, fakenvml_lib, tmp_path):
+    gpus.set(0, name="\x07NVIDIA\x01 H100\x1b[31m", uuid="GPU-\x00\x02bad", serial="\xff")
+    env = babysitter_env(gpus, fakenvml_lib, tmp_path)
+    r = run_babysitter(env, "check", "--json", "--only", "gpu")
+    assert r.returncode == 0, r.stderr
+    findings = json.loads(r.stdout)
+    msg = next(f["message"] for f in findings if f["component"] == "gpu0")
+    assert msg.isprintable()
+
+
+def test_slow_call_does_not_block_event_thread(gpus, fakenvml_lib, tmp_path):
+    """A hung unrelated call (power) must not stop XID events from arriving."""
+    gpus.delay("nvmlDeviceGetPowerUsage", 30)
+    env = babysitter_env(gpus, fakenvml_lib, tmp_path)
+    p = subprocess.Popen(
+        [sys.executable, "-c", EVENT_SCRIPT, "20"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        gpus.xid(2, 48)
+        f = json.loads(p.stdout.readline())
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+    assert f["component"] == "gpu2" and f["action"] == "reset_gpu"
