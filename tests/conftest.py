@@ -4,4 +4,5 @@ pytest_plugins: list[str] = [
     # "tests.fixtures.<area>",
     "tests.fixtures.slurm",
     "tests.fixtures.gpu",
+    "tests.fixtures.controller",
 ]

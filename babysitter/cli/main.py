@@ -19,6 +19,8 @@ COMMAND_MODULES: list[str] = [
     "babysitter.cli.devcluster_cmd",
     "babysitter.cli.slurm_cmd",
     "babysitter.cli.check_cmd",
+    "babysitter.cli.daemon_cmd",
+    "babysitter.cli.read_cmd",
 ]
 
 

@@ -1,0 +1,2 @@
+"""The node agent: schedule checks, push event findings at once, ship reports, spool when the
+controller is away."""

@@ -1,0 +1,189 @@
+"""Talk to the controller: `status`, `nodes`, `findings NODE`, `jobs` (tables for people, JSON
+for scripts) and the admin actions `drain`, `resume`, `requeue`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from babysitter.cli.common import State, echo_json, pass_state
+from babysitter.errors import BabysitterError
+
+_url_opt = click.option("--url", envvar="BABYSITTER_URL", help="Controller URL.")
+_token_opt = click.option("--token", envvar="BABYSITTER_TOKEN", help="Admin or read token.")
+
+
+def _client(state: State, url: str | None, token: str | None) -> httpx.Client:
+    cfg = state.config
+    if not token:
+        try:
+            token = cfg.controller.admin_token_file.read_text().strip()
+        except OSError:
+            token = os.environ.get("BABYSITTER_TOKEN", "")
+    return httpx.Client(
+        base_url=(url or cfg.agent.controller_url).rstrip("/"),
+        timeout=10,
+        headers={"Authorization": f"Bearer {token}"},
+    )
+
+
+def _call(c: httpx.Client, method: str, path: str, **kw: Any) -> Any:
+    try:
+        r = c.request(method, path, **kw)
+    except httpx.HTTPError as exc:
+        raise BabysitterError(f"controller at {c.base_url} unreachable: {exc}") from None
+    if r.status_code >= 400:
+        try:
+            detail = r.json().get("detail")
+        except ValueError:
+            detail = r.text[:200]
+        raise BabysitterError(f"{method} {path}: HTTP {r.status_code}: {detail}")
+    return r.json()
+
+
+@click.command("status")
+@_url_opt
+@_token_opt
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def status(state: State, url: str | None, token: str | None, as_json: bool) -> None:
+    """Cluster summary: nodes by verdict, open problems, pending actions."""
+    with _client(state, url, token) as c:
+        nodes = _call(c, "GET", "/api/v1/nodes")
+        pending = _call(c, "GET", "/api/v1/actions", params={"status": "pending"})
+    by: dict[str, int] = {}
+    for n in nodes:
+        by[n["verdict"]] = by.get(n["verdict"], 0) + 1
+    bad = [n for n in nodes if n["verdict"] != "healthy"]
+    if as_json:
+        echo_json(
+            {
+                "nodes": len(nodes),
+                "by_verdict": by,
+                "problem_nodes": bad,
+                "pending_actions": pending,
+            }
+        )
+        return
+    con = Console()
+    con.print(f"{len(nodes)} nodes: " + ", ".join(f"{v} {k}" for k, v in sorted(by.items())))
+    if bad:
+        t = Table("node", "verdict", "drained by babysitter", "problem")
+        for n in bad:
+            first = n["open_findings"][0]["message"] if n["open_findings"] else ""
+            t.add_row(n["name"], n["verdict"], "yes" if n["babysitter_drained"] else "", first)
+        con.print(t)
+    con.print(f"{len(pending)} pending actions")
+
+
+@click.command("nodes")
+@_url_opt
+@_token_opt
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def nodes(state: State, url: str | None, token: str | None, as_json: bool) -> None:
+    """Every node with verdict, heartbeat age and open findings."""
+    with _client(state, url, token) as c:
+        rows = _call(c, "GET", "/api/v1/nodes")
+    if as_json:
+        echo_json(rows)
+        return
+    t = Table("node", "verdict", "heartbeat age s", "open findings", "slurm")
+    for n in rows:
+        t.add_row(
+            n["name"],
+            n["verdict"],
+            str(n["heartbeat_age_s"]),
+            str(len(n["open_findings"])),
+            n.get("slurm_state") or "",
+        )
+    Console().print(t)
+
+
+@click.command("findings")
+@click.argument("node")
+@_url_opt
+@_token_opt
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def findings(state: State, node: str, url: str | None, token: str | None, as_json: bool) -> None:
+    """Finding history of NODE."""
+    with _client(state, url, token) as c:
+        rows = _call(c, "GET", "/api/v1/findings", params={"node": node})
+    if as_json:
+        echo_json(rows)
+        return
+    t = Table("observed", "severity", "check", "component", "message")
+    for f in rows:
+        t.add_row(str(f["observed_at"]), f["severity"], f["check"], f["component"], f["message"])
+    Console().print(t)
+
+
+@click.command("jobs")
+@_url_opt
+@_token_opt
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def jobs(state: State, url: str | None, token: str | None, as_json: bool) -> None:
+    """Babysat jobs, their requeues and resume points."""
+    with _client(state, url, token) as c:
+        rows = _call(c, "GET", "/api/v1/jobs")
+    if as_json:
+        echo_json(rows)
+        return
+    t = Table("job", "state", "nodes", "restarts", "requeues", "resume from")
+    for j in rows:
+        t.add_row(
+            str(j["job_id"]),
+            j.get("state") or "",
+            ",".join(j.get("nodes") or []),
+            str(j["restart_count"]),
+            str(j["requeues"]),
+            j.get("resume_point") or "",
+        )
+    Console().print(t)
+
+
+@click.command("drain")
+@click.argument("node")
+@click.option("--reason", required=True)
+@_url_opt
+@_token_opt
+@pass_state
+def drain(state: State, node: str, reason: str, url: str | None, token: str | None) -> None:
+    """Ask the controller to drain NODE (recorded in its action log)."""
+    with _client(state, url, token) as c:
+        r = _call(c, "POST", f"/api/v1/nodes/{node}/drain", json={"reason": reason})
+    click.echo(f"drain of {node} requested (action {r['action_id']})")
+
+
+@click.command("resume")
+@click.argument("node")
+@_url_opt
+@_token_opt
+@pass_state
+def resume(state: State, node: str, url: str | None, token: str | None) -> None:
+    """Ask the controller to resume NODE (only babysitter's own drains)."""
+    with _client(state, url, token) as c:
+        r = _call(c, "POST", f"/api/v1/nodes/{node}/resume")
+    click.echo(f"resume of {node} requested (action {r['action_id']})")
+
+
+@click.command("requeue")
+@click.argument("job_id", type=int)
+@_url_opt
+@_token_opt
+@pass_state
+def requeue(state: State, job_id: int, url: str | None, token: str | None) -> None:
+    """Ask the controller to requeue JOB_ID."""
+    with _client(state, url, token) as c:
+        r = _call(c, "POST", f"/api/v1/jobs/{job_id}/requeue")
+    click.echo(f"requeue of {job_id} requested (action {r['action_id']})")
+
+
+commands = [status, nodes, findings, jobs, drain, resume, requeue]

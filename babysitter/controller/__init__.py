@@ -1,0 +1,1 @@
+"""The controller: API, store, policy/remediation loop, alerts."""

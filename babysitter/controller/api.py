@@ -1,0 +1,239 @@
+"""The HTTP API (FastAPI). Contract: DESIGN.md."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid as uuidlib
+from datetime import datetime
+from typing import Any, Literal
+
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from babysitter import __version__
+from babysitter.controller.auth import Authenticator, Principal
+from babysitter.controller.metrics import ControllerMetrics
+from babysitter.controller.store import Report, Store
+from babysitter.finding import Finding
+
+NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class ReportIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(pattern=NODE_NAME)
+    report_id: uuidlib.UUID
+    sent_at: datetime
+    findings: list[Finding] = Field(max_length=10_000)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    kind: Literal["full", "event"] = "full"
+
+
+class DrainIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(min_length=1, max_length=200)
+
+
+class Accepted(BaseModel):
+    report_id: str
+    stored: bool
+
+
+def _bearer(request: Request) -> str:
+    h = request.headers.get("authorization", "")
+    if not h.lower().startswith("bearer ") or not h[7:].strip():
+        raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+    return h[7:].strip()
+
+
+def create_app(
+    store: Store,
+    auth: Authenticator,
+    metrics: ControllerMetrics,
+    state: dict[str, Any] | None = None,
+) -> FastAPI:
+    app = FastAPI(title="babysitter controller", version=__version__)
+    runtime_state = state if state is not None else {}
+
+    def reader(request: Request) -> Principal:
+        p = auth.identify(_bearer(request))
+        if p is None or p.role not in ("admin", "read"):
+            raise HTTPException(403, "admin or read token required")
+        return p
+
+    def admin(request: Request) -> Principal:
+        p = auth.identify(_bearer(request))
+        if p is None or p.role != "admin":
+            raise HTTPException(403, "admin token required")
+        return p
+
+    @app.post(
+        "/api/v1/reports",
+        status_code=202,
+        response_model=Accepted,
+        responses={200: {"model": Accepted, "description": "duplicate, stored before"}},
+    )
+    async def post_report(body: ReportIn, request: Request) -> Any:
+        token = _bearer(request)
+        p = auth.identify(token, claimed_node=body.node)
+        if p is None:
+            # a valid token of another node, or garbage: both are refused for this node
+            raise HTTPException(403, f"token not valid for node {body.node}")
+        if p.role == "read":
+            raise HTTPException(403, "read token cannot report")
+        start = time.perf_counter()
+        fut = store.submit(
+            Report(
+                node=body.node,
+                report_id=str(body.report_id),
+                sent_at=body.sent_at,
+                findings=body.findings,
+                metrics=body.metrics,
+                kind=body.kind,
+            )
+        )
+        try:
+            new = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=30)
+        except Exception as exc:
+            raise HTTPException(503, f"store unavailable: {exc}") from None
+        metrics.ingest_latency.observe(time.perf_counter() - start)
+        metrics.reports.labels("new" if new else "duplicate").inc()
+        replayed = body.metrics.get("spool_replayed") if body.metrics else None
+        if new and replayed:
+            metrics.spool_replayed.inc()
+        payload = {"report_id": str(body.report_id), "stored": new}
+        return JSONResponse(payload, status_code=202 if new else 200)
+
+    @app.get("/api/v1/nodes")
+    def list_nodes(_: Principal = Depends(reader)) -> list[dict[str, Any]]:
+        return [node_view(n, runtime_state) for n in store.node_rows()]
+
+    @app.get("/api/v1/nodes/{name}")
+    def get_node(name: str, _: Principal = Depends(reader)) -> dict[str, Any]:
+        n = store.node(name)
+        if n is None:
+            raise HTTPException(404, f"unknown node {name}")
+        return node_view(n, runtime_state)
+
+    @app.get("/api/v1/findings")
+    def list_findings(
+        node: str | None = None,
+        since: datetime | None = None,
+        severity: Literal["ok", "info", "warning", "critical"] | None = None,
+        limit: int = 1000,
+        _: Principal = Depends(reader),
+    ) -> list[dict[str, Any]]:
+        return store.findings(
+            node=node, since=since, severity=severity, limit=max(1, min(limit, 10_000))
+        )
+
+    @app.get("/api/v1/jobs")
+    def list_jobs(_: Principal = Depends(reader)) -> list[dict[str, Any]]:
+        return store.jobs()
+
+    @app.get("/api/v1/actions")
+    def list_actions(
+        status: str | None = None, _: Principal = Depends(reader)
+    ) -> list[dict[str, Any]]:
+        return store.actions(status=status)
+
+    @app.post("/api/v1/nodes/{name}/drain", status_code=202)
+    def drain(name: str, body: DrainIn, p: Principal = Depends(admin)) -> dict[str, Any]:
+        _valid_node(name)
+        aid = store.record_action(
+            "drain", node=name, reason=body.reason, rule="manual", requested_by="admin"
+        )
+        return {"action_id": aid, "status": "pending"}
+
+    @app.post("/api/v1/nodes/{name}/resume", status_code=202)
+    def resume(name: str, p: Principal = Depends(admin)) -> dict[str, Any]:
+        _valid_node(name)
+        aid = store.record_action("resume", node=name, rule="manual", requested_by="admin")
+        return {"action_id": aid, "status": "pending"}
+
+    @app.post("/api/v1/jobs/{job_id}/requeue", status_code=202)
+    def requeue(job_id: int, p: Principal = Depends(admin)) -> dict[str, Any]:
+        if job_id <= 0:
+            raise HTTPException(422, "job_id must be positive")
+        aid = store.record_action("requeue", job_id=job_id, rule="manual", requested_by="admin")
+        return {"action_id": aid, "status": "pending"}
+
+    @app.post("/api/v1/guard/reset", status_code=202)
+    def guard_reset(p: Principal = Depends(admin)) -> dict[str, Any]:
+        aid = store.record_action("guard_reset", rule="manual", requested_by="admin")
+        return {"action_id": aid, "status": "pending"}
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        ok = store.ping()
+        body = {
+            "database": "ok" if ok else "unreachable",
+            "leader": bool(runtime_state.get("leader", False)),
+        }
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    def prom() -> Response:
+        verdicts: dict[str, int] = {"healthy": 0, "suspect": 0, "unhealthy": 0, "unknown": 0}
+        try:
+            for n in store.node_rows():
+                v = node_view(n, runtime_state)["verdict"]
+                verdicts[v] = verdicts.get(v, 0) + 1
+        except Exception:
+            pass
+        for v, c in verdicts.items():
+            metrics.nodes.labels(v).set(c)
+        metrics.is_leader.set(1 if runtime_state.get("leader") else 0)
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _valid_node(name: str) -> None:
+    import re
+
+    if not re.match(NODE_NAME, name):
+        raise HTTPException(422, f"invalid node name {name!r}")
+
+
+def node_view(n: dict[str, Any], runtime_state: dict[str, Any]) -> dict[str, Any]:
+    """What the API shows for a node; the verdict falls back to a heartbeat-aware one until
+    the policy loop has written its own."""
+    from babysitter.controller.store import now
+
+    timeout = float(runtime_state.get("heartbeat_timeout_s", 120))
+    last = n.get("last_report_at")
+    stale = last is None or (now() - last).total_seconds() > timeout
+    worst = n.get("worst_severity", "ok")
+    if stale:
+        verdict = "unknown"
+    elif worst == "critical":
+        verdict = "unhealthy"
+    elif worst == "warning":
+        verdict = "suspect"
+    else:
+        verdict = "healthy"
+    policy_verdict = n.get("verdict")
+    if policy_verdict and policy_verdict != "unknown" and not stale:
+        verdict = policy_verdict
+    return {
+        "name": n["name"],
+        "verdict": verdict,
+        "last_report_at": last,
+        "heartbeat_age_s": None if last is None else round((now() - last).total_seconds(), 1),
+        "open_findings": n.get("open_findings") or [],
+        "worst_severity": worst,
+        "consecutive_clean": n.get("consecutive_clean", 0),
+        "babysitter_drained": bool(n.get("babysitter_drained")),
+        "drain_reason": n.get("drain_reason"),
+        "slurm_state": n.get("slurm_state"),
+        "slurm_reason": n.get("slurm_reason"),
+    }

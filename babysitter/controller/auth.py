@@ -1,0 +1,50 @@
+"""Tokens: a node's token is HMAC-SHA256(cluster secret, node name), so there is no token table
+to manage and a token is valid only for its own node. Admin and read tokens come from files."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from babysitter.errors import ConfigError
+
+
+def node_token(secret: bytes, node: str) -> str:
+    return hmac.new(secret, f"node:{node}".encode(), hashlib.sha256).hexdigest()
+
+
+def read_secret(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+    if len(data) < 16:
+        raise ConfigError(f"{what} {path} is too short (need >= 16 bytes)")
+    return data
+
+
+@dataclass
+class Principal:
+    role: str  # node | admin | read
+    node: str | None = None
+
+
+class Authenticator:
+    def __init__(self, secret: bytes, admin_token: str, read_token: str | None = None) -> None:
+        self.secret = secret
+        self.admin_token = admin_token
+        self.read_token = read_token
+
+    def identify(self, token: str, claimed_node: str | None = None) -> Principal | None:
+        if secrets.compare_digest(token, self.admin_token):
+            return Principal("admin")
+        if self.read_token and secrets.compare_digest(token, self.read_token):
+            return Principal("read")
+        if claimed_node is not None and secrets.compare_digest(
+            token, node_token(self.secret, claimed_node)
+        ):
+            return Principal("node", claimed_node)
+        return None

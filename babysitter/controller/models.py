@@ -1,0 +1,143 @@
+"""Database schema (SQLAlchemy Core). Migrations in sql/ (Alembic) must match it; sql/schema.sql
+is generated from it for DBAs (tests keep both in sync)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("first_seen_at", DateTime(timezone=True), nullable=False),
+    Column("last_report_at", DateTime(timezone=True), nullable=True),
+    Column("last_report_id", String(36), nullable=True),
+    # non-ok findings of the latest full report plus event findings since (JSON list)
+    Column("open_findings", JSON, nullable=False, default=list),
+    Column("worst_severity", String(16), nullable=False, default="ok"),
+    Column("consecutive_clean", Integer, nullable=False, default=0),
+    Column("verdict", String(16), nullable=False, default="unknown"),
+    Column("babysitter_drained", Boolean, nullable=False, default=False),
+    Column("drain_reason", Text, nullable=True),
+    Column("drained_at", DateTime(timezone=True), nullable=True),
+    Column("slurm_state", String(64), nullable=True),
+    Column("slurm_reason", Text, nullable=True),
+    Column("metrics", JSON, nullable=True),
+)
+
+reports = Table(
+    "reports",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("report_id", String(36), nullable=False, unique=True),
+    Column("node", String(64), nullable=False),
+    Column("kind", String(16), nullable=False, default="full"),
+    Column("sent_at", DateTime(timezone=True), nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    Column("n_findings", Integer, nullable=False),
+    Column("worst_severity", String(16), nullable=False),
+    Column("metrics", JSON, nullable=True),
+    Index("ix_reports_node_received", "node", "received_at"),
+)
+
+findings = Table(
+    "findings",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column(
+        "report_id", String(36), ForeignKey("reports.report_id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("node", String(64), nullable=False),
+    Column("check", String(64), nullable=False),
+    Column("component", String(128), nullable=False),
+    Column("severity", String(16), nullable=False),
+    Column("code", String(128), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("action", String(16), nullable=False),
+    Column("observed_at", DateTime(timezone=True), nullable=False),
+    Column("details", JSON, nullable=True),
+    Index("ix_findings_node_observed", "node", "observed_at"),
+    Index("ix_findings_report", "report_id"),
+)
+
+actions = Table(
+    "actions",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("kind", String(32), nullable=False),  # drain resume requeue hold alert guard ...
+    Column("node", String(64), nullable=True),
+    Column("job_id", BigInteger, nullable=True),
+    Column("reason", Text, nullable=True),
+    Column("rule", Text, nullable=True),  # which policy rule fired
+    Column("requested_by", String(64), nullable=False),  # policy | admin | agent
+    Column("status", String(16), nullable=False),  # pending done failed skipped
+    Column("outcome", Text, nullable=True),
+    Column("dry_run", Boolean, nullable=False, default=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("done_at", DateTime(timezone=True), nullable=True),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=True),
+    Index("ix_actions_status", "status"),
+    Index("ix_actions_node_kind", "node", "kind"),
+)
+
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("key", String(255), primary_key=True),  # node|condition
+    Column("node", String(64), nullable=True),
+    Column("condition", String(128), nullable=False),
+    Column("severity", String(16), nullable=False),
+    Column("state", String(16), nullable=False),  # firing | resolved
+    Column("summary", Text, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("last_sent_at", DateTime(timezone=True), nullable=True),
+    Column("resolved_at", DateTime(timezone=True), nullable=True),
+    Column("sink_results", JSON, nullable=True),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("job_id", BigInteger, primary_key=True),
+    Column("name", String(255), nullable=True),
+    Column("user", String(64), nullable=True),
+    Column("nodes", JSON, nullable=False, default=list),
+    Column("state", String(64), nullable=True),
+    Column("babysit", JSON, nullable=False),  # parsed --babysit arguments
+    Column("restart_count", Integer, nullable=False, default=0),
+    Column("requeues", Integer, nullable=False, default=0),  # done by babysitter
+    Column("resume_point", Text, nullable=True),
+    Column("history", JSON, nullable=False, default=list),
+    Column("first_seen_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+kv = Table(
+    "kv",
+    metadata,
+    Column("key", String(128), primary_key=True),
+    Column("value", JSON, nullable=True),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)

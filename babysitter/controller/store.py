@@ -1,0 +1,450 @@
+"""The store: SQLite (WAL) by default, Postgres via psycopg 3. Ingest goes through one writer
+thread that batches reports into one transaction and acknowledges each report only after its
+commit, so a crash never loses an acknowledged report and a retried report is stored once."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, delete, event, func, select, update
+from sqlalchemy.engine import Connection
+
+from babysitter.controller import models as m
+from babysitter.finding import Finding, Severity
+
+log = logging.getLogger(__name__)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def aware(dt: datetime | None) -> datetime | None:
+    """SQLite hands datetimes back naive; everything here is UTC."""
+    if dt is None:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoint
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=5,
+        max_overflow=5,
+        pool_timeout=10,
+        connect_args={"connect_timeout": 5},
+    )
+
+
+def _insert(engine: Engine) -> Any:
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    return postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+
+
+@dataclass
+class Report:
+    node: str
+    report_id: str
+    sent_at: datetime
+    findings: list[Finding]
+    metrics: dict[str, Any]
+    kind: str = "full"  # "event": pushed at once by an event source, merges into open findings
+
+
+class IngestError(Exception):
+    pass
+
+
+class Store:
+    def __init__(self, url: str, batch_max: int = 500) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.insert = _insert(self.engine)
+        self.batch_max = batch_max
+        self._q: queue.Queue[tuple[Report, Future[bool]] | None] = queue.Queue()
+        self._writer: threading.Thread | None = None
+        self.ingested_batches = 0
+
+    # ---- lifecycle
+    def upgrade(self) -> None:
+        from babysitter.controller.migrations import upgrade
+
+        upgrade(self.engine)
+
+    def start(self) -> None:
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="ingest", daemon=True)
+            self._writer.start()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._q.put(None)
+            self._writer.join(timeout=10)
+            self._writer = None
+        self.engine.dispose()
+
+    def ping(self) -> bool:
+        try:
+            with self.engine.connect() as c:
+                c.execute(select(1))
+            return True
+        except Exception:
+            return False
+
+    # ---- ingest
+    def submit(self, report: Report) -> Future[bool]:
+        """Queue a report; the future resolves to True (new) / False (duplicate) after commit."""
+        fut: Future[bool] = Future()
+        self._q.put((report, fut))
+        return fut
+
+    def ingest(self, batch: Sequence[Report]) -> list[bool]:
+        """Write reports in one transaction; returns new/duplicate per report."""
+        with self.engine.begin() as conn:
+            return self._ingest(conn, batch)
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            batch = [item]
+            deadline = time.monotonic() + 0.002  # a couple of ms to let a batch form
+            while len(batch) < self.batch_max:
+                try:
+                    nxt = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._q.put(None)
+                    break
+                batch.append(nxt)
+            try:
+                results = self.ingest([r for r, _ in batch])
+            except Exception as exc:
+                log.exception("ingest batch of %d failed", len(batch))
+                for _, fut in batch:
+                    fut.set_exception(IngestError(str(exc)))
+                continue
+            self.ingested_batches += 1
+            for (_, fut), new in zip(batch, results, strict=True):
+                fut.set_result(new)
+
+    def _ingest(self, conn: Connection, batch: Sequence[Report]) -> list[bool]:
+        received = now()
+        seen: dict[str, int] = {}
+        unique: list[Report] = []
+        for r in batch:
+            if r.report_id not in seen:
+                seen[r.report_id] = len(unique)
+                unique.append(r)
+        rows = [
+            {
+                "report_id": r.report_id,
+                "node": r.node,
+                "kind": r.kind,
+                "sent_at": r.sent_at,
+                "received_at": received,
+                "n_findings": len(r.findings),
+                "worst_severity": str(_worst(r.findings)),
+                "metrics": r.metrics or None,
+            }
+            for r in unique
+        ]
+        stmt = (
+            self.insert(m.reports)
+            .values(rows)
+            .on_conflict_do_nothing(index_elements=["report_id"])
+            .returning(m.reports.c.report_id)
+        )
+        new_ids = {row[0] for row in conn.execute(stmt)}
+        new_reports = [r for r in unique if r.report_id in new_ids]
+        frows = [
+            {
+                "report_id": r.report_id,
+                "node": r.node,
+                "check": f.check,
+                "component": f.component,
+                "severity": str(f.severity),
+                "code": f.code,
+                "message": f.message,
+                "action": str(f.action),
+                "observed_at": f.observed_at,
+                "details": f.details or None,
+            }
+            for r in new_reports
+            for f in r.findings
+            if f.severity is not Severity.OK  # ok findings only move node state, not history
+        ]
+        if frows:
+            conn.execute(m.findings.insert(), frows)
+        self._update_nodes(conn, sorted(new_reports, key=lambda r: r.sent_at), received)
+        first_time: set[str] = set()
+        out = []
+        for r in batch:
+            is_new = r.report_id in new_ids and r.report_id not in first_time
+            first_time.add(r.report_id)
+            out.append(is_new)
+        return out
+
+    def _update_nodes(self, conn: Connection, reports: list[Report], received: datetime) -> None:
+        if not reports:
+            return
+        names = sorted({r.node for r in reports})
+        existing = {
+            row.name: row._asdict()
+            for row in conn.execute(select(m.nodes).where(m.nodes.c.name.in_(names)))
+        }
+        for r in reports:
+            node = existing.get(r.node)
+            if node is None:
+                node = {
+                    "name": r.node,
+                    "first_seen_at": received,
+                    "open_findings": [],
+                    "consecutive_clean": 0,
+                    "worst_severity": "ok",
+                    "verdict": "unknown",
+                    "babysitter_drained": False,
+                }
+                conn.execute(m.nodes.insert().values(**node, last_report_at=None))
+                existing[r.node] = node
+            problems = [f.to_json_dict() for f in r.findings if f.severity > Severity.INFO]
+            if r.kind == "event":
+                keys = {(f["check"], f["component"], f["code"]) for f in problems}
+                kept = [
+                    f
+                    for f in node["open_findings"] or []
+                    if (f["check"], f["component"], f["code"]) not in keys
+                ]
+                open_f = kept + problems
+                clean = 0 if problems else node["consecutive_clean"]
+            else:
+                open_f = problems
+                clean = 0 if problems else (node["consecutive_clean"] or 0) + 1
+            worst = max(
+                (Severity(f["severity"]) for f in open_f), default=Severity.OK, key=lambda s: s.rank
+            )
+            node.update(
+                open_findings=open_f,
+                consecutive_clean=clean,
+                worst_severity=str(worst),
+                last_report_at=received,
+                last_report_id=r.report_id,
+                metrics=r.metrics or node.get("metrics"),
+            )
+        for name in names:
+            n = existing[name]
+            conn.execute(
+                update(m.nodes)
+                .where(m.nodes.c.name == name)
+                .values(
+                    open_findings=n["open_findings"],
+                    consecutive_clean=n["consecutive_clean"],
+                    worst_severity=n["worst_severity"],
+                    last_report_at=n["last_report_at"],
+                    last_report_id=n["last_report_id"],
+                    metrics=n.get("metrics"),
+                )
+            )
+
+    # ---- reads
+    def node_rows(self) -> list[dict[str, Any]]:
+        with self.engine.connect() as c:
+            return [
+                self._node(r._asdict()) for r in c.execute(select(m.nodes).order_by(m.nodes.c.name))
+            ]
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        with self.engine.connect() as c:
+            row = c.execute(select(m.nodes).where(m.nodes.c.name == name)).first()
+        return self._node(row._asdict()) if row else None
+
+    @staticmethod
+    def _node(d: dict[str, Any]) -> dict[str, Any]:
+        for k in ("first_seen_at", "last_report_at", "drained_at"):
+            d[k] = aware(d.get(k))
+        d["open_findings"] = d.get("open_findings") or []
+        return d
+
+    def findings(
+        self,
+        node: str | None = None,
+        since: datetime | None = None,
+        severity: str | None = None,
+        limit: int = 1000,
+    ) -> list[dict[str, Any]]:
+        q = select(m.findings).order_by(m.findings.c.id.desc()).limit(limit)
+        if node:
+            q = q.where(m.findings.c.node == node)
+        if since:
+            q = q.where(m.findings.c.observed_at >= since)
+        if severity:
+            order = ["ok", "info", "warning", "critical"]
+            q = q.where(m.findings.c.severity.in_(order[order.index(severity) :]))
+        with self.engine.connect() as c:
+            rows = [r._asdict() for r in c.execute(q)]
+        for r in rows:
+            r["observed_at"] = aware(r["observed_at"])
+        return rows
+
+    def count(self, table: str) -> int:
+        t = m.metadata.tables[table]
+        with self.engine.connect() as c:
+            return int(c.execute(select(func.count()).select_from(t)).scalar_one())
+
+    def report_ids(self) -> list[str]:
+        with self.engine.connect() as c:
+            return [r[0] for r in c.execute(select(m.reports.c.report_id))]
+
+    # ---- node state written by the policy loop
+    def set_node(self, name: str, **values: Any) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(m.nodes).where(m.nodes.c.name == name).values(**values))
+
+    # ---- actions
+    def record_action(
+        self,
+        kind: str,
+        *,
+        node: str | None = None,
+        job_id: int | None = None,
+        reason: str | None = None,
+        rule: str | None = None,
+        requested_by: str = "policy",
+        status: str = "pending",
+        outcome: str | None = None,
+        dry_run: bool = False,
+    ) -> int:
+        ts = now()
+        with self.engine.begin() as c:
+            res = c.execute(
+                m.actions.insert().values(
+                    kind=kind,
+                    node=node,
+                    job_id=job_id,
+                    reason=reason,
+                    rule=rule,
+                    requested_by=requested_by,
+                    status=status,
+                    outcome=outcome,
+                    dry_run=dry_run,
+                    attempts=0,
+                    created_at=ts,
+                    done_at=ts if status != "pending" else None,
+                    next_attempt_at=ts,
+                )
+            )
+            pk = res.inserted_primary_key
+            assert pk is not None
+            return int(pk[0])
+
+    def actions(self, status: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        q = select(m.actions).order_by(m.actions.c.id.desc()).limit(limit)
+        if status:
+            q = q.where(m.actions.c.status == status)
+        with self.engine.connect() as c:
+            rows = [r._asdict() for r in c.execute(q)]
+        for r in rows:
+            for k in ("created_at", "done_at", "next_attempt_at"):
+                r[k] = aware(r[k])
+        return rows
+
+    def pending_actions(self) -> list[dict[str, Any]]:
+        return sorted(self.actions(status="pending"), key=lambda a: a["id"])
+
+    def update_action(self, action_id: int, **values: Any) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(m.actions).where(m.actions.c.id == action_id).values(**values))
+
+    # ---- jobs
+    def upsert_job(self, job_id: int, **values: Any) -> None:
+        ts = now()
+        with self.engine.begin() as c:
+            exists = c.execute(select(m.jobs.c.job_id).where(m.jobs.c.job_id == job_id)).first()
+            if exists:
+                c.execute(
+                    update(m.jobs).where(m.jobs.c.job_id == job_id).values(**values, updated_at=ts)
+                )
+            else:
+                values.setdefault("babysit", {})
+                c.execute(
+                    m.jobs.insert().values(job_id=job_id, first_seen_at=ts, updated_at=ts, **values)
+                )
+
+    def jobs(self) -> list[dict[str, Any]]:
+        with self.engine.connect() as c:
+            rows = [r._asdict() for r in c.execute(select(m.jobs).order_by(m.jobs.c.job_id))]
+        for r in rows:
+            r["first_seen_at"] = aware(r["first_seen_at"])
+            r["updated_at"] = aware(r["updated_at"])
+        return rows
+
+    # ---- alerts
+    def alert(self, key: str) -> dict[str, Any] | None:
+        with self.engine.connect() as c:
+            row = c.execute(select(m.alerts).where(m.alerts.c.key == key)).first()
+        return row._asdict() if row else None
+
+    def upsert_alert(self, key: str, **values: Any) -> None:
+        with self.engine.begin() as c:
+            if c.execute(select(m.alerts.c.key).where(m.alerts.c.key == key)).first():
+                c.execute(update(m.alerts).where(m.alerts.c.key == key).values(**values))
+            else:
+                c.execute(m.alerts.insert().values(key=key, **values))
+
+    def alerts(self) -> list[dict[str, Any]]:
+        with self.engine.connect() as c:
+            return [r._asdict() for r in c.execute(select(m.alerts))]
+
+    # ---- kv
+    def kv_get(self, key: str, default: Any = None) -> Any:
+        with self.engine.connect() as c:
+            row = c.execute(select(m.kv.c.value).where(m.kv.c.key == key)).first()
+        return row[0] if row else default
+
+    def kv_set(self, key: str, value: Any) -> None:
+        ts = now()
+        with self.engine.begin() as c:
+            if c.execute(select(m.kv.c.key).where(m.kv.c.key == key)).first():
+                c.execute(update(m.kv).where(m.kv.c.key == key).values(value=value, updated_at=ts))
+            else:
+                c.execute(m.kv.insert().values(key=key, value=value, updated_at=ts))
+
+    # ---- retention
+    def prune(self, older_than_days: float) -> int:
+        cutoff = now() - timedelta(days=older_than_days)
+        with self.engine.begin() as c:
+            old = select(m.reports.c.report_id).where(m.reports.c.received_at < cutoff)
+            c.execute(delete(m.findings).where(m.findings.c.report_id.in_(old)))
+            res = c.execute(delete(m.reports).where(m.reports.c.received_at < cutoff))
+            return int(res.rowcount or 0)
+
+
+def _worst(findings: Iterable[Finding]) -> Severity:
+    return max((f.severity for f in findings), default=Severity.OK, key=lambda s: s.rank)

@@ -1,0 +1,110 @@
+-- babysitter database schema (PostgreSQL), generated from
+-- babysitter/controller/models.py; migrations live in sql/versions/.
+
+CREATE TABLE actions (
+	id BIGSERIAL NOT NULL, 
+	kind VARCHAR(32) NOT NULL, 
+	node VARCHAR(64), 
+	job_id BIGINT, 
+	reason TEXT, 
+	rule TEXT, 
+	requested_by VARCHAR(64) NOT NULL, 
+	status VARCHAR(16) NOT NULL, 
+	outcome TEXT, 
+	dry_run BOOLEAN NOT NULL, 
+	attempts INTEGER NOT NULL, 
+	created_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	done_at TIMESTAMP WITH TIME ZONE, 
+	next_attempt_at TIMESTAMP WITH TIME ZONE, 
+	PRIMARY KEY (id)
+);
+CREATE INDEX ix_actions_node_kind ON actions (node, kind);
+CREATE INDEX ix_actions_status ON actions (status);
+
+CREATE TABLE alerts (
+	key VARCHAR(255) NOT NULL, 
+	node VARCHAR(64), 
+	condition VARCHAR(128) NOT NULL, 
+	severity VARCHAR(16) NOT NULL, 
+	state VARCHAR(16) NOT NULL, 
+	summary TEXT NOT NULL, 
+	started_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	last_sent_at TIMESTAMP WITH TIME ZONE, 
+	resolved_at TIMESTAMP WITH TIME ZONE, 
+	sink_results JSON, 
+	PRIMARY KEY (key)
+);
+
+CREATE TABLE jobs (
+	job_id BIGSERIAL NOT NULL, 
+	name VARCHAR(255), 
+	"user" VARCHAR(64), 
+	nodes JSON NOT NULL, 
+	state VARCHAR(64), 
+	babysit JSON NOT NULL, 
+	restart_count INTEGER NOT NULL, 
+	requeues INTEGER NOT NULL, 
+	resume_point TEXT, 
+	history JSON NOT NULL, 
+	first_seen_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	updated_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	PRIMARY KEY (job_id)
+);
+
+CREATE TABLE kv (
+	key VARCHAR(128) NOT NULL, 
+	value JSON, 
+	updated_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	PRIMARY KEY (key)
+);
+
+CREATE TABLE nodes (
+	name VARCHAR(64) NOT NULL, 
+	first_seen_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	last_report_at TIMESTAMP WITH TIME ZONE, 
+	last_report_id VARCHAR(36), 
+	open_findings JSON NOT NULL, 
+	worst_severity VARCHAR(16) NOT NULL, 
+	consecutive_clean INTEGER NOT NULL, 
+	verdict VARCHAR(16) NOT NULL, 
+	babysitter_drained BOOLEAN NOT NULL, 
+	drain_reason TEXT, 
+	drained_at TIMESTAMP WITH TIME ZONE, 
+	slurm_state VARCHAR(64), 
+	slurm_reason TEXT, 
+	metrics JSON, 
+	PRIMARY KEY (name)
+);
+
+CREATE TABLE reports (
+	id BIGSERIAL NOT NULL, 
+	report_id VARCHAR(36) NOT NULL, 
+	node VARCHAR(64) NOT NULL, 
+	kind VARCHAR(16) NOT NULL, 
+	sent_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	received_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	n_findings INTEGER NOT NULL, 
+	worst_severity VARCHAR(16) NOT NULL, 
+	metrics JSON, 
+	PRIMARY KEY (id), 
+	UNIQUE (report_id)
+);
+CREATE INDEX ix_reports_node_received ON reports (node, received_at);
+
+CREATE TABLE findings (
+	id BIGSERIAL NOT NULL, 
+	report_id VARCHAR(36) NOT NULL, 
+	node VARCHAR(64) NOT NULL, 
+	"check" VARCHAR(64) NOT NULL, 
+	component VARCHAR(128) NOT NULL, 
+	severity VARCHAR(16) NOT NULL, 
+	code VARCHAR(128) NOT NULL, 
+	message TEXT NOT NULL, 
+	action VARCHAR(16) NOT NULL, 
+	observed_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	details JSON, 
+	PRIMARY KEY (id), 
+	FOREIGN KEY(report_id) REFERENCES reports (report_id) ON DELETE CASCADE
+);
+CREATE INDEX ix_findings_node_observed ON findings (node, observed_at);
+CREATE INDEX ix_findings_report ON findings (report_id);

@@ -1,0 +1,173 @@
+"""The agent daemon and durable shipping, against a real controller subprocess."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from babysitter.agent.spool import Spool
+from babysitter.controller.store import Store
+from tests.fixtures.controller import ControllerProcess, Secrets, controller_config, free_port
+from tests.fixtures.slurm import wait_for
+
+
+def agent_env(
+    secrets: Secrets, tmp_path: Path, url: str, node: str = "node1", interval: float = 0.3
+) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("BABYSITTER_CONFIG", None)
+    env.update(
+        {
+            "BABYSITTER_AGENT__CONTROLLER_URL": url,
+            "BABYSITTER_AGENT__NODE_NAME": node,
+            "BABYSITTER_AGENT__TOKEN_FILE": str(secrets.node_token_file(node)),
+            "BABYSITTER_AGENT__SPOOL_PATH": str(tmp_path / f"{node}-spool.db"),
+            "BABYSITTER_AGENT__INTERVAL_S": str(interval),
+            "BABYSITTER_AGENT__REQUEST_TIMEOUT_S": "1",
+            "BABYSITTER_AGENT__ENABLED_CHECKS": '["host.resources"]',
+            "BABYSITTER_CHECKS__HOST__CHECK_SLURMD": "false",
+            "BABYSITTER_CHECKS__HOST__MIN_FREE_GB": "0",
+        }
+    )
+    return env
+
+
+def start_agent(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "babysitter.cli.main", "agent"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def spooled_ids(path: Path) -> list[str]:
+    with sqlite3.connect(path) as db:
+        return [r[0] for r in db.execute("SELECT report_id FROM spool ORDER BY seq")]
+
+
+def test_spool_is_bounded_and_drops_oldest_first(tmp_path):
+    s = Spool(tmp_path / "s.db", max_reports=10)
+    for i in range(25):
+        s.put({"report_id": f"r{i:02d}", "n": i})
+    assert s.size() == 10
+    assert s.counter("dropped") == 15
+    assert [r["report_id"] for _, r in s.peek(100)] == [f"r{i:02d}" for i in range(15, 25)]
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgres"])
+def test_agent_spools_while_controller_is_down_and_replays_in_order(secrets, tmp_path, db, request):
+    db_url = (
+        f"sqlite:///{tmp_path / 'c.db'}" if db == "sqlite" else request.getfixturevalue("pg_url")
+    )
+    port = free_port()
+    cfg = controller_config(secrets, db_url, port=port)
+    env = agent_env(secrets, tmp_path, f"http://127.0.0.1:{port}")
+    agent = start_agent(env)
+    ctl = ControllerProcess(cfg, log=tmp_path / "ctl.log")
+    try:
+        spool = tmp_path / "node1-spool.db"
+        wait_for(lambda: spool.exists() and len(spooled_ids(spool)) >= 5, 40, "5 spooled")
+        ids = spooled_ids(spool)
+        ctl.start()
+        wait_for(lambda: not spooled_ids(spool), 40, "spool replayed")
+        store = Store(db_url)
+        stored = store.report_ids()
+        assert set(ids) <= set(stored)
+        assert len(stored) == len(set(stored))
+        # replayed in the order they were spooled
+        with store.engine.connect() as c:
+            from sqlalchemy import text
+
+            order = [r[0] for r in c.execute(text("SELECT report_id FROM reports ORDER BY id"))]
+        positions = [order.index(i) for i in ids]
+        assert positions == sorted(positions)
+        store.close()
+    finally:
+        agent.terminate()
+        agent.wait(timeout=20)
+        ctl.stop()
+
+
+def test_kill9_of_the_controller_loses_no_acknowledged_report(secrets, tmp_path):
+    db_url = f"sqlite:///{tmp_path / 'c.db'}"
+    port = free_port()
+    cfg = controller_config(secrets, db_url, port=port)
+    ctl = ControllerProcess(cfg, log=tmp_path / "ctl.log").start()
+    acked: list[str] = []
+    stop = threading.Event()
+    token = secrets.node("node1")
+
+    def load() -> None:
+        with httpx.Client(timeout=2, headers={"Authorization": f"Bearer {token}"}) as c:
+            while not stop.is_set():
+                rid = str(uuid.uuid4())
+                body = {
+                    "node": "node1",
+                    "report_id": rid,
+                    "sent_at": datetime.now(UTC).isoformat(),
+                    "findings": [],
+                    "metrics": {},
+                }
+                try:
+                    r = c.post(f"{ctl.url}/api/v1/reports", json=body)
+                except httpx.HTTPError:
+                    time.sleep(0.05)
+                    continue
+                if r.status_code in (200, 202):
+                    acked.append(rid)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len(acked) > 200, 60, "200 acknowledged reports")
+        ctl.kill9()
+        n_before_restart = len(acked)
+        ctl.start()
+        wait_for(lambda: len(acked) > n_before_restart + 50, 60, "more reports after restart")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        ctl.stop()
+    store = Store(db_url)
+    stored = store.report_ids()
+    store.close()
+    assert set(acked) <= set(stored), f"{len(set(acked) - set(stored))} acknowledged reports lost"
+    assert len(stored) == len(set(stored))
+
+
+def test_agent_tells_systemd_ready_and_watchdog(secrets, tmp_path):
+    sock_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.settimeout(30)
+    env = agent_env(secrets, tmp_path, "http://127.0.0.1:9")  # no controller: must not matter
+    env["NOTIFY_SOCKET"] = str(sock_path)
+    env["WATCHDOG_USEC"] = "2000000"
+    agent = start_agent(env)
+    try:
+        got: list[str] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (
+            any("READY=1" in g for g in got) and any("WATCHDOG=1" in g for g in got)
+        ):
+            got.append(sock.recv(4096).decode())
+    finally:
+        agent.terminate()
+        agent.wait(timeout=20)
+        sock.close()
+    assert any("READY=1" in g for g in got), got
+    assert any("WATCHDOG=1" in g for g in got), got

@@ -1,0 +1,62 @@
+"""Schema artefacts stay in sync with the models: sql/schema.sql and the Alembic migrations."""
+
+from __future__ import annotations
+
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from babysitter.controller.models import metadata
+from babysitter.controller.schema_sql import PATH, render
+from babysitter.controller.store import Store
+
+
+def test_schema_sql_matches_models():
+    assert PATH.read_text() == render(), (
+        "sql/schema.sql is stale: run python -m babysitter.controller.schema_sql --write"
+    )
+
+
+def test_migrations_produce_the_models_schema(db_url):
+    store = Store(db_url)
+    try:
+        store.upgrade()
+        with store.engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), metadata)
+        assert diff == [], f"models and migrations differ: {diff}"
+        store.upgrade()  # idempotent
+    finally:
+        store.close()
+
+
+def test_retention_prunes_old_reports(db_url):
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from babysitter.controller import models as m
+    from babysitter.controller.store import Report
+    from babysitter.finding import Finding, Severity
+
+    store = Store(db_url)
+    try:
+        store.upgrade()
+        f = Finding(
+            check="gpu.memory", component="gpu0", severity=Severity.WARNING, code="x", message="m"
+        )
+        store.ingest(
+            [
+                Report("n1", "00000000-0000-4000-8000-000000000001", datetime.now(UTC), [f], {}),
+                Report("n1", "00000000-0000-4000-8000-000000000002", datetime.now(UTC), [f], {}),
+            ]
+        )
+        with store.engine.begin() as c:
+            c.execute(
+                update(m.reports)
+                .where(m.reports.c.report_id == "00000000-0000-4000-8000-000000000001")
+                .values(received_at=datetime.now(UTC) - timedelta(days=40))
+            )
+        assert store.prune(30) == 1
+        assert store.report_ids() == ["00000000-0000-4000-8000-000000000002"]
+        assert store.count("findings") == 1
+    finally:
+        store.close()
