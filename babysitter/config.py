@@ -95,6 +95,9 @@ class PolicyConfig(Section):
     )
 
 
+Severity_ = Literal["info", "warning", "critical"]
+
+
 class AlertsConfig(Section):
     alertmanager_url: str | None = Field(None, description="Alertmanager base URL (v2 API)")
     slack_webhook_url: str | None = Field(None, description="Slack incoming webhook URL")
@@ -104,6 +107,16 @@ class AlertsConfig(Section):
     )
     webhook_url: str | None = Field(None, description="generic JSON webhook")
     timeout_s: float = Field(5.0, gt=0, description="timeout of every alert delivery")
+    route_alertmanager: Severity_ = Field("warning", description="lowest severity sent there")
+    route_slack: Severity_ = Field("warning", description="lowest severity sent to Slack")
+    route_pagerduty: Severity_ = Field("critical", description="lowest severity that pages")
+    route_webhook: Severity_ = Field("info", description="lowest severity sent to the webhook")
+    repeat_interval_s: float = Field(
+        4 * 3600, gt=0, description="re-send a still-firing alert after this long"
+    )
+    group_threshold: int = Field(
+        3, ge=1, description="more new alerts of one condition per round become one grouped alert"
+    )
 
 
 class CheckConfig(Section):

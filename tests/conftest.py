@@ -5,4 +5,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.slurm",
     "tests.fixtures.gpu",
     "tests.fixtures.controller",
+    "tests.fixtures.alerts",
 ]

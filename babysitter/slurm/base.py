@@ -36,6 +36,8 @@ _UNAVAILABLE = (
     "communication connection failure",
     "slurm_persist_conn_open",
     "could not establish a configuration source",
+    # `sinfo/squeue --json` (22.05) say only this when slurmctld is down
+    "unspecified error (-1)",
 )
 _NOT_FOUND = ("invalid job id", "invalid node name", "node not found", "unknown node")
 

@@ -1,0 +1,71 @@
+"""The alert every sink renders, and what on-call should do for each condition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+# condition -> what on-call should do (shown in every alert; the README lists the same)
+RUNBOOK: dict[str, str] = {
+    "node_unhealthy": "Check the finding: XID 79 / GPU lost -> reboot the node and reseat the GPU "
+    "if it repeats; DBE / row remap pending -> reset the GPU (nvidia-smi -r) or reboot; row "
+    "remap failure / retired page limit -> RMA the GPU. babysitter resumes the node itself "
+    "after clean checks.",
+    "node_unhealthy_not_ours": "The node is held by another reason (an admin drain): decide "
+    "yourself; babysitter will not touch it.",
+    "node_unknown": "The agent stopped reporting: check the node is up, `systemctl status "
+    "babysitter-agent`, and network to the controller.",
+    "guard_tripped": "Many nodes failed at once: suspect fabric, power, cooling or a bad "
+    "driver/firmware roll-out rather than GPUs. Investigate, then `babysitter guard reset` "
+    "(POST /api/v1/guard/reset) to let babysitter drain again.",
+    "lemon_node": "This node keeps failing: take it out for hardware diagnostics / RMA.",
+    "job_requeue_limit": "The job hit max_requeues and is held: look at its log and nodes, "
+    "then `scontrol release` it or cancel it.",
+    "job_hung": "The job made no progress within its hang_timeout while its GPUs were idle: "
+    "check its log (NCCL hang?).",
+}
+DEFAULT_RUNBOOK = "Look at `babysitter findings <node>` and the node's kernel log."
+
+
+def runbook(condition: str) -> str:
+    if condition.startswith("xid_") and condition.endswith("_repeated"):
+        return "The same fatal XID keeps coming back on one GPU: hardware inspection / RMA."
+    return RUNBOOK.get(condition, DEFAULT_RUNBOOK)
+
+
+@dataclass
+class Alert:
+    node: str | None  # None: cluster-wide
+    condition: str  # stable name: node_unhealthy, guard_tripped, lemon_node, ...
+    severity: str  # critical | warning | info
+    summary: str  # what happened
+    action_taken: str  # what babysitter did
+    starts_at: datetime
+    resolved: bool = False
+    ends_at: datetime | None = None
+    nodes: list[str] = field(default_factory=list)  # grouped alerts: every node
+    details: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.node or 'cluster'}|{self.condition}"
+
+    @property
+    def todo(self) -> str:
+        return runbook(self.condition)
+
+    @property
+    def title(self) -> str:
+        state = "RESOLVED" if self.resolved else self.severity.upper()
+        where = self.node or (f"{len(self.nodes)} nodes" if self.nodes else "cluster")
+        return f"[{state}] babysitter {self.condition} on {where}"
+
+    def text(self) -> str:
+        lines = [
+            self.title,
+            f"What happened: {self.summary}",
+            f"What babysitter did: {self.action_taken}",
+        ]
+        if not self.resolved:
+            lines.append(f"What to do: {self.todo}")
+        return "\n".join(lines)

@@ -1,0 +1,279 @@
+"""Policy: pure functions from facts to a verdict per node and a list of decisions, each
+carrying the rule that fired. No I/O here; remediation.py gathers facts and executes.
+
+Rules are data (RULES, ESCALATIONS below) so a site can read them in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+# Actions that mean "this node must not run jobs"
+DRAIN_ACTIONS = {"drain", "reset_gpu", "reboot"}
+FATAL_XID_CLASSES = {"reboot", "reset_gpu"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    description: str
+
+
+RULES = {
+    "critical_finding": Rule("critical_finding", "a critical finding drains the node"),
+    "drain_action": Rule(
+        "drain_action", "a warning whose recommended action is drain/reset/reboot drains"
+    ),
+    "warning_suspect": Rule("warning_suspect", "warnings make the node suspect (alert only)"),
+    "heartbeat_missing": Rule("heartbeat_missing", "no report within the heartbeat timeout"),
+    "fault_cleared": Rule(
+        "fault_cleared", "fault gone and resume_after_clean_checks clean reports: resume"
+    ),
+    "not_ours": Rule("not_ours", "drained/down for someone else: never touched, only alerted"),
+    "guard_fraction": Rule("guard_fraction", "max_drained_fraction of a partition reached"),
+    "guard_rate": Rule("guard_rate", "max_drains_per_hour reached"),
+    "guard_tripped": Rule("guard_tripped", "breaker tripped earlier; needs an admin reset"),
+    "xid_escalation": Rule(
+        "xid_escalation", "same fatal XID >= 5 times in 24 h on one GPU: hardware inspection"
+    ),
+    "lemon_node": Rule("lemon_node", "drained >= 3 times in 7 days: lemon node"),
+}
+
+XID_ESCALATION_COUNT = 5
+XID_ESCALATION_WINDOW = timedelta(hours=24)
+LEMON_DRAINS = 3
+LEMON_WINDOW = timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    dry_run: bool = False
+    max_drained_fraction: float = 0.1
+    max_drains_per_hour: int = 20
+    resume_after_clean_checks: int = 3
+    heartbeat_timeout_s: float = 120.0
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> PolicySettings:
+        return cls(
+            dry_run=cfg.policy.dry_run,
+            max_drained_fraction=cfg.policy.max_drained_fraction,
+            max_drains_per_hour=cfg.policy.max_drains_per_hour,
+            resume_after_clean_checks=cfg.policy.resume_after_clean_checks,
+            heartbeat_timeout_s=cfg.controller.heartbeat_timeout_s,
+        )
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    name: str
+    open_findings: tuple[dict[str, Any], ...] = ()
+    consecutive_clean: int = 0
+    heartbeat_age_s: float | None = None
+    partitions: tuple[str, ...] = ("default",)
+    drained: bool = False  # Slurm shows DRAIN (or DOWN) on it
+    reason: str = ""
+    ours: bool = False  # the reason is babysitter's (or a dry-run drain of ours)
+    in_slurm: bool = True
+    drain_pending: bool = False  # a drain action is already queued
+    recent_drains: tuple[datetime, ...] = ()  # babysitter drains of this node
+    xid_history: tuple[tuple[str, int, datetime], ...] = ()  # (component, xid, when)
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    partition_sizes: dict[str, int] = field(default_factory=dict)
+    drained_by_us: dict[str, int] = field(default_factory=dict)
+    drains_last_hour: int = 0
+    guard_tripped: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str  # drain resume alert resolve_alert escalate guard_tripped
+    node: str | None
+    rule: str
+    reason: str
+    severity: str = "warning"
+    condition: str = ""
+    dry_run: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PolicyResult:
+    verdicts: dict[str, str]
+    decisions: list[Decision]
+    guard_tripped: bool
+
+
+def _sev_rank(s: str) -> int:
+    return {"ok": 0, "info": 1, "warning": 2, "critical": 3}.get(s, 0)
+
+
+def drain_worthy(f: dict[str, Any]) -> bool:
+    sev = f.get("severity", "ok")
+    return sev == "critical" or (sev == "warning" and f.get("action") in DRAIN_ACTIONS)
+
+
+def summary(findings: Sequence[dict[str, Any]]) -> str:
+    """`<check>: <message>` of the worst finding, for drain reasons and alert titles."""
+    worst = max(findings, key=lambda f: _sev_rank(f.get("severity", "ok")))
+    more = f" (+{len(findings) - 1} more)" if len(findings) > 1 else ""
+    return f"{worst.get('check')}: {worst.get('message')}{more}"
+
+
+def node_verdict(n: NodeFacts, s: PolicySettings) -> tuple[str, str]:
+    if n.heartbeat_age_s is None or n.heartbeat_age_s > s.heartbeat_timeout_s:
+        return "unknown", "heartbeat_missing"
+    worst = max((_sev_rank(f.get("severity", "ok")) for f in n.open_findings), default=0)
+    if any(drain_worthy(f) for f in n.open_findings):
+        return "unhealthy", ("critical_finding" if worst == 3 else "drain_action")
+    if worst >= 2:
+        return "suspect", "warning_suspect"
+    return "healthy", ""
+
+
+def _escalations(n: NodeFacts, now: datetime) -> list[Decision]:
+    out: list[Decision] = []
+    counts: dict[tuple[str, int], int] = {}
+    for comp, xid, when in n.xid_history:
+        if now - when <= XID_ESCALATION_WINDOW:
+            counts[(comp, xid)] = counts.get((comp, xid), 0) + 1
+    for (comp, xid), c in sorted(counts.items()):
+        if c >= XID_ESCALATION_COUNT:
+            out.append(
+                Decision(
+                    "escalate",
+                    n.name,
+                    "xid_escalation",
+                    f"XID {xid} seen {c} times in 24 h on {comp}: needs hardware inspection",
+                    "critical",
+                    f"xid_{xid}_repeated",
+                    details={"component": comp, "count": c},
+                )
+            )
+    drains = [d for d in n.recent_drains if now - d <= LEMON_WINDOW]
+    if len(drains) >= LEMON_DRAINS:
+        out.append(
+            Decision(
+                "escalate",
+                n.name,
+                "lemon_node",
+                f"{n.name} was drained {len(drains)} times in 7 days: lemon node, consider RMA",
+                "warning",
+                "lemon_node",
+                details={"drains_7d": len(drains)},
+            )
+        )
+    return out
+
+
+def decide(
+    nodes: Sequence[NodeFacts], cluster: ClusterFacts, s: PolicySettings, now: datetime
+) -> PolicyResult:
+    """Decide for every node at once so the blast-radius guard applies in a deterministic
+    order: the most severe nodes first, then by name."""
+    verdicts: dict[str, str] = {}
+    decisions: list[Decision] = []
+    want_drain: list[tuple[int, NodeFacts, str, str]] = []
+    for n in nodes:
+        verdict, rule = node_verdict(n, s)
+        verdicts[n.name] = verdict
+        decisions.extend(_escalations(n, now))
+        bad = [f for f in n.open_findings if drain_worthy(f)]
+        if verdict == "unknown" and n.heartbeat_age_s is not None:
+            decisions.append(
+                Decision(
+                    "alert",
+                    n.name,
+                    "heartbeat_missing",
+                    f"no report from {n.name} for {n.heartbeat_age_s:.0f} s",
+                    "warning",
+                    "node_unknown",
+                )
+            )
+        elif verdict != "unknown":
+            decisions.append(Decision("resolve_alert", n.name, "", "", condition="node_unknown"))
+        if bad and verdict == "unhealthy":
+            if n.drained and not n.ours:
+                decisions.append(
+                    Decision(
+                        "alert",
+                        n.name,
+                        "not_ours",
+                        f"{summary(bad)} — node is held by someone else ({n.reason!r}); "
+                        "babysitter left it alone",
+                        "warning",
+                        "node_unhealthy_not_ours",
+                    )
+                )
+            elif not n.drained and not n.drain_pending and n.in_slurm:
+                worst = max(_sev_rank(f.get("severity", "ok")) for f in bad)
+                want_drain.append((worst, n, rule, summary(bad)))
+            continue
+        decisions.append(
+            Decision("resolve_alert", n.name, "", "", condition="node_unhealthy_not_ours")
+        )
+        if (
+            n.drained
+            and n.ours
+            and verdict in ("healthy", "suspect")
+            and not bad
+            and n.consecutive_clean >= s.resume_after_clean_checks
+        ):
+            decisions.append(
+                Decision(
+                    "resume",
+                    n.name,
+                    "fault_cleared",
+                    f"fault gone, {n.consecutive_clean} clean reports",
+                    "info",
+                    "node_unhealthy",
+                    dry_run=s.dry_run,
+                )
+            )
+
+    # blast-radius guard
+    tripped = cluster.guard_tripped
+    drained = dict(cluster.drained_by_us)
+    drains_hour = cluster.drains_last_hour
+    blocked: list[str] = []
+    guard_rule = "guard_tripped" if tripped else ""
+    for _, n, rule, why in sorted(want_drain, key=lambda t: (-t[0], t[1].name)):
+        if not tripped:
+            over_rate = drains_hour + 1 > s.max_drains_per_hour
+            over_frac = any(
+                (drained.get(p, 0) + 1) > s.max_drained_fraction * cluster.partition_sizes.get(p, 1)
+                for p in n.partitions
+            )
+            if over_rate or over_frac:
+                tripped = True
+                guard_rule = "guard_rate" if over_rate else "guard_fraction"
+        if tripped:
+            blocked.append(n.name)
+            continue
+        decisions.append(
+            Decision("drain", n.name, rule, why, "critical", "node_unhealthy", dry_run=s.dry_run)
+        )
+        drains_hour += 1
+        for p in n.partitions:
+            drained[p] = drained.get(p, 0) + 1
+    if blocked:
+        decisions.append(
+            Decision(
+                "guard_tripped",
+                None,
+                guard_rule,
+                f"blast-radius guard: {len(blocked)} unhealthy node(s) NOT drained "
+                f"({', '.join(blocked[:10])}{'…' if len(blocked) > 10 else ''}); "
+                f"limits: {s.max_drained_fraction:.0%} of a partition, {s.max_drains_per_hour}/h",
+                "critical",
+                "guard_tripped",
+                details={"blocked": blocked},
+            )
+        )
+    return PolicyResult(verdicts, decisions, tripped)

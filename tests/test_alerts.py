@@ -1,0 +1,127 @@
+"""Alert sinks and routing: a real Alertmanager, and a local HTTP receiver standing in for
+Slack, PagerDuty and a webhook (those services cannot be reached from the test machines)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from babysitter.config import Config
+from babysitter.controller.alerts import Alert, AlertRouter
+from babysitter.controller.alerts.router import sinks_from_config
+from tests.fixtures.slurm import wait_for
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+class MemoryState:
+    """In-memory alert state with the store's interface (the store is tested elsewhere)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, Any]] = {}
+
+    def alert(self, key: str) -> dict[str, Any] | None:
+        return self.rows.get(key)
+
+    def upsert_alert(self, key: str, **values: Any) -> None:
+        self.rows.setdefault(key, {}).update(values)
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return list(self.rows.values())
+
+
+def unhealthy(node: str, when: datetime = NOW) -> Alert:
+    return Alert(
+        node,
+        "node_unhealthy",
+        "critical",
+        "xid.kmsg: XID 79 on GPU 3 (reboot: node fault)",
+        f"drained {node} in Slurm",
+        when,
+    )
+
+
+def router_for(**alerts: str) -> AlertRouter:
+    cfg = Config.model_validate({"alerts": alerts})
+    return AlertRouter(sinks_from_config(cfg), MemoryState(), group_threshold=3)
+
+
+def test_alertmanager_gets_firing_then_resolved(alertmanager, receiver):
+    r = router_for(alertmanager_url=alertmanager)
+    r.process([unhealthy("node2")], [], NOW)
+
+    def got(status: str) -> bool:
+        return any(b.get("status") == status for b in receiver.bodies("/am"))
+
+    wait_for(lambda: got("firing"), 20, "firing notification from alertmanager")
+    body = next(b for b in receiver.bodies("/am") if b["status"] == "firing")
+    a = body["alerts"][0]
+    assert a["labels"]["node"] == "node2" and a["labels"]["severity"] == "critical"
+    assert "What to do" in a["annotations"]["description"]
+    assert "drained node2" in a["annotations"]["action_taken"]
+
+    r.process([], [("node2", "node_unhealthy")], NOW + timedelta(seconds=5))
+    wait_for(lambda: got("resolved"), 20, "resolved notification from alertmanager")
+
+
+def test_dedup_same_condition_is_sent_once_until_repeat_interval(receiver):
+    r = router_for(webhook_url=receiver.url + "/hook")
+    r.process([unhealthy("node2")], [], NOW)
+    r.process([unhealthy("node2")], [], NOW + timedelta(minutes=1))
+    assert len(receiver.bodies("/hook")) == 1
+    r.process([unhealthy("node2")], [], NOW + timedelta(hours=5))
+    assert len(receiver.bodies("/hook")) == 2
+
+
+def test_resolve_only_when_firing(receiver):
+    r = router_for(webhook_url=receiver.url + "/hook")
+    r.process([], [("node2", "node_unhealthy")], NOW)
+    assert receiver.bodies("/hook") == []
+    r.process([unhealthy("node2")], [], NOW)
+    r.process([], [("node2", "node_unhealthy")], NOW)
+    states = [b["state"] for b in receiver.bodies("/hook")]
+    assert states == ["firing", "resolved"]
+
+
+def test_storm_of_500_findings_on_200_nodes_is_a_handful_of_alerts(receiver):
+    """Standing in for Slack: the local receiver."""
+    r = router_for(slack_webhook_url=receiver.url + "/slack")
+    storm = [unhealthy(f"node{i % 200:03d}") for i in range(500)]
+    r.process(storm, [], NOW)
+    msgs = receiver.bodies("/slack")
+    assert 1 <= len(msgs) <= 5
+    assert "200 nodes" in msgs[0]["text"]
+    assert "What to do" in msgs[0]["text"]
+
+
+def test_pagerduty_trigger_and_resolve_share_a_dedup_key(receiver):
+    """Standing in for PagerDuty Events v2: the local receiver."""
+    r = router_for(pagerduty_routing_key="k" * 32, pagerduty_url=receiver.url + "/pd")
+    r.process([unhealthy("node2")], [], NOW)
+    r.process([], [("node2", "node_unhealthy")], NOW)
+    trig, res = receiver.bodies("/pd")
+    assert trig["event_action"] == "trigger" and res["event_action"] == "resolve"
+    assert trig["dedup_key"] == res["dedup_key"]
+    assert trig["payload"]["severity"] == "critical" and trig["payload"]["source"] == "node2"
+
+
+def test_routing_by_severity(receiver):
+    r = router_for(
+        pagerduty_routing_key="k" * 32,
+        pagerduty_url=receiver.url + "/pd",
+        webhook_url=receiver.url + "/hook",
+    )
+    warn = Alert("node1", "lemon_node", "warning", "drained 3 times", "nothing", NOW)
+    r.process([warn], [], NOW)
+    assert receiver.bodies("/pd") == []  # pages only for critical by default
+    assert len(receiver.bodies("/hook")) == 1
+
+
+def test_a_dead_sink_does_not_block_the_others(receiver):
+    r = router_for(
+        slack_webhook_url="http://127.0.0.1:9/nowhere",
+        webhook_url=receiver.url + "/hook",
+        timeout_s=1,
+    )
+    sent = r.process([unhealthy("node2")], [], NOW)
+    assert len(sent) == 1 and len(receiver.bodies("/hook")) == 1

@@ -1,0 +1,132 @@
+"""Policy is pure: facts in, verdicts and decisions out, with the rule that fired."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from babysitter.controller.policy import ClusterFacts, NodeFacts, PolicySettings, decide
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+DBE = {
+    "check": "gpu.memory",
+    "component": "gpu3",
+    "severity": "critical",
+    "code": "ecc.dbe.volatile",
+    "message": "GPU 3: 1 volatile DBE",
+    "action": "reset_gpu",
+}
+PCIE = {
+    "check": "gpu.pcie",
+    "component": "gpu2",
+    "severity": "warning",
+    "code": "pcie.width_degraded",
+    "message": "x8 of x16",
+    "action": "inspect",
+}
+S = PolicySettings(max_drained_fraction=0.5, max_drains_per_hour=20, resume_after_clean_checks=3)
+
+
+def node(name, findings=(), **kw):
+    kw.setdefault("heartbeat_age_s", 5.0)
+    kw.setdefault("partitions", ("gpu",))
+    return NodeFacts(name=name, open_findings=tuple(findings), **kw)
+
+
+def cluster(n=4, **kw):
+    return ClusterFacts(partition_sizes={"gpu": n}, **kw)
+
+
+def kinds(res, kind):
+    return [d for d in res.decisions if d.kind == kind]
+
+
+def test_critical_finding_drains_with_rule_and_summary():
+    res = decide([node("node2", [DBE]), node("node1")], cluster(), S, NOW)
+    [d] = kinds(res, "drain")
+    assert d.node == "node2" and d.rule == "critical_finding"
+    assert d.reason == "gpu.memory: GPU 3: 1 volatile DBE"
+    assert res.verdicts == {"node2": "unhealthy", "node1": "healthy"}
+
+
+def test_warning_makes_suspect_without_drain():
+    res = decide([node("node1", [PCIE])], cluster(), S, NOW)
+    assert res.verdicts["node1"] == "suspect" and not kinds(res, "drain")
+
+
+def test_admin_drained_node_is_never_drained_or_resumed_only_alerted():
+    n = node("node3", [DBE], drained=True, reason="admin maintenance", ours=False)
+    res = decide([n], cluster(), S, NOW)
+    assert not kinds(res, "drain") and not kinds(res, "resume")
+    [a] = kinds(res, "alert")
+    assert a.rule == "not_ours" and "admin maintenance" in a.reason
+    clean = node(
+        "node3", [], drained=True, reason="admin maintenance", ours=False, consecutive_clean=10
+    )
+    assert not kinds(decide([clean], cluster(), S, NOW), "resume")
+
+
+def test_resume_only_after_enough_clean_reports():
+    ours = dict(drained=True, reason="babysitter: x", ours=True)
+    assert not kinds(decide([node("n", consecutive_clean=2, **ours)], cluster(), S, NOW), "resume")
+    [r] = kinds(decide([node("n", consecutive_clean=3, **ours)], cluster(), S, NOW), "resume")
+    assert r.rule == "fault_cleared"
+
+
+def test_guard_three_of_four_fail_with_half_limit_drains_two_and_trips():
+    nodes = [node(f"node{i}", [DBE]) for i in (1, 2, 3)] + [node("node4")]
+    res = decide(nodes, cluster(4), S, NOW)
+    assert [d.node for d in kinds(res, "drain")] == ["node1", "node2"]
+    [g] = kinds(res, "guard_tripped")
+    assert g.rule == "guard_fraction" and g.details["blocked"] == ["node3"]
+    assert res.guard_tripped
+
+
+def test_tripped_guard_blocks_drains_but_allows_resumes():
+    nodes = [
+        node("node1", [DBE]),
+        node("node2", drained=True, reason="babysitter: x", ours=True, consecutive_clean=5),
+    ]
+    res = decide(nodes, cluster(4, guard_tripped=True), S, NOW)
+    assert not kinds(res, "drain")
+    assert [d.node for d in kinds(res, "resume")] == ["node2"]
+
+
+def test_rate_limit():
+    res = decide([node("node1", [DBE])], cluster(100, drains_last_hour=20), S, NOW)
+    assert not kinds(res, "drain") and kinds(res, "guard_tripped")[0].rule == "guard_rate"
+
+
+def test_dry_run_decisions_are_flagged():
+    dry = PolicySettings(dry_run=True, max_drained_fraction=0.5)
+    [d] = kinds(decide([node("node1", [DBE])], cluster(), dry, NOW), "drain")
+    assert d.dry_run
+
+
+def test_pending_drain_is_not_decided_twice():
+    assert not kinds(decide([node("node1", [DBE], drain_pending=True)], cluster(), S, NOW), "drain")
+
+
+def test_heartbeat_missing_is_unknown_and_alerts():
+    res = decide([node("node1", heartbeat_age_s=600)], cluster(), S, NOW)
+    assert res.verdicts["node1"] == "unknown"
+    assert kinds(res, "alert")[0].condition == "node_unknown"
+
+
+def test_repeated_fatal_xid_escalates_and_lemon_node():
+    hist = tuple(("gpu3", 79, NOW - timedelta(hours=i)) for i in range(5))
+    drains = tuple(NOW - timedelta(days=i) for i in range(3))
+    res = decide([node("node1", xid_history=hist, recent_drains=drains)], cluster(), S, NOW)
+    rules = {d.rule for d in kinds(res, "escalate")}
+    assert rules == {"xid_escalation", "lemon_node"}
+    old = tuple(("gpu3", 79, NOW - timedelta(hours=30 + i)) for i in range(5))
+    assert not kinds(decide([node("node1", xid_history=old)], cluster(), S, NOW), "escalate")
+
+
+def test_rack_failure_in_a_10k_node_cluster_respects_the_guard():
+    nodes = [node(f"n{i:05d}", [DBE] if 5000 <= i < 5032 else []) for i in range(10_000)]
+    s = PolicySettings(max_drained_fraction=0.1, max_drains_per_hour=50)
+    res = decide(nodes, cluster(10_000), s, NOW)
+    assert len(kinds(res, "drain")) == 32
+    s2 = PolicySettings(max_drained_fraction=0.002, max_drains_per_hour=50)
+    res2 = decide(nodes, cluster(10_000), s2, NOW)
+    assert len(kinds(res2, "drain")) == 20 and kinds(res2, "guard_tripped")

@@ -1,0 +1,158 @@
+"""Remediation against a real Slurm (devcluster): the engine with the real Slurm client and a
+real store; node reports are ingested straight into the store here (the agent → API path is
+covered by tests/test_agent.py and tests/test_e2e_fault.py)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from babysitter.config import Config
+from babysitter.controller.remediation import RemediationEngine, make_engine
+from babysitter.controller.store import Report, Store
+from babysitter.finding import Finding
+from babysitter.slurm.cli import CliSlurmClient
+from tests.fixtures.slurm import slurm, wait_for
+
+XID79 = Finding(
+    check="xid.kmsg",
+    component="gpu3",
+    severity="critical",
+    code="xid.79",
+    message="XID 79 on GPU 3 (PCI 0000:5d:00) (reboot: node fault)",
+    action="reboot",
+    details={"xid": 79},
+)
+
+
+def send(store: Store, node: str, *findings: Finding) -> None:
+    store.ingest([Report(node, str(uuid.uuid4()), datetime.now(UTC), list(findings), {})])
+
+
+def node_state(info, node):
+    out = slurm(info, "sinfo", "-h", "-N", "-n", node, "-o", "%t|%E").stdout.strip()
+    state, reason = out.split("|", 1)
+    return state.rstrip("*"), reason
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    s.upgrade()
+    yield s
+    s.close()
+
+
+def engine(store: Store, info, receiver=None, **policy) -> RemediationEngine:
+    alerts = {"webhook_url": receiver.url + "/hook"} if receiver else {}
+    cfg = Config.model_validate(
+        {
+            "policy": {"max_drained_fraction": 0.5, "resume_after_clean_checks": 2, **policy},
+            "slurm": {"slurm_conf": info.slurm_conf},
+            "alerts": alerts,
+        }
+    )
+    return make_engine(cfg, store, slurm=CliSlurmClient(slurm_conf=Path(info.slurm_conf)))
+
+
+def test_fault_drains_alerts_then_resumes_after_clean_reports(clean_cluster, store, receiver):
+    eng = engine(store, clean_cluster, receiver)
+    for n in clean_cluster.nodes:
+        send(store, n)
+    send(store, "node2", XID79)
+    eng.tick()
+    state, reason = node_state(clean_cluster, "node2")
+    assert state == "drain" and reason.startswith("babysitter: xid.kmsg: XID 79 on GPU 3")
+    [fired] = receiver.bodies("/hook")
+    assert fired["node"] == "node2" and fired["state"] == "firing"
+    assert "drained node2" in fired["action_taken"] and fired["what_to_do"]
+    eng.tick()  # nothing new: no second drain, no second alert
+    drains = [a for a in store.actions() if a["kind"] == "drain"]
+    assert len(drains) == 1 and drains[0]["rule"] == "critical_finding"
+    assert len(receiver.bodies("/hook")) == 1
+
+    send(store, "node2")
+    eng.tick()
+    assert node_state(clean_cluster, "node2")[0] == "drain"  # one clean report is not enough
+    send(store, "node2")
+    eng.tick()
+    wait_for(lambda: node_state(clean_cluster, "node2")[0] == "idle", 15, "node2 resumed")
+    assert receiver.bodies("/hook")[-1]["state"] == "resolved"
+
+
+def test_admin_drained_node_is_left_alone(clean_cluster, store, receiver):
+    slurm(
+        clean_cluster,
+        "scontrol",
+        "update",
+        "NodeName=node3",
+        "State=DRAIN",
+        "Reason=admin maintenance",
+    )
+    eng = engine(store, clean_cluster, receiver)
+    send(store, "node3", XID79)
+    eng.tick()
+    for _ in range(3):
+        send(store, "node3")
+        eng.tick()
+    assert node_state(clean_cluster, "node3") == ("drain", "admin maintenance")
+    assert not [
+        a for a in store.actions() if a["node"] == "node3" and a["kind"] in ("drain", "resume")
+    ]
+    assert receiver.bodies("/hook")[0]["condition"] == "node_unhealthy_not_ours"
+
+
+def test_guard_three_of_four_fail(clean_cluster, store, receiver):
+    eng = engine(store, clean_cluster, receiver)
+    for n in ("node1", "node2", "node3"):
+        send(store, n, XID79)
+    send(store, "node4")
+    eng.tick()
+    eng.tick()
+    drained = [n for n in clean_cluster.nodes if node_state(clean_cluster, n)[0] == "drain"]
+    assert len(drained) == 2
+    assert node_state(clean_cluster, "node4")[0] == "idle"
+    guard = [b for b in receiver.bodies("/hook") if b["condition"] == "guard_tripped"]
+    assert len(guard) == 1 and "NOT drained" in guard[0]["summary"]
+    assert store.kv_get("guard_tripped") is True
+
+
+def test_dry_run_changes_nothing_in_slurm(clean_cluster, store, receiver):
+    eng = engine(store, clean_cluster, receiver, dry_run=True)
+    for n in ("node1", "node2", "node3"):
+        send(store, n, XID79)
+    eng.tick()
+    eng.tick()
+    assert all(node_state(clean_cluster, n)[0] == "idle" for n in clean_cluster.nodes)
+    acts = [a for a in store.actions() if a["kind"] == "drain"]
+    assert len(acts) == 2 and all(a["dry_run"] and a["status"] == "done" for a in acts)
+    assert any("dry-run" in b["action_taken"] for b in receiver.bodies("/hook"))
+
+
+def test_slurmctld_down_then_back_drains_exactly_once(clean_cluster, devcluster_obj, store):
+    eng = engine(store, clean_cluster)
+    for n in clean_cluster.nodes:
+        send(store, n)
+    eng.tick()  # Slurm state known
+    devcluster_obj.stop_slurmctld()
+    try:
+        send(store, "node2", XID79)
+        for _ in range(3):
+            eng.tick()
+        pending = [a for a in store.actions() if a["kind"] == "drain"]
+        assert len(pending) == 1 and pending[0]["status"] == "pending"
+    finally:
+        devcluster_obj.start_slurmctld()
+    wait_for(
+        lambda: eng.tick() is not None and node_state(clean_cluster, "node2")[0] == "drain",
+        60,
+        "drain after slurmctld returned",
+    )
+    for _ in range(3):
+        eng.tick()
+    drains = [a for a in store.actions() if a["kind"] == "drain"]
+    assert len(drains) == 1 and drains[0]["status"] == "done"
