@@ -1,0 +1,252 @@
+"""A whole babysitter installation on one machine: a devcluster, the controller (SQLite or
+Postgres) and one agent per Slurm node over simulated GPUs (fake NVML) and a kernel-log file.
+The demo, the end-to-end tests and the fault->drain benchmark all use this."""
+
+from __future__ import annotations
+
+import os
+import secrets as pysecrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from babysitter.controller.auth import node_token
+from babysitter.devcluster.cluster import ClusterInfo, DevCluster
+from babysitter.devcluster.fakenvml import FakeGpus, build
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _toml(data: dict[str, dict[str, Any]]) -> str:
+    def val(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    out = []
+    for section, values in data.items():
+        out.append(f"[{section}]")
+        out += [f"{k} = {val(v)}" for k, v in values.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+@dataclass
+class SimNode:
+    name: str
+    gpus: FakeGpus
+    kmsg: Path
+    config: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+
+@dataclass
+class SimCluster:
+    base: Path
+    n_nodes: int = 4
+    database_url: str | None = None
+    webhook_url: str | None = None
+    alertmanager_url: str | None = None
+    policy: dict[str, Any] = field(default_factory=dict)
+    agent_interval_s: float = 1.0
+    check_interval_s: float = 1.0
+    extra_slurm_conf: list[str] = field(default_factory=list)
+    cluster: DevCluster | None = None
+    info: ClusterInfo | None = None
+    nodes: dict[str, SimNode] = field(default_factory=dict)
+    controller: subprocess.Popen[bytes] | None = None
+    url: str = ""
+
+    def up(self) -> SimCluster:
+        self.base = Path(self.base).resolve()
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.cluster = DevCluster(
+            self.base / "slurm", nodes=self.n_nodes, extra_conf=self.extra_slurm_conf
+        )
+        self.info = self.cluster.up()
+        etc = self.base / "etc"
+        etc.mkdir(exist_ok=True)
+        secret = etc / "cluster.secret"
+        if not secret.exists():
+            secret.write_text(pysecrets.token_hex(32))
+            (etc / "admin.token").write_text(pysecrets.token_hex(16))
+        for p in (secret, etc / "admin.token"):
+            p.chmod(0o600)
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        try:
+            self._start_controller(port)
+            lib = build()
+            for node in self.info.nodes:
+                self._start_agent(node, lib)
+        except Exception:
+            self.down()
+            raise
+        return self
+
+    # ---- config generation (also what docker/ entrypoints use)
+    def controller_config(self, port: int) -> dict[str, dict[str, Any]]:
+        assert self.info is not None
+        etc = self.base / "etc"
+        alerts: dict[str, Any] = {}
+        if self.webhook_url:
+            alerts["webhook_url"] = self.webhook_url
+        if self.alertmanager_url:
+            alerts["alertmanager_url"] = self.alertmanager_url
+        return {
+            "controller": {
+                "listen": f"127.0.0.1:{port}",
+                "database_url": self.database_url or f"sqlite:///{self.base / 'babysitter.db'}",
+                "cluster_secret_file": str(etc / "cluster.secret"),
+                "admin_token_file": str(etc / "admin.token"),
+                "loop_interval_s": 0.2,
+                "heartbeat_timeout_s": 30,
+            },
+            "slurm": {"slurm_conf": self.info.slurm_conf},
+            "policy": {"max_drained_fraction": 0.5, "resume_after_clean_checks": 2, **self.policy},
+            "alerts": alerts,
+        }
+
+    def agent_config(self, node: str) -> dict[str, dict[str, Any]]:
+        assert self.info is not None
+        d = self.base / "nodes" / node
+        return {
+            "agent": {
+                "controller_url": self.url,
+                "node_name": node,
+                "kmsg_path": str(d / "kmsg"),
+                "spool_path": str(d / "spool.db"),
+                "token_file": str(d / "node.token"),
+                "interval_s": self.agent_interval_s,
+                "request_timeout_s": 2,
+                "sysfs_root": str(d / "sysfs"),
+            },
+            "slurm": {"slurm_conf": self.info.slurm_conf},
+            "checks.gpu": {"expected_count": 8, "interval_s": self.check_interval_s},
+            "checks.xid": {"interval_s": self.check_interval_s},
+            "checks.host": {"check_slurmd": False, "min_free_gb": 0, "paths": [str(d)]},
+        }
+
+    def _start_controller(self, port: int) -> None:
+        cfg = self.base / "etc" / "controller.toml"
+        cfg.write_text(_toml(self.controller_config(port)))
+        log = open(self.base / "controller.log", "ab")  # noqa: SIM115 - handed to the child
+        env = dict(os.environ, BABYSITTER_CONFIG=str(cfg))
+        self.controller = subprocess.Popen(
+            [sys.executable, "-m", "babysitter.cli.main", "controller"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.controller.poll() is not None:
+                raise RuntimeError(f"controller exited; see {self.base / 'controller.log'}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("controller did not become ready")
+
+    def _start_agent(self, node: str, lib: Path) -> None:
+        d = self.base / "nodes" / node
+        d.mkdir(parents=True, exist_ok=True)
+        secret = (self.base / "etc" / "cluster.secret").read_bytes().strip()
+        (d / "node.token").write_text(node_token(secret, node))
+        kmsg = d / "kmsg"
+        kmsg.touch()
+        cfg = d / "agent.toml"
+        cfg.write_text(_toml(self.agent_config(node)))
+        gpus = FakeGpus(d / "nvml-state", count=8)
+        sim = SimNode(node, gpus, kmsg, cfg)
+        self.nodes[node] = sim
+        self.start_agent(node, lib)
+
+    def start_agent(self, node: str, lib: Path | None = None) -> None:
+        sim = self.nodes[node]
+        env = dict(os.environ, BABYSITTER_CONFIG=str(sim.config), **sim.gpus.env(lib or build()))
+        log = open(sim.config.parent / "agent.log", "ab")  # noqa: SIM115
+        sim.proc = subprocess.Popen(
+            [sys.executable, "-m", "babysitter.cli.main", "agent"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def stop_agent(self, node: str) -> None:
+        sim = self.nodes[node]
+        if sim.proc and sim.proc.poll() is None:
+            sim.proc.terminate()
+            try:
+                sim.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                sim.proc.kill()
+                sim.proc.wait(timeout=10)
+
+    def reboot(self, node: str) -> None:
+        """A simulated reboot of a node: healthy GPUs, an empty kernel log, a fresh agent."""
+        self.stop_agent(node)
+        sim = self.nodes[node]
+        sim.gpus.reset(8)
+        sim.kmsg.write_text("")
+        self.start_agent(node)
+
+    def inject_xid(self, node: str, gpu: int, xid: int, via: str = "nvml") -> None:
+        sim = self.nodes[node]
+        if via == "nvml":
+            sim.gpus.xid(gpu, xid)
+        else:
+            pci = {0: "18", 1: "2a", 2: "3a", 3: "5d", 4: "9a", 5: "ab", 6: "ba", 7: "db"}[gpu]
+            with sim.kmsg.open("a") as f:
+                f.write(
+                    f"NVRM: Xid (PCI:0000:{pci}:00): {xid}, pid=1234, name=python, "
+                    "Channel exception\n"
+                )
+
+    def admin_token(self) -> str:
+        return (self.base / "etc" / "admin.token").read_text().strip()
+
+    def api(self, path: str) -> Any:
+        r = httpx.get(
+            self.url + path, timeout=5, headers={"Authorization": f"Bearer {self.admin_token()}"}
+        )
+        r.raise_for_status()
+        return r.json()
+
+    def down(self) -> None:
+        for node in list(self.nodes):
+            self.stop_agent(node)
+        if self.controller and self.controller.poll() is None:
+            self.controller.terminate()
+            try:
+                self.controller.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.controller.kill()
+                self.controller.wait(timeout=10)
+        if self.cluster is not None:
+            self.cluster.down()
+
+    def cleanup(self) -> None:
+        self.down()
+        shutil.rmtree(self.base, ignore_errors=True)
