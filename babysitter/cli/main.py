@@ -21,6 +21,7 @@ COMMAND_MODULES: list[str] = [
     "babysitter.cli.check_cmd",
     "babysitter.cli.daemon_cmd",
     "babysitter.cli.read_cmd",
+    "babysitter.cli.job_cmd",
 ]
 
 

@@ -1,0 +1,57 @@
+"""Install slurm-plugins/ (the babysit SPANK plugin and job_submit.lua) into a devcluster, so
+tests and the demo use the real plugin. The plugin is built against the Slurm headers of the
+cluster's installation (`include_dir`; a chroot's own headers for newer versions)."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN_DIR = REPO / "slurm-plugins"
+SOURCE = PLUGIN_DIR / "babysit_spank.c"
+LUA = PLUGIN_DIR / "job_submit.lua"
+
+
+def build_plugin(
+    out_dir: Path, include_dir: Path = Path("/usr/include"), cc: list[str] | None = None
+) -> Path:
+    """Compile babysit_spank.so (cached by source hash); `cc` may prefix a chroot."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + str(include_dir).encode()).hexdigest()[:12]
+    so = out_dir / f"babysit_spank-{digest}.so"
+    if so.exists():
+        return so
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = so.with_suffix(".tmp")
+    subprocess.run(
+        [
+            *(cc or ["gcc"]),
+            "-O2",
+            "-Wall",
+            "-shared",
+            "-fPIC",
+            f"-I{include_dir}",
+            "-o",
+            str(tmp),
+            str(SOURCE),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    tmp.replace(so)
+    return so
+
+
+def configure(base: Path, etc_dir: Path) -> list[str]:
+    """Called by DevCluster.up(): write plugstack.conf and job_submit.lua, return the
+    slurm.conf lines that enable them."""
+    if not (Path("/usr/include/slurm/spank.h")).exists() or shutil.which("gcc") is None:
+        return []  # no libslurm-dev / compiler: the --comment fallback still works
+    so = build_plugin(base / "plugins")
+    etc_dir.mkdir(parents=True, exist_ok=True)
+    (etc_dir / "plugstack.conf").write_text(f"required {so}\n")
+    shutil.copy(LUA, etc_dir / "job_submit.lua")
+    return ["JobSubmitPlugins=lua"]

@@ -1,0 +1,125 @@
+"""The job side of babysitter, for training scripts. Standard library only: importing it never
+pulls in babysitter's daemon dependencies.
+
+    from babysitter import job
+    start = job.resume_path()             # None on a fresh start
+    job.heartbeat(step)                   # progress signal for hang detection
+    job.mark_checkpoint_complete(path)    # generic checkpoints: the marker is written last
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from babysitter.checkpoints.discover import MARKER, find_latest_complete
+from babysitter.checkpoints.resume import STATE_DIR, read_resume_json
+
+ENV_RESUME = "BABYSIT_RESUME_FROM"
+ENV_CKPT = "BABYSIT_CKPT"
+KEYS = ("ckpt", "max_requeues", "hang_timeout")
+
+
+class BabysitArgsError(ValueError):
+    pass
+
+
+def parse_babysit_args(text: str) -> dict[str, Any]:
+    """`ckpt=/abs/dir,max_requeues=3,hang_timeout=1800` (optionally prefixed `babysit=`), the
+    value of `--babysit` and of AdminComment/Comment. Same rules as the SPANK plugin."""
+    text = text.strip()
+    if text.startswith("babysit="):
+        text = text[len("babysit=") :]
+    elif text == "babysit":
+        text = ""
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, val = part.partition("=")
+        if not sep or not val:
+            raise BabysitArgsError(f"--babysit: '{part}' is not key=value")
+        if key not in KEYS:
+            raise BabysitArgsError(f"--babysit: unknown key '{key}' (known: {', '.join(KEYS)})")
+        if key in out:
+            raise BabysitArgsError(f"--babysit: '{key}' given twice")
+        if key == "ckpt":
+            if not val.startswith("/"):
+                raise BabysitArgsError("--babysit: ckpt must be an absolute path")
+            out[key] = val
+        else:
+            if not val.isdigit():
+                raise BabysitArgsError(f"--babysit: {key} must be a non-negative integer")
+            n = int(val)
+            if key == "hang_timeout" and n == 0:
+                raise BabysitArgsError("--babysit: hang_timeout must be > 0")
+            if n > 10**7:
+                raise BabysitArgsError(f"--babysit: {key} is too large")
+            out[key] = n
+    return out
+
+
+def babysit_spec(admin_comment: str, comment: str = "") -> dict[str, Any] | None:
+    """The job's babysit arguments from AdminComment (plugin) or Comment (fallback); None when
+    the job did not opt in or its arguments are invalid."""
+    for text in (admin_comment, comment):
+        for token in (text or "").split():
+            if token == "babysit" or token.startswith("babysit="):
+                try:
+                    return parse_babysit_args(token)
+                except BabysitArgsError:
+                    return None
+    return None
+
+
+def _ckpt_dir(ckpt: str | os.PathLike[str] | None) -> Path | None:
+    d = ckpt or os.environ.get(ENV_CKPT)
+    return Path(d) if d else None
+
+
+def resume_path(ckpt: str | os.PathLike[str] | None = None) -> str | None:
+    """Where to resume from: $BABYSIT_RESUME_FROM (set by the plugin on restart), else the
+    controller's resume.json, else the newest complete checkpoint; None on a fresh start."""
+    env = os.environ.get(ENV_RESUME)
+    if env and Path(env).exists():
+        return env
+    d = _ckpt_dir(ckpt)
+    if d is None:
+        return None
+    doc = read_resume_json(d)
+    if doc and Path(doc["path"]).exists():
+        return str(doc["path"])
+    choice = find_latest_complete(d)
+    return str(choice.path) if choice else None
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def heartbeat(step: int, ckpt: str | os.PathLike[str] | None = None) -> None:
+    """Progress signal read by babysitter's hang detection; cheap enough to call every step."""
+    d = _ckpt_dir(ckpt)
+    if d is None:
+        return
+    job = os.environ.get("SLURM_JOB_ID", "local")
+    _atomic_write(
+        d / STATE_DIR / f"heartbeat-{job}.json",
+        json.dumps({"step": int(step), "time": time.time(), "job_id": job}),
+    )
+
+
+def mark_checkpoint_complete(path: str | os.PathLike[str]) -> None:
+    """Call after every file of a checkpoint is written and closed."""
+    p = Path(path)
+    if not p.is_dir():
+        raise NotADirectoryError(f"{p} is not a checkpoint directory")
+    _atomic_write(p / MARKER, "")
