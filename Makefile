@@ -49,6 +49,9 @@ fmt: venv
 test: setup lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+demo: setup
+	$(VENV)/bin/babysitter demo
+
 bench: setup
 	$(PY) -m bench.run
 

@@ -22,6 +22,7 @@ COMMAND_MODULES: list[str] = [
     "babysitter.cli.daemon_cmd",
     "babysitter.cli.read_cmd",
     "babysitter.cli.job_cmd",
+    "babysitter.cli.demo_cmd",
 ]
 
 

@@ -30,6 +30,7 @@ from babysitter.devcluster.procs import (
     marked_pids,
     read_pid,
     terminate,
+    with_descendants,
 )
 from babysitter.errors import BabysitterError
 
@@ -342,11 +343,12 @@ class DevCluster:
                 pids.add(p)
         if self._p("spool").exists():
             pids.update(cwd_pids(self._p("spool")))
-        return sorted(p for p in pids if alive(p))
+        return sorted(p for p in with_descendants(pids) if alive(p))
 
     def down(self) -> None:
         """Stop everything this cluster started; fine when already down."""
         # slurmd/slurmctld first so they do not respawn steps, munged last
+        tree = self.pids()  # includes running jobs' processes below slurmstepd
         order = ["slurmrestd.pid", "slurmctld.pid"]
         run = self._p("run")
         if run.exists():
@@ -355,7 +357,7 @@ class DevCluster:
                 p = read_pid(run / name)
                 if p:
                     terminate([p], grace_s=3)
-        left = terminate(self.pids(), grace_s=3)
+        left = terminate(set(tree) | set(self.pids()), grace_s=3)
         munge = read_pid(run / "munged.pid") if run.exists() else None
         if munge:
             terminate([munge])

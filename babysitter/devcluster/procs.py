@@ -82,3 +82,17 @@ def terminate(pids: Iterable[int], grace_s: float = 5.0) -> list[int]:
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.05)
     return [p for p in pids if alive(p)]
+
+
+def with_descendants(pids: Iterable[int]) -> list[int]:
+    """pids plus every process below them (job steps and the jobs' own processes, which
+    carry neither the marker nor a cwd under the cluster)."""
+    import psutil
+
+    out = set(pids)
+    for p in list(out):
+        try:
+            out.update(c.pid for c in psutil.Process(p).children(recursive=True))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return sorted(out)
