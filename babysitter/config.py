@@ -157,6 +157,9 @@ class InfinibandCheckConfig(CheckConfig):
     profile: str | None = Field(None, description="SKU profile for expected ports/rate")
     expected_ports: int | None = Field(None, ge=0, description="ACTIVE ports expected")
     expected_rate_gbps: float | None = Field(None, gt=0, description="rate each port must have")
+    flap_recovery_s: float | None = Field(
+        None, gt=0, description="opt-in: forgive flaps after the port is stable this long"
+    )
 
 
 class NcclCheckConfig(CheckConfig):
@@ -164,6 +167,11 @@ class NcclCheckConfig(CheckConfig):
     job_log_globs: list[str] = Field(
         default_factory=list, description="where to find babysat jobs' stdout/stderr"
     )
+    profile: str | None = Field(None, description="SKU profile for the bus bandwidth floor")
+    min_busbw_gbps: float | None = Field(None, gt=0, description="bus bandwidth floor, GB/s")
+    gpus: int = Field(8, ge=1, description="GPUs all_reduce_perf uses (-g)")
+    min_bytes: str = Field("1G", description="all_reduce_perf -b")
+    max_bytes: str = Field("16G", description="all_reduce_perf -e")
 
 
 class SdcCheckConfig(CheckConfig):

@@ -7,6 +7,8 @@ CHECK_MODULES: list[str] = [
     "babysitter.checks.gpu",
     "babysitter.checks.xid",
     "babysitter.checks.host",
+    "babysitter.checks.infiniband",
+    "babysitter.checks.nccl",
 ]
 
 

@@ -228,7 +228,7 @@ def select_checks(
         if cls.invasive and not include_invasive and not only:
             continue
         check = cls(ctx)
-        if not check.enabled():
+        if not check.enabled() or not check.supported():
             continue
         out.append(check)
     return out

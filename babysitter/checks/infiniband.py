@@ -1,0 +1,260 @@
+"""InfiniBand ports from sysfs: expected ports up at the expected rate, error counters as
+deltas (fatal-on-increase and per-time rates), link drops and flaps with a sticky window.
+
+Thresholds (domain notes: gpud, NVSentinel): link_downed, excessive_buffer_overrun_errors and
+local_link_integrity_errors are fatal on any increase; symbol_error > 120/h,
+link_error_recovery > 5/min, port_rcv_errors > 10/s, port_xmit_discards > 100/s. A flap is a
+port going down then back; 3 within the window make the port unhealthy, sticky for 10 min
+(unless the opt-in recovery window says it has been stable long enough).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from babysitter.checks.base import Check, register
+from babysitter.config import InfinibandCheckConfig
+from babysitter.finding import Action, Finding, Severity
+
+FATAL_ON_INCREASE = (
+    "link_downed",
+    "excessive_buffer_overrun_errors",
+    "local_link_integrity_errors",
+)
+RATE_LIMITS: dict[str, float] = {  # counter -> max increase per second
+    "symbol_error": 120 / 3600,
+    "link_error_recovery": 5 / 60,
+    "port_rcv_errors": 10.0,
+    "port_xmit_discards": 100.0,
+}
+PROFILES: dict[str, tuple[int, float | None]] = {  # expected ACTIVE ports, rate Gb/s
+    "default": (0, None),
+    "H100": (8, 400.0),
+    "H200": (8, 400.0),
+    "B200": (8, 400.0),
+    "A100": (1, 200.0),
+}
+FLAP_COUNT = 3
+FLAP_WINDOW_S = 600.0
+STICKY_S = 600.0
+
+
+def _read(p: Path) -> str | None:
+    try:
+        return p.read_text(errors="replace").strip()[:200]
+    except OSError:
+        return None
+
+
+def parse_state(text: str | None) -> str:
+    """'4: ACTIVE' -> 'ACTIVE'; garbage -> 'UNKNOWN'."""
+    if not text:
+        return "UNKNOWN"
+    m = re.match(r"^\s*\d+\s*:\s*([A-Za-z_]+)", text)
+    return m.group(1).upper() if m else "UNKNOWN"
+
+
+def parse_rate(text: str | None) -> float | None:
+    """'400 Gb/sec (4X NDR)' -> 400.0"""
+    if not text:
+        return None
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec", text)
+    return float(m.group(1)) if m else None
+
+
+def parse_counter(text: str | None) -> int | None:
+    if text is None or not text.isdigit():
+        return None
+    return int(text)
+
+
+@dataclass
+class PortState:
+    counters: dict[str, int] = field(default_factory=dict)
+    at: float = 0.0
+    up: bool = True
+    flaps: list[float] = field(default_factory=list)
+    unhealthy_until: float = 0.0
+    last_change: float = 0.0
+
+
+@register
+class InfinibandCheck(Check):
+    name = "ib.ports"
+    section = "infiniband"
+    interval_s = 30.0
+    timeout_s = 10.0
+
+    def __init__(self, *a: Any, clock: Callable[[], float] | None = None, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.clock = clock or time.monotonic
+        self.ports: dict[str, PortState] = {}
+
+    @property
+    def cfg(self) -> InfinibandCheckConfig:
+        return self.ctx.config.checks.infiniband
+
+    @property
+    def root(self) -> Path:
+        return Path(self.ctx.config.agent.sysfs_root) / "sys" / "class" / "infiniband"
+
+    def supported(self) -> bool:
+        return self.root.is_dir() or bool(self.expected()[0])
+
+    def expected(self) -> tuple[int, float | None]:
+        ports, rate = PROFILES.get(self.cfg.profile or "default", PROFILES["default"])
+        if self.cfg.expected_ports is not None:
+            ports = self.cfg.expected_ports
+        if self.cfg.expected_rate_gbps is not None:
+            rate = self.cfg.expected_rate_gbps
+        return ports, rate
+
+    def run(self) -> list[Finding]:
+        now = self.clock()
+        want_ports, want_rate = self.expected()
+        out: list[Finding] = []
+        found: list[tuple[str, int, Path]] = []
+        if self.root.is_dir():
+            for dev in sorted(self.root.iterdir()):
+                pdir = dev / "ports"
+                if not pdir.is_dir():
+                    continue
+                for p in sorted(pdir.iterdir(), key=lambda x: x.name):
+                    if p.name.isdigit():
+                        found.append((dev.name, int(p.name), p))
+        active = 0
+        rates = [parse_rate(_read(pd / "rate")) for _, _, pd in found]
+        best = max((r for r in rates if r), default=None)
+        for (dev_name, port, pd), rate in zip(found, rates, strict=True):
+            comp = f"ib:{dev_name}/{port}"
+            fs = self._port(comp, pd, rate, want_rate or best, now)
+            if parse_state(_read(pd / "state")) == "ACTIVE":
+                active += 1
+            out.extend(
+                fs
+                or [
+                    self.finding(comp, Severity.OK, "ib.ok", f"{comp} ACTIVE at {rate or '?'} Gb/s")
+                ]
+            )
+        if want_ports and active < want_ports:
+            out.append(
+                self.finding(
+                    "host",
+                    Severity.CRITICAL if not found else Severity.WARNING,
+                    "ib.missing" if not found else "ib.ports_below_expected",
+                    f"{active} InfiniBand ports ACTIVE, {want_ports} expected"
+                    + ("" if found else f" (no devices under {self.root})"),
+                    Action.DRAIN if not found else Action.INSPECT,
+                    active=active,
+                    expected=want_ports,
+                )
+            )
+        return out
+
+    def _port(
+        self, comp: str, p: Path, rate: float | None, want_rate: float | None, now: float
+    ) -> list[Finding]:
+        st = self.ports.setdefault(comp, PortState(at=now, last_change=now))
+        out: list[Finding] = []
+        state = parse_state(_read(p / "state"))
+        phys = parse_state(_read(p / "phys_state"))
+        up = state == "ACTIVE"
+        if up != st.up:
+            st.last_change = now
+            if up:  # back after being down: a flap
+                st.flaps = [t for t in st.flaps if now - t <= FLAP_WINDOW_S] + [now]
+                if len(st.flaps) >= FLAP_COUNT:
+                    st.unhealthy_until = now + STICKY_S
+            st.up = up
+        if not up:
+            out.append(
+                self.finding(
+                    comp,
+                    Severity.CRITICAL,
+                    "ib.port_down",
+                    f"{comp} is {state} (physical {phys})",
+                    Action.DRAIN,
+                    state=state,
+                    phys_state=phys,
+                )
+            )
+        recovery = self.cfg.flap_recovery_s
+        if st.unhealthy_until > now and recovery and up and now - st.last_change >= recovery:
+            st.unhealthy_until = 0.0  # opt-in: stable long enough, forgive the flaps
+        if st.unhealthy_until > now:
+            out.append(
+                self.finding(
+                    comp,
+                    Severity.CRITICAL,
+                    "ib.port_flapping",
+                    f"{comp} flapped {len(st.flaps)} times in {FLAP_WINDOW_S / 60:.0f} min",
+                    Action.DRAIN,
+                    flaps=len(st.flaps),
+                    sticky_for_s=round(st.unhealthy_until - now),
+                )
+            )
+        if up and want_rate and rate is not None and rate < want_rate:
+            out.append(
+                self.finding(
+                    comp,
+                    Severity.WARNING,
+                    "ib.rate_degraded",
+                    f"{comp} at {rate:g} Gb/s, {want_rate:g} expected",
+                    Action.INSPECT,
+                    rate_gbps=rate,
+                    expected_gbps=want_rate,
+                )
+            )
+        out.extend(self._counters(comp, p / "counters", st, now))
+        return out
+
+    def _counters(self, comp: str, cdir: Path, st: PortState, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        names = list(FATAL_ON_INCREASE) + list(RATE_LIMITS)
+        current: dict[str, int] = {}
+        for n in names:
+            v = parse_counter(_read(cdir / n))
+            if v is not None:
+                current[n] = v
+        dt = max(now - st.at, 1e-6)
+        if st.counters:
+            for n, v in current.items():
+                prev = st.counters.get(n)
+                if prev is None:
+                    continue
+                delta = v - prev if v >= prev else v  # reset or wrap: count from zero
+                if delta <= 0:
+                    continue
+                if n in FATAL_ON_INCREASE:
+                    out.append(
+                        self.finding(
+                            comp,
+                            Severity.CRITICAL,
+                            f"ib.{n}",
+                            f"{comp} {n} increased by {delta}",
+                            Action.DRAIN,
+                            counter=n,
+                            delta=delta,
+                        )
+                    )
+                elif delta / dt > RATE_LIMITS[n]:
+                    out.append(
+                        self.finding(
+                            comp,
+                            Severity.WARNING,
+                            f"ib.{n}",
+                            f"{comp} {n} +{delta} in {dt:.0f} s",
+                            Action.WATCH,
+                            counter=n,
+                            delta=delta,
+                            per_s=round(delta / dt, 4),
+                        )
+                    )
+        st.counters = current
+        st.at = now
+        return out

@@ -1,0 +1,269 @@
+"""NCCL health.
+
+Active (invasive, only on idle/drained nodes): run nccl-tests `all_reduce_perf` when configured,
+parse its table, compare the bus bandwidth at the largest size with the SKU threshold.
+Passive: scan the stdout/stderr files of babysat jobs running on this node for NCCL failure
+signatures; each new match is a finding on `job:<id>` with the node attached. Files are found
+with `[checks.nccl] job_log_globs` (e.g. "/scratch/*/slurm-*.out"); the job id is the first
+number after "slurm-" (or the last number) in the file name.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from babysitter.checks.base import Check, register
+from babysitter.config import NcclCheckConfig
+from babysitter.finding import Action, Finding, Severity
+
+# Bus bandwidth thresholds in GB/s at large sizes (Azure HPC health checks; domain notes)
+BUSBW_GBPS = {"H100": 460.0, "H200": 431.0, "A100": 228.0, "default": 150.0}
+
+SIGNATURES: list[tuple[str, re.Pattern[str], Severity]] = [
+    (
+        "nccl.watchdog_timeout",
+        re.compile(r"Watchdog caught collective operation timeout"),
+        Severity.CRITICAL,
+    ),
+    (
+        "nccl.pg_timeout",
+        re.compile(r"ProcessGroupNCCL.*[Tt]imeout|NCCL.*timed out"),
+        Severity.CRITICAL,
+    ),
+    ("nccl.unhandled_system_error", re.compile(r"unhandled system error"), Severity.CRITICAL),
+    ("nccl.error", re.compile(r"NCCL error"), Severity.WARNING),
+    ("nccl.warn", re.compile(r"NCCL WARN"), Severity.WARNING),
+]
+_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)\s+(.+)$")
+
+
+@dataclass
+class PerfRow:
+    size: int
+    count: int
+    dtype: str
+    redop: str
+    busbw_oop: float
+    busbw_ip: float
+    wrong: int
+
+
+def parse_all_reduce_perf(text: str) -> tuple[list[PerfRow], float | None]:
+    """Rows of the nccl-tests table and the `# Avg bus bandwidth` line (GB/s)."""
+    rows: list[PerfRow] = []
+    avg = None
+    for line in text.splitlines()[:100_000]:
+        m = re.match(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.]+)", line)
+        if m:
+            try:
+                avg = float(m.group(1))
+            except ValueError:
+                avg = None
+            continue
+        if line.lstrip().startswith("#"):
+            continue
+        m = _ROW.match(line)
+        if not m:
+            continue
+        # out-of-place: time algbw busbw #wrong ; in-place: time algbw busbw #wrong
+        nums = m.group(6).split()
+        try:
+            vals = [float(x) if x not in ("N/A",) else 0.0 for x in nums[:8]]
+        except ValueError:
+            continue
+        if len(vals) < 8:
+            continue
+        rows.append(
+            PerfRow(
+                int(m.group(1)),
+                int(m.group(2)),
+                m.group(3),
+                m.group(4),
+                vals[2],
+                vals[6],
+                int(vals[3]) + int(vals[7]),
+            )
+        )
+    return rows, avg
+
+
+@register
+class NcclPerfCheck(Check):
+    name = "nccl.perf"
+    section = "nccl"
+    interval_s = 3600.0
+    timeout_s = 600.0
+    invasive = True
+
+    @property
+    def cfg(self) -> NcclCheckConfig:
+        return self.ctx.config.checks.nccl
+
+    def supported(self) -> bool:
+        return self.cfg.all_reduce_perf is not None
+
+    def run(self) -> list[Finding]:
+        exe = self.cfg.all_reduce_perf
+        if exe is None:
+            return []
+        argv = [
+            str(exe),
+            "-b",
+            self.cfg.min_bytes,
+            "-e",
+            self.cfg.max_bytes,
+            "-f",
+            "2",
+            "-g",
+            str(self.cfg.gpus),
+        ]
+        try:
+            r = subprocess.run(
+                argv, capture_output=True, text=True, timeout=self.effective_timeout() - 5
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return [
+                self.finding(
+                    "host",
+                    Severity.WARNING,
+                    "nccl.perf_failed",
+                    f"all_reduce_perf did not run: {exc}",
+                    Action.INSPECT,
+                )
+            ]
+        return self.evaluate(r.stdout, r.returncode)
+
+    def evaluate(self, text: str, returncode: int = 0) -> list[Finding]:
+        rows, avg = parse_all_reduce_perf(text)
+        if returncode != 0 or not rows:
+            return [
+                self.finding(
+                    "host",
+                    Severity.WARNING,
+                    "nccl.perf_failed",
+                    f"all_reduce_perf exited {returncode} with {len(rows)} rows",
+                    Action.INSPECT,
+                )
+            ]
+        expected = self.cfg.min_busbw_gbps or BUSBW_GBPS.get(
+            self.cfg.profile or "default", BUSBW_GBPS["default"]
+        )
+        top = max(rows, key=lambda r: r.size)
+        measured = max(top.busbw_oop, top.busbw_ip)
+        wrong = sum(r.wrong for r in rows)
+        out = []
+        details: dict[str, Any] = {
+            "measured_gbps": measured,
+            "expected_gbps": expected,
+            "size_bytes": top.size,
+            "avg_busbw_gbps": avg,
+        }
+        if wrong:
+            out.append(
+                self.finding(
+                    "host",
+                    Severity.CRITICAL,
+                    "nccl.wrong_results",
+                    f"all_reduce_perf reported {wrong} wrong results",
+                    Action.DRAIN,
+                    wrong=wrong,
+                    **details,
+                )
+            )
+        if measured < expected:
+            out.append(
+                self.finding(
+                    "host",
+                    Severity.WARNING,
+                    "nccl.busbw_low",
+                    f"all_reduce bus bandwidth {measured:.1f} GB/s at {top.size} B, "
+                    f"{expected:.0f} GB/s expected",
+                    Action.INSPECT,
+                    **details,
+                )
+            )
+        return out or [
+            self.finding(
+                "host",
+                Severity.OK,
+                "nccl.perf_ok",
+                f"all_reduce bus bandwidth {measured:.1f} GB/s (>= {expected:.0f})",
+                **details,
+            )
+        ]
+
+
+class JobLogScanner:
+    """Remembers how far each file was read, so a signature is reported once."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, int] = {}
+
+    def scan(self, job_id: str, path: Path, node: str) -> list[Finding]:
+        key = str(path)
+        try:
+            size = path.stat().st_size
+            start = self.offsets.get(key, 0)
+            if size < start:  # truncated (requeue without --open-mode=append)
+                start = 0
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read(16 * 1024 * 1024)
+            self.offsets[key] = start + len(data)
+        except OSError:
+            return []
+        out: list[Finding] = []
+        seen: set[str] = set()
+        for line in data.decode("utf-8", "replace").splitlines():
+            for code, pat, sev in SIGNATURES:
+                if code in seen or not pat.search(line):
+                    continue
+                seen.add(code)
+                out.append(
+                    Finding(
+                        check="nccl.logs",
+                        component=f"job:{job_id}",
+                        severity=sev,
+                        code=code,
+                        message=f"job {job_id} on {node}: {line.strip()[:300]}",
+                        action=Action.REQUEUE_JOB if sev is Severity.CRITICAL else Action.WATCH,
+                        details={"node": node, "job_id": job_id, "file": key},
+                    )
+                )
+                break
+        return out
+
+
+def job_id_of(path: Path) -> str | None:
+    m = re.search(r"slurm-(\d+)", path.name) or re.search(r"(\d+)(?!.*\d)", path.name)
+    return m.group(1) if m else None
+
+
+@register
+class NcclLogCheck(Check):
+    name = "nccl.logs"
+    section = "nccl"
+    interval_s = 30.0
+    timeout_s = 20.0
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.scanner = JobLogScanner()
+
+    def supported(self) -> bool:
+        return bool(self.ctx.config.checks.nccl.job_log_globs)
+
+    def run(self) -> list[Finding]:
+        out: list[Finding] = []
+        for pattern in self.ctx.config.checks.nccl.job_log_globs:
+            for name in sorted(glob.glob(pattern))[:10_000]:
+                p = Path(name)
+                jid = job_id_of(p)
+                if jid:
+                    out.extend(self.scanner.scan(jid, p, self.ctx.node_name))
+        return out
