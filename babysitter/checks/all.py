@@ -9,6 +9,7 @@ CHECK_MODULES: list[str] = [
     "babysitter.checks.host",
     "babysitter.checks.infiniband",
     "babysitter.checks.nccl",
+    "babysitter.checks.sdc.check",
 ]
 
 

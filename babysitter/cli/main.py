@@ -23,6 +23,7 @@ COMMAND_MODULES: list[str] = [
     "babysitter.cli.read_cmd",
     "babysitter.cli.job_cmd",
     "babysitter.cli.demo_cmd",
+    "babysitter.cli.sdc_cmd",
 ]
 
 

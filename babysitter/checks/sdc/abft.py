@@ -1,0 +1,86 @@
+"""Algorithm-based fault tolerance for C = A·B (Huang & Abraham, 1984).
+
+Checks, in float64: eᵀC against (eᵀA)B (column sums) and Ce against A(Be) (row sums). The
+tolerance is the standard forward error bound of a floating-point dot product of length n,
+|fl(x·y) − x·y| ≤ γ_n |x|·|y| with γ_n = n·u / (1 − n·u), plus the rounding of each result to
+the output dtype (u·|c|). Summed over a column, the bound for column j is
+(γ_n + u) · ((eᵀ|A|)|B|)_j, and likewise for rows. u is the unit roundoff of the dtype the
+matmul ran in. No constant is guessed; a flip that changes a sum by less than this bound is
+below what rounding alone can explain and is left to the cross-device comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+UNIT_ROUNDOFF = {
+    "float64": 2.0**-53,
+    "float32": 2.0**-24,
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+}
+
+
+def gamma(n: int, u: float) -> float:
+    nu = n * u
+    return nu / (1 - nu) if nu < 1 else float("inf")
+
+
+@dataclass
+class AbftResult:
+    ok: bool
+    worst_ratio: float  # max |checksum difference| / tolerance (<= 1 means within bound)
+    bad_rows: list[int]
+    bad_cols: list[int]
+
+
+@dataclass
+class Reference:
+    """What every device's C is checked against: computed once per test from A and B, so the
+    per-device cost is two float64 reductions over C."""
+
+    col_ref: np.ndarray
+    col_tol: np.ndarray
+    row_ref: np.ndarray
+    row_tol: np.ndarray
+
+
+def prepare(a: np.ndarray, b: np.ndarray, dtype: str) -> Reference:
+    u = UNIT_ROUNDOFF[dtype]
+    g = gamma(a.shape[1], u) + u
+    f64 = np.float64
+    col_ref = a.sum(axis=0, dtype=f64) @ b.astype(f64, copy=False)
+    row_ref = a.astype(f64, copy=False) @ b.sum(axis=1, dtype=f64)
+    abs_a, abs_b = np.abs(a), np.abs(b)
+    col_tol = g * (abs_a.sum(axis=0, dtype=f64) @ abs_b.astype(f64, copy=False)) + 1e-300
+    row_tol = g * (abs_a.astype(f64, copy=False) @ abs_b.sum(axis=1, dtype=f64)) + 1e-300
+    return Reference(col_ref, col_tol, row_ref, row_tol)
+
+
+def check(ref: Reference, c: np.ndarray) -> AbftResult:
+    # NaN/inf in C propagate into the sums, so no separate finiteness pass is needed
+    with np.errstate(invalid="ignore", over="ignore"):
+        col_ratio = np.abs(c.sum(axis=0, dtype=np.float64) - ref.col_ref) / ref.col_tol
+        row_ratio = np.abs(c.sum(axis=1, dtype=np.float64) - ref.row_ref) / ref.row_tol
+    col_bad = ~(col_ratio <= 1)  # NaN counts as bad
+    row_bad = ~(row_ratio <= 1)
+    bad_cols = np.where(col_bad)[0].tolist()
+    bad_rows = np.where(row_bad)[0].tolist()
+    ratios = np.concatenate([col_ratio, row_ratio])
+    worst = float(np.nan_to_num(ratios, nan=np.inf).max(initial=0))
+    return AbftResult(not bad_cols and not bad_rows, worst, bad_rows[:16], bad_cols[:16])
+
+
+def verify(a: np.ndarray, b: np.ndarray, c: np.ndarray, dtype: str) -> AbftResult:
+    return check(prepare(a, b, dtype), c)
+
+
+def flip_bit(c: np.ndarray, i: int, j: int, bit: int) -> None:
+    """Flip one bit of C[i, j] in place (bit 0 = least significant mantissa bit)."""
+    width = c.dtype.itemsize * 8
+    if not 0 <= bit < width:
+        raise ValueError(f"bit must be in 0..{width - 1} for {c.dtype}")
+    view = c.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[c.dtype.itemsize])
+    view[i, j] ^= view.dtype.type(1) << view.dtype.type(bit)

@@ -1,0 +1,56 @@
+"""The SDC test as an agent check. Invasive: it runs only when named in agent.enabled_checks,
+and then only while the GPUs are idle (no compute process on any GPU), so it never steals
+cycles from a job; a node drained for validation is idle by definition."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from babysitter.checks import nvml
+from babysitter.checks.base import Check, register
+from babysitter.checks.sdc.runner import run_sdc
+from babysitter.finding import Finding, Severity
+
+
+def gpus_busy() -> list[int]:
+    """Indexes of GPUs with compute processes (empty on a node without NVML)."""
+    import pynvml
+
+    try:
+        devs, _ = nvml.devices()
+    except Exception:
+        return []
+    busy = []
+    for d in devs:
+        try:
+            if pynvml.nvmlDeviceGetComputeRunningProcesses(d.handle):
+                busy.append(d.index)
+        except pynvml.NVMLError:
+            continue
+    return busy
+
+
+@register
+class SdcCheck(Check):
+    name = "sdc.matmul"
+    section = "sdc"
+    interval_s = 3600.0
+    timeout_s = 300.0
+    invasive = True
+
+    def run(self) -> list[Finding]:
+        busy = gpus_busy()
+        if busy:
+            return [
+                self.finding(
+                    "host",
+                    Severity.INFO,
+                    "sdc.skipped_busy",
+                    f"SDC test skipped: GPUs {busy} are running jobs",
+                )
+            ]
+        cfg = self.ctx.config.checks.sdc
+        state = Path(self.ctx.config.agent.spool_path).parent
+        return run_sdc(
+            cfg.backend, cfg.size, cfg.dtype, cfg.seed, state_dir=state, check_name=self.name
+        ).findings

@@ -1,0 +1,85 @@
+"""`babysitter sdc-test`: one silent-data-corruption matmul test on every local device."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from babysitter.cli.common import State, echo_json, pass_state
+from babysitter.errors import UsageError
+from babysitter.finding import exit_code
+
+
+@click.command("sdc-test")
+@click.option("--backend", type=click.Choice(["auto", "numpy", "torch", "cupy"]), default=None)
+@click.option("--size", type=click.IntRange(16, 65536), default=None, help="Matrix size n.")
+@click.option("--dtype", type=click.Choice(["float32", "float64", "float16"]), default=None)
+@click.option("--seed", type=int, default=None)
+@click.option(
+    "--devices",
+    "replicas",
+    type=click.IntRange(1, 64),
+    default=1,
+    help="CPU backends: run on this many CPU 'devices' (stand-ins for GPUs).",
+)
+@click.option(
+    "--inject",
+    default=None,
+    metavar="DEV,I,J,BIT",
+    help="Fault injection: flip BIT of C[I,J] on device DEV before verification.",
+)
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def sdc_test(
+    state: State,
+    backend: str | None,
+    size: int | None,
+    dtype: str | None,
+    seed: int | None,
+    replicas: int,
+    inject: str | None,
+    as_json: bool,
+) -> int:
+    """Seeded matmul on every device, checked with ABFT checksums and across devices."""
+    from babysitter.checks.sdc.backends import BackendUnavailable
+    from babysitter.checks.sdc.runner import run_sdc
+
+    cfg = state.config.checks.sdc
+    inj = None
+    if inject:
+        try:
+            d, i, j, bit = (int(x) for x in inject.split(","))
+        except ValueError:
+            raise UsageError("--inject wants DEV,I,J,BIT (four integers)") from None
+        inj = (d, i, j, bit)
+    try:
+        res = run_sdc(
+            backend or cfg.backend,
+            size or cfg.size,
+            dtype or cfg.dtype,
+            cfg.seed if seed is None else seed,
+            replicas=replicas,
+            inject=inj,
+            state_dir=state.config.agent.spool_path.parent,
+        )
+    except (BackendUnavailable, ValueError, IndexError) as exc:
+        raise UsageError(str(exc)) from None
+    if as_json:
+        echo_json([f.to_json_dict() for f in res.findings])
+    else:
+        t = Table("device", "model", "result", "GFLOP/s", "verify ms", "ABFT ratio")
+        for r, f in zip(res.devices, res.findings, strict=True):
+            t.add_row(
+                r.label,
+                r.model[:30],
+                f.code,
+                f"{r.gflops:.0f}",
+                f"{r.verify_s * 1e3:.1f}",
+                f"{r.abft_worst_ratio:.3g}",
+            )
+        Console().print(t)
+    return exit_code(res.findings)
+
+
+commands = [sdc_test]
