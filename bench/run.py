@@ -13,7 +13,10 @@ from bench.common import REPO
 # (module, time limit in seconds). Explicit list: the order puts cheap ones first.
 BENCHMARKS: list[tuple[str, int]] = [
     ("bench.sdc", 300),
+    ("bench.agent_cost", 300),
+    ("bench.rack_failure", 300),
     ("bench.ingest", 300),
+    ("bench.fault_drain", 900),
 ]
 
 

@@ -24,7 +24,7 @@ class MemoryState:
         return self.rows.get(key)
 
     def upsert_alert(self, key: str, **values: Any) -> None:
-        self.rows.setdefault(key, {}).update(values)
+        self.rows.setdefault(key, {"key": key}).update(values)
 
     def alerts(self) -> list[dict[str, Any]]:
         return list(self.rows.values())

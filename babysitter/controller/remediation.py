@@ -75,6 +75,7 @@ class RemediationEngine:
             self.jobs = None
         self.slurm_nodes: dict[str, SlurmNode] = {}
         self.slurm_ok = False
+        self._written: dict[str, dict[str, Any]] = {}  # node columns last written by tick()
 
     # ---- facts
     def _read_slurm(self) -> None:
@@ -225,13 +226,19 @@ class RemediationEngine:
             elif d.kind == "resolve_alert":
                 clearing.append((d.node, d.condition))
         self._run_pending(now)
+        changes: dict[str, dict[str, Any]] = {}
         for name, verdict in result.verdicts.items():
             sn = self.slurm_nodes.get(name)
             values: dict[str, Any] = {"verdict": verdict}
             if sn is not None:
                 values["slurm_state"] = "+".join([sn.state, *sorted(sn.flags)])
                 values["slurm_reason"] = sn.reason or None
-            self.store.set_node(name, **values)
+            old = self._written.get(name)
+            if old != values:
+                changes[name] = values
+        if changes:
+            self.store.update_nodes(changes)
+            self._written.update(changes)
         if not result.guard_tripped:
             clearing.append((None, "guard_tripped"))
         self.router.process(firing, clearing, now)

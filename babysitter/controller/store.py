@@ -323,6 +323,23 @@ class Store:
             return [r[0] for r in c.execute(select(m.reports.c.report_id))]
 
     # ---- node state written by the policy loop
+    def update_nodes(self, changes: dict[str, dict[str, Any]]) -> None:
+        """Many node updates in one transaction (the policy loop writes verdicts for
+        thousands of nodes; one statement per column set, executemany)."""
+        from sqlalchemy import bindparam
+
+        by_cols: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for name, values in changes.items():
+            by_cols.setdefault(tuple(sorted(values)), []).append({"b_name": name, **values})
+        with self.engine.begin() as c:
+            for cols, rows in by_cols.items():
+                stmt = (
+                    update(m.nodes)
+                    .where(m.nodes.c.name == bindparam("b_name"))
+                    .values({col: bindparam(col) for col in cols})
+                )
+                c.execute(stmt, rows)
+
     def set_node(self, name: str, **values: Any) -> None:
         with self.engine.begin() as c:
             c.execute(update(m.nodes).where(m.nodes.c.name == name).values(**values))

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from babysitter.controller.auth import node_token
+from babysitter.devcluster import simib
 from babysitter.devcluster.cluster import ClusterInfo, DevCluster
 from babysitter.devcluster.fakenvml import FakeGpus, build
 
@@ -66,6 +67,7 @@ class SimCluster:
     agent_interval_s: float = 1.0
     check_interval_s: float = 1.0
     extra_slurm_conf: list[str] = field(default_factory=list)
+    ib_ports: int = 0  # simulated InfiniBand ports per node (0: no fabric)
     cluster: DevCluster | None = None
     info: ClusterInfo | None = None
     nodes: dict[str, SimNode] = field(default_factory=dict)
@@ -177,6 +179,8 @@ class SimCluster:
         cfg = d / "agent.toml"
         cfg.write_text(_toml(self.agent_config(node)))
         gpus = FakeGpus(d / "nvml-state", count=8)
+        if self.ib_ports:
+            simib.make_tree(d / "sysfs", devices=self.ib_ports)
         sim = SimNode(node, gpus, kmsg, cfg)
         self.nodes[node] = sim
         self.start_agent(node, lib)
@@ -210,6 +214,8 @@ class SimCluster:
         sim = self.nodes[node]
         sim.gpus.reset(8)
         sim.kmsg.write_text("")
+        if self.ib_ports:
+            simib.make_tree(sim.config.parent / "sysfs", devices=self.ib_ports)
         self.start_agent(node)
 
     def inject_xid(self, node: str, gpu: int, xid: int, via: str = "nvml") -> None:

@@ -84,8 +84,9 @@ class AlertRouter:
         now = now or datetime.now(UTC)
         out: list[Alert] = []
         fresh: list[Alert] = []
+        known = {row["key"]: row for row in self.state.alerts()}  # one read per round
         for a in firing:
-            prev = self.state.alert(a.key)
+            prev = known.get(a.key)
             last = prev.get("last_sent_at") if prev else None
             if last is not None and last.tzinfo is None:
                 last = last.replace(tzinfo=UTC)
@@ -121,7 +122,7 @@ class AlertRouter:
                     self._record(a, now, results)
         for node, cond in clearing:
             key = f"{node or 'cluster'}|{cond}"
-            prev = self.state.alert(key)
+            prev = known.get(key)
             if not prev or prev["state"] != "firing":
                 continue
             started = prev["started_at"]
