@@ -52,6 +52,9 @@ test: setup lint
 demo: setup
 	$(VENV)/bin/babysitter demo
 
+reliability: setup
+	BABYSITTER_RELIABILITY=full $(VENV)/bin/pytest -m reliability -s -v
+
 bench: setup
 	$(PY) -m bench.run
 

@@ -8,7 +8,7 @@ import uuid as uuidlib
 from datetime import datetime
 from typing import Any, Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -124,12 +124,10 @@ def create_app(
         node: str | None = None,
         since: datetime | None = None,
         severity: Literal["ok", "info", "warning", "critical"] | None = None,
-        limit: int = 1000,
+        limit: int = Query(1000, ge=1, le=10_000),
         _: Principal = Depends(reader),
     ) -> list[dict[str, Any]]:
-        return store.findings(
-            node=node, since=since, severity=severity, limit=max(1, min(limit, 10_000))
-        )
+        return store.findings(node=node, since=since, severity=severity, limit=limit)
 
     @app.get("/api/v1/jobs")
     def list_jobs(_: Principal = Depends(reader)) -> list[dict[str, Any]]:
@@ -142,23 +140,25 @@ def create_app(
         return store.actions(status=status)
 
     @app.post("/api/v1/nodes/{name}/drain", status_code=202)
-    def drain(name: str, body: DrainIn, p: Principal = Depends(admin)) -> dict[str, Any]:
-        _valid_node(name)
+    def drain(
+        body: DrainIn, name: str = Path(pattern=NODE_NAME), p: Principal = Depends(admin)
+    ) -> dict[str, Any]:
         aid = store.record_action(
             "drain", node=name, reason=body.reason, rule="manual", requested_by="admin"
         )
         return {"action_id": aid, "status": "pending"}
 
     @app.post("/api/v1/nodes/{name}/resume", status_code=202)
-    def resume(name: str, p: Principal = Depends(admin)) -> dict[str, Any]:
-        _valid_node(name)
+    def resume(
+        name: str = Path(pattern=NODE_NAME), p: Principal = Depends(admin)
+    ) -> dict[str, Any]:
         aid = store.record_action("resume", node=name, rule="manual", requested_by="admin")
         return {"action_id": aid, "status": "pending"}
 
     @app.post("/api/v1/jobs/{job_id}/requeue", status_code=202)
-    def requeue(job_id: int, p: Principal = Depends(admin)) -> dict[str, Any]:
-        if job_id <= 0:
-            raise HTTPException(422, "job_id must be positive")
+    def requeue(
+        job_id: int = Path(gt=0, lt=2**53), p: Principal = Depends(admin)
+    ) -> dict[str, Any]:
         aid = store.record_action("requeue", job_id=job_id, rule="manual", requested_by="admin")
         return {"action_id": aid, "status": "pending"}
 
@@ -195,13 +195,6 @@ def create_app(
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
-
-
-def _valid_node(name: str) -> None:
-    import re
-
-    if not re.match(NODE_NAME, name):
-        raise HTTPException(422, f"invalid node name {name!r}")
 
 
 def node_view(n: dict[str, Any], runtime_state: dict[str, Any]) -> dict[str, Any]:

@@ -142,6 +142,10 @@ class SimCluster:
             "checks.gpu": {"expected_count": 8, "interval_s": self.check_interval_s},
             "checks.xid": {"interval_s": self.check_interval_s},
             "checks.host": {"check_slurmd": False, "min_free_gb": 0, "paths": [str(d)]},
+            "checks.infiniband": {
+                "expected_ports": self.ib_ports,
+                "interval_s": self.check_interval_s,
+            },
         }
 
     def _start_controller(self, port: int) -> None:
