@@ -25,9 +25,16 @@ def devcluster_group() -> None:
     help="All cluster state lives here.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print {slurm_conf, base, nodes, ...}.")
-def up(n_nodes: int, base: Path, as_json: bool) -> None:
+@click.option(
+    "--slurm",
+    "slurm_version",
+    type=click.Choice(["22.05", "24.11", "26.05"]),
+    default=None,
+    help="Slurm version (default: the host's; newer from Debian roots).",
+)
+def up(n_nodes: int, base: Path, as_json: bool, slurm_version: str | None) -> None:
     """Start the cluster and wait until every node is idle."""
-    info = DevCluster(base, nodes=n_nodes).up()
+    info = DevCluster(base, nodes=n_nodes, slurm=slurm_version).up()
     if as_json:
         echo_json(info.public())
         return
@@ -36,6 +43,8 @@ def up(n_nodes: int, base: Path, as_json: bool) -> None:
         f"({', '.join(info.nodes)}), 8 GPUs each (simulated)"
     )
     click.echo(f"  export SLURM_CONF={info.slurm_conf}")
+    if info.bin:
+        click.echo(f"  export PATH={info.bin}:$PATH   # this version's sinfo/scontrol/...")
     click.echo(f"  slurmrestd: unix://{info.restd_socket}")
     click.echo(f"  stop with: babysitter devcluster down --base {info.base}")
 

@@ -108,12 +108,21 @@ class DevCluster:
         extra_conf: list[str] | None = None,
         install: SlurmInstall | None = None,
         restd: bool = True,
+        slurm: str | None = None,
     ) -> None:
         self.base = Path(base).resolve()
         self.n_nodes = nodes
         self.extra_conf = list(extra_conf or [])
+        if install is None and slurm is not None:
+            host = SlurmInstall()
+            if slurm != host.version_str:
+                from babysitter.devcluster.roots import ensure_root
+
+                install = SlurmInstall(ensure_root(slurm))
         self.install = install or SlurmInstall()
-        self.restd = restd
+        # 26.05's slurmrestd refuses to run as root and a non-root one refuses root's
+        # changes over the local socket (notes: slurm-versions.md): not started there
+        self.restd = restd and self.install.version < (26, 0)
         self.info: ClusterInfo | None = None
 
     # ---- paths
@@ -139,6 +148,12 @@ class DevCluster:
             shutil.rmtree(self._p(stale), ignore_errors=True)
             self._p(stale).mkdir()
         self._make_gpu_devices()
+        bin_dir = None
+        if self.install.root is not None:
+            from babysitter.devcluster import roots
+
+            roots.mount(self.install.root, self.base)
+            bin_dir = str(roots.write_wrappers(self._p("bin"), self.install.root))
         ports = _pick_ports(self.base, self.n_nodes + 1)
         host = socket.gethostname().split(".")[0]
         name = "bs" + hashlib.sha1(str(self.base).encode()).hexdigest()[:8]
@@ -166,6 +181,7 @@ class DevCluster:
             slurm_version=self.install.version_str,
             name=name,
             root=str(self.install.root) if self.install.root else None,
+            bin=bin_dir,
         )
         self.info = info
         self._p(STATE_FILE).write_text(json.dumps(asdict(info), indent=2))
@@ -188,7 +204,7 @@ class DevCluster:
             plugins = importlib.import_module("babysitter.devcluster.plugins")
         except ImportError:
             return []
-        lines: list[str] = plugins.configure(self.base, self._p("etc"))
+        lines: list[str] = plugins.configure(self.base, self._p("etc"), self.install.root)
         return lines
 
     def _make_gpu_devices(self) -> None:
@@ -267,8 +283,8 @@ class DevCluster:
         env = self._env(info)
         env["SLURMRESTD_SECURITY"] = "disable_user_check"
         argv = self.install.argv("slurmrestd", "-a", "rest_auth/local")
-        if self.install.version < (23, 0):
-            argv += ["-s", "openapi/v0.0.38"]  # no slurmdbd: the dbv plugins would fail
+        # no slurmdbd: only the slurmctld plugins (the dbv ones would fail)
+        argv += ["-s", "openapi/v0.0.38" if self.install.version < (23, 0) else "openapi/slurmctld"]
         argv.append(f"unix:{sock}")
         logf = open(self._p("log", "slurmrestd.log"), "ab")  # noqa: SIM115 - handed to child
         proc = subprocess.Popen(
@@ -366,6 +382,17 @@ class DevCluster:
             raise DevClusterError(f"processes of {self.base} would not die: {left}")
         for pidfile in run.glob("*.pid") if run.exists() else []:
             pidfile.unlink(missing_ok=True)
+        root = self.install.root
+        if root is None and self._p(STATE_FILE).exists():
+            try:
+                stored = self.load_info().root
+                root = Path(stored) if stored else None
+            except DevClusterError:
+                root = None
+        if root is not None:
+            from babysitter.devcluster import roots
+
+            roots.unmount(root, self.base)
         self._p(STATE_FILE).unlink(missing_ok=True)
 
     def __enter__(self) -> ClusterInfo:

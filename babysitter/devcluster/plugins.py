@@ -45,12 +45,36 @@ def build_plugin(
     return so
 
 
-def configure(base: Path, etc_dir: Path) -> list[str]:
+def configure(base: Path, etc_dir: Path, root: Path | None = None) -> list[str]:
     """Called by DevCluster.up(): write plugstack.conf and job_submit.lua, return the
-    slurm.conf lines that enable them."""
-    if not (Path("/usr/include/slurm/spank.h")).exists() or shutil.which("gcc") is None:
+    slurm.conf lines that enable them. With a Debian root (newer Slurm), the plugin is built
+    inside it against that version's headers (the base dir is bind-mounted there)."""
+    if root is not None:
+        src = base / "plugins" / "babysit_spank.c"
+        src.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(SOURCE, src)
+        so = base / "plugins" / "babysit_spank-root.so"
+        subprocess.run(
+            [
+                "chroot",
+                str(root),
+                "gcc",
+                "-O2",
+                "-shared",
+                "-fPIC",
+                "-I/usr/include",
+                "-o",
+                str(so),
+                str(src),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    elif not (Path("/usr/include/slurm/spank.h")).exists() or shutil.which("gcc") is None:
         return []  # no libslurm-dev / compiler: the --comment fallback still works
-    so = build_plugin(base / "plugins")
+    else:
+        so = build_plugin(base / "plugins")
     etc_dir.mkdir(parents=True, exist_ok=True)
     (etc_dir / "plugstack.conf").write_text(f"required {so}\n")
     shutil.copy(LUA, etc_dir / "job_submit.lua")

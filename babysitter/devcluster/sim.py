@@ -68,6 +68,7 @@ class SimCluster:
     check_interval_s: float = 1.0
     extra_slurm_conf: list[str] = field(default_factory=list)
     ib_ports: int = 0  # simulated InfiniBand ports per node (0: no fabric)
+    slurm_version: str | None = None  # 24.11 / 26.05 run from Debian roots
     cluster: DevCluster | None = None
     info: ClusterInfo | None = None
     nodes: dict[str, SimNode] = field(default_factory=dict)
@@ -78,7 +79,10 @@ class SimCluster:
         self.base = Path(self.base).resolve()
         self.base.mkdir(parents=True, exist_ok=True)
         self.cluster = DevCluster(
-            self.base / "slurm", nodes=self.n_nodes, extra_conf=self.extra_slurm_conf
+            self.base / "slurm",
+            nodes=self.n_nodes,
+            extra_conf=self.extra_slurm_conf,
+            slurm=self.slurm_version,
         )
         self.info = self.cluster.up()
         etc = self.base / "etc"
@@ -119,7 +123,7 @@ class SimCluster:
                 "loop_interval_s": 0.2,
                 "heartbeat_timeout_s": 30,
             },
-            "slurm": {"slurm_conf": self.info.slurm_conf},
+            "slurm": self.slurm_section(),
             "policy": {"max_drained_fraction": 0.5, "resume_after_clean_checks": 2, **self.policy},
             "alerts": alerts,
         }
@@ -138,7 +142,7 @@ class SimCluster:
                 "request_timeout_s": 2,
                 "sysfs_root": str(d / "sysfs"),
             },
-            "slurm": {"slurm_conf": self.info.slurm_conf},
+            "slurm": self.slurm_section(),
             "checks.gpu": {"expected_count": 8, "interval_s": self.check_interval_s},
             "checks.xid": {"interval_s": self.check_interval_s},
             "checks.host": {"check_slurmd": False, "min_free_gb": 0, "paths": [str(d)]},
@@ -147,6 +151,13 @@ class SimCluster:
                 "interval_s": self.check_interval_s,
             },
         }
+
+    def slurm_section(self) -> dict[str, Any]:
+        assert self.info is not None
+        section: dict[str, Any] = {"slurm_conf": self.info.slurm_conf}
+        if self.info.bin:
+            section["bin_dir"] = self.info.bin
+        return section
 
     def _start_controller(self, port: int) -> None:
         cfg = self.base / "etc" / "controller.toml"
