@@ -70,6 +70,9 @@ class ControllerConfig(Section):
     )
     retention_days: float = Field(30.0, gt=0, description="reports/findings older are pruned")
     loop_interval_s: float = Field(1.0, gt=0, description="policy/remediation loop period")
+    remediation: bool = Field(
+        True, description="run the policy/remediation loop here (false: ingest-only replica)"
+    )
 
 
 class SlurmConfig(Section):

@@ -171,3 +171,29 @@ def test_agent_tells_systemd_ready_and_watchdog(secrets, tmp_path):
         sock.close()
     assert any("READY=1" in g for g in got), got
     assert any("WATCHDOG=1" in g for g in got), got
+
+
+def test_agent_metrics_port_serves_health_gauges(secrets, tmp_path):
+    port = free_port()
+    env = agent_env(secrets, tmp_path, "http://127.0.0.1:9")
+    env["BABYSITTER_AGENT__METRICS_LISTEN"] = f"127.0.0.1:{port}"
+    agent = start_agent(env)
+    try:
+
+        def scraped() -> str:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            except httpx.HTTPError:
+                return ""
+
+        wait_for(lambda: "babysitter_agent_component_health{" in scraped(), 30, "metrics")
+        text = scraped()
+    finally:
+        agent.terminate()
+        agent.wait(timeout=20)
+    assert 'babysitter_agent_component_health{check="host.resources",component="host"} 0.0' in text
+    assert 'babysitter_agent_check_duration_seconds{check="host.resources"}' in text
+    r = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -54,6 +54,11 @@ class Agent:
         self._running: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.metrics = None
+        if a.metrics_listen:
+            from babysitter.agent.metrics import AgentMetrics
+
+            self.metrics = AgentMetrics(a.metrics_listen)
 
     # ---- reports
     def _report(self, findings: list[Finding], kind: str) -> dict[str, Any]:
@@ -82,7 +87,11 @@ class Agent:
         with self._lock:
             findings = [f for fs in self.latest.values() for f in fs]
             findings += list(self.event_findings.values())
-        return self._report(findings, "full")
+        report = self._report(findings, "full")
+        if self.metrics is not None:
+            m = report["metrics"]
+            self.metrics.update(findings, dict(self.durations), m["spool_size"], m["spool_dropped"])
+        return report
 
     # ---- checks
     def _run_one(self, check: Check) -> None:

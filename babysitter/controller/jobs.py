@@ -6,9 +6,11 @@ did not opt in are left to Slurm. One fault -> one requeue."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from babysitter.checkpoints import find_latest_complete, write_resume_json
@@ -69,6 +71,49 @@ def tick(engine: RemediationEngine, now: datetime) -> None:
                 now,
                 row,
             )
+        elif j.running and spec.get("hang_timeout") and spec.get("ckpt"):
+            _check_hang(engine, j, spec, now)
+
+
+def heartbeat_age(ckpt: str, job_id: int, now_ts: float) -> float | None:
+    """Seconds since the job's last progress signal: its heartbeat file (written by
+    babysitter.job.heartbeat), else the newest file under its checkpoint directory."""
+    hb = Path(ckpt) / ".babysitter" / f"heartbeat-{job_id}.json"
+    try:
+        return now_ts - float(json.loads(hb.read_text())["time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        newest = max((p.stat().st_mtime for p in Path(ckpt).rglob("*")), default=None)
+    except OSError:
+        return None
+    return None if newest is None else now_ts - newest
+
+
+def _check_hang(
+    engine: RemediationEngine, j: SlurmJob, spec: dict[str, Any], now: datetime
+) -> None:
+    age = heartbeat_age(spec["ckpt"], j.job_id, now.timestamp())
+    cond = f"job_hung_{j.job_id}"
+    if age is not None and age > spec["hang_timeout"]:
+        engine.router.process(
+            [
+                Alert(
+                    None,
+                    cond,
+                    "warning",
+                    f"job {j.job_id} ({j.name}) on {','.join(j.nodes)} made no progress for "
+                    f"{age:.0f} s (hang_timeout {spec['hang_timeout']} s)",
+                    "nothing changed: the job keeps its nodes",
+                    now,
+                    details={"job_id": j.job_id},
+                )
+            ],
+            [],
+            now,
+        )
+    elif age is not None:
+        engine.router.process([], [(None, cond)], now)
 
 
 def on_drain(engine: RemediationEngine, node: str, reason: str, now: datetime) -> None:

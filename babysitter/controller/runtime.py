@@ -88,7 +88,7 @@ class Controller:
             remediation = importlib.import_module("babysitter.controller.remediation")
         except ImportError:
             remediation = None
-        if remediation is not None:
+        if remediation is not None and self.cfg.controller.remediation:
             engine = remediation.make_engine(self.cfg, self.store, self.metrics)
             self.add_loop("remediation", engine.tick)
         self.add_loop("retention", self._prune)

@@ -213,27 +213,50 @@ class Store:
         return out
 
     def _update_nodes(self, conn: Connection, reports: list[Report], received: datetime) -> None:
+        """Fold a batch of reports into node state with two executemany statements (one
+        INSERT for nodes seen the first time, one UPDATE), not one statement per node."""
+        from sqlalchemy import bindparam
+
         if not reports:
             return
         names = sorted({r.node for r in reports})
         existing = {
             row.name: row._asdict()
-            for row in conn.execute(select(m.nodes).where(m.nodes.c.name.in_(names)))
+            for row in conn.execute(
+                select(
+                    m.nodes.c.name,
+                    m.nodes.c.open_findings,
+                    m.nodes.c.consecutive_clean,
+                    m.nodes.c.metrics,
+                ).where(m.nodes.c.name.in_(names))
+            )
         }
-        for r in reports:
-            node = existing.get(r.node)
-            if node is None:
-                node = {
-                    "name": r.node,
-                    "first_seen_at": received,
+        new_names = [n for n in names if n not in existing]
+        if new_names:
+            conn.execute(
+                m.nodes.insert(),
+                [
+                    {
+                        "name": n,
+                        "first_seen_at": received,
+                        "open_findings": [],
+                        "consecutive_clean": 0,
+                        "worst_severity": "ok",
+                        "verdict": "unknown",
+                        "babysitter_drained": False,
+                    }
+                    for n in new_names
+                ],
+            )
+            for n in new_names:
+                existing[n] = {
+                    "name": n,
                     "open_findings": [],
                     "consecutive_clean": 0,
-                    "worst_severity": "ok",
-                    "verdict": "unknown",
-                    "babysitter_drained": False,
+                    "metrics": None,
                 }
-                conn.execute(m.nodes.insert().values(**node, last_report_at=None))
-                existing[r.node] = node
+        for r in reports:
+            node = existing[r.node]
             problems = [f.to_json_dict() for f in r.findings if f.severity > Severity.INFO]
             if r.kind == "event":
                 keys = {(f["check"], f["component"], f["code"]) for f in problems}
@@ -254,24 +277,36 @@ class Store:
                 open_findings=open_f,
                 consecutive_clean=clean,
                 worst_severity=str(worst),
-                last_report_at=received,
                 last_report_id=r.report_id,
                 metrics=r.metrics or node.get("metrics"),
             )
-        for name in names:
-            n = existing[name]
-            conn.execute(
-                update(m.nodes)
-                .where(m.nodes.c.name == name)
-                .values(
-                    open_findings=n["open_findings"],
-                    consecutive_clean=n["consecutive_clean"],
-                    worst_severity=n["worst_severity"],
-                    last_report_at=n["last_report_at"],
-                    last_report_id=n["last_report_id"],
-                    metrics=n.get("metrics"),
-                )
+        stmt = (
+            update(m.nodes)
+            .where(m.nodes.c.name == bindparam("b_name"))
+            .values(
+                open_findings=bindparam("open_findings"),
+                consecutive_clean=bindparam("consecutive_clean"),
+                worst_severity=bindparam("worst_severity"),
+                last_report_at=bindparam("last_report_at"),
+                last_report_id=bindparam("last_report_id"),
+                metrics=bindparam("metrics"),
             )
+        )
+        conn.execute(
+            stmt,
+            [
+                {
+                    "b_name": n,
+                    "open_findings": existing[n]["open_findings"],
+                    "consecutive_clean": existing[n]["consecutive_clean"],
+                    "worst_severity": existing[n]["worst_severity"],
+                    "last_report_at": received,
+                    "last_report_id": existing[n]["last_report_id"],
+                    "metrics": existing[n].get("metrics"),
+                }
+                for n in names
+            ],
+        )
 
     # ---- reads
     def node_rows(self) -> list[dict[str, Any]]:

@@ -28,6 +28,8 @@ DEFAULT_RUNBOOK = "Look at `babysitter findings <node>` and the node's kernel lo
 
 
 def runbook(condition: str) -> str:
+    if condition.startswith("job_hung"):
+        return RUNBOOK["job_hung"]
     if condition.startswith("job_requeue_limit"):
         return RUNBOOK["job_requeue_limit"]
     if condition.startswith("xid_") and condition.endswith("_repeated"):
