@@ -47,6 +47,18 @@ def _toml(data: dict[str, dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _spawn(command: str, config: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`babysitter <command>` with its own config file, logging to `log`."""
+    with open(log, "ab") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "babysitter.cli.main", command],
+            env=dict(os.environ, BABYSITTER_CONFIG=str(config), **env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 @dataclass
 class SimNode:
     name: str
@@ -162,16 +174,7 @@ class SimCluster:
     def _start_controller(self, port: int) -> None:
         cfg = self.base / "etc" / "controller.toml"
         cfg.write_text(_toml(self.controller_config(port)))
-        log = open(self.base / "controller.log", "ab")  # noqa: SIM115 - handed to the child
-        env = dict(os.environ, BABYSITTER_CONFIG=str(cfg))
-        self.controller = subprocess.Popen(
-            [sys.executable, "-m", "babysitter.cli.main", "controller"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        self.controller = _spawn("controller", cfg, {}, self.base / "controller.log")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.controller.poll() is not None:
@@ -202,16 +205,9 @@ class SimCluster:
 
     def start_agent(self, node: str, lib: Path | None = None) -> None:
         sim = self.nodes[node]
-        env = dict(os.environ, BABYSITTER_CONFIG=str(sim.config), **sim.gpus.env(lib or build()))
-        log = open(sim.config.parent / "agent.log", "ab")  # noqa: SIM115
-        sim.proc = subprocess.Popen(
-            [sys.executable, "-m", "babysitter.cli.main", "agent"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        sim.proc = _spawn(
+            "agent", sim.config, sim.gpus.env(lib or build()), sim.config.parent / "agent.log"
         )
-        log.close()
 
     def stop_agent(self, node: str) -> None:
         sim = self.nodes[node]

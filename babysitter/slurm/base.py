@@ -163,7 +163,10 @@ class Scontrol:
 
 
 class OwnedClient(SlurmClient):
-    """Ownership rules (NHC's) on top of a backend's reads and `_set_*` writes."""
+    """Ownership rules (NHC's) on top of a backend's reads and `_set_*` writes. Writes go
+    through scontrol unless a backend has a better way (REST on newer Slurm)."""
+
+    sc: Scontrol
 
     def __init__(self, reason_prefix: str = "babysitter:") -> None:
         self.reason_prefix = reason_prefix
@@ -219,15 +222,21 @@ class OwnedClient(SlurmClient):
                         raise
                     time.sleep(0.3)
 
-    # backend hooks
+    # backend hooks (scontrol by default)
     def _set_drain(self, node: str, reason: str) -> None:
-        raise NotImplementedError
+        self.sc.drain(node, reason)
 
     def _set_resume(self, node: str) -> None:
-        raise NotImplementedError
+        self.sc.resume(node)
 
     def _set_requeue(self, job_id: int, hold: bool) -> None:
-        raise NotImplementedError
+        self.sc.requeue(job_id, hold)
 
     def _set_exclude(self, job_id: int, nodes: list[str]) -> None:
-        raise NotImplementedError
+        self.sc.exclude(job_id, nodes)
+
+    def hold(self, job_id: int) -> None:
+        self.sc.hold(validate_job_id(job_id))
+
+    def release(self, job_id: int) -> None:
+        self.sc.release(validate_job_id(job_id))

@@ -69,21 +69,3 @@ class PyslurmSlurmClient(OwnedClient):
             if j.job_id == jid:
                 return j
         raise SlurmNotFound(f"Invalid job id specified for job {jid}")
-
-    def _set_drain(self, node: str, reason: str) -> None:
-        self.sc.drain(node, reason)
-
-    def _set_resume(self, node: str) -> None:
-        self.sc.resume(node)
-
-    def _set_requeue(self, job_id: int, hold: bool) -> None:
-        self.sc.requeue(job_id, hold)
-
-    def _set_exclude(self, job_id: int, nodes: list[str]) -> None:
-        self.sc.exclude(job_id, nodes)
-
-    def hold(self, job_id: int) -> None:
-        self.sc.hold(validate_job_id(job_id))
-
-    def release(self, job_id: int) -> None:
-        self.sc.release(validate_job_id(job_id))

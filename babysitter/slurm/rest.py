@@ -144,13 +144,13 @@ class RestSlurmClient(OwnedClient):
                 {"state": ["DRAIN"], "reason": reason},
             )
         else:
-            self.sc.drain(node, reason)
+            super()._set_drain(node, reason)
 
     def _set_resume(self, node: str) -> None:
         if self.has_node_update:
             self._request("POST", f"/slurm/{self.api_version}/node/{node}", {"state": ["RESUME"]})
         else:
-            self.sc.resume(node)
+            super()._set_resume(node)
 
     def _set_requeue(self, job_id: int, hold: bool) -> None:
         if self.has_requeue and not hold:
@@ -158,7 +158,7 @@ class RestSlurmClient(OwnedClient):
                 "POST", f"/slurm/{self.api_version}/jobs/requeue", {"jobs": [str(job_id)]}
             )
         else:
-            self.sc.requeue(job_id, hold)
+            super()._set_requeue(job_id, hold)
 
     def _set_exclude(self, job_id: int, nodes: list[str]) -> None:
         if self.has_node_update:
@@ -166,13 +166,7 @@ class RestSlurmClient(OwnedClient):
                 "POST", f"/slurm/{self.api_version}/job/{job_id}", {"excluded_nodes": nodes}
             )
         else:
-            self.sc.exclude(job_id, nodes)
-
-    def hold(self, job_id: int) -> None:
-        self.sc.hold(validate_job_id(job_id))
-
-    def release(self, job_id: int) -> None:
-        self.sc.release(validate_job_id(job_id))
+            super()._set_exclude(job_id, nodes)
 
 
 def read_jwt(path: Path | None) -> str | None:
