@@ -22,9 +22,8 @@ def coverage() -> dict[str, dict[str, float]]:
     a, b = inputs(COVERAGE_N, "float32", 11)
     c_ref = a @ b
     ref_digest = hashlib.sha256(c_ref.tobytes()).hexdigest()
-    g = abft.gamma(COVERAGE_N, abft.UNIT_ROUNDOFF["float32"]) + abft.UNIT_ROUNDOFF["float32"]
-    col_tol = g * (np.abs(a.astype(np.float64)).sum(axis=0) @ np.abs(b.astype(np.float64)))
-    row_tol = g * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).sum(axis=1))
+    ref = abft.prepare(a, b, "float32")
+    col_tol, row_tol = ref.col_tol, ref.row_tol
     rng = np.random.default_rng(5)
     per_bit: dict[int, dict[str, int]] = {}
     for bit in range(32):
@@ -35,7 +34,7 @@ def coverage() -> dict[str, dict[str, float]]:
             abft.flip_bit(c, i, j, bit)
             delta = abs(float(c[i, j]) - float(c_ref[i, j]))
             above = (not np.isfinite(delta)) or delta > min(col_tol[j], row_tol[i])
-            detected = not abft.verify(a, b, c, "float32").ok
+            detected = not abft.check(ref, c).ok
             cross = hashlib.sha256(c.tobytes()).hexdigest() != ref_digest
             s["n"] += 1
             s["abft"] += detected
