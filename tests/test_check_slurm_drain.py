@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 from tests.fixtures.gpu import babysitter_env, run_babysitter
-from tests.fixtures.slurm import slurm
-
-
-def node_state(info, node):
-    out = slurm(info, "sinfo", "-h", "-N", "-n", node, "-o", "%t|%E").stdout.strip()
-    state, reason = out.split("|", 1)
-    return state.rstrip("*"), reason
+from tests.fixtures.slurm import node_state, slurm
 
 
 def test_drains_on_critical_resumes_when_clean_and_leaves_admin_drains(

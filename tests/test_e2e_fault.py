@@ -12,7 +12,7 @@ import pytest
 
 from babysitter.devcluster.receiver import Receiver
 from babysitter.devcluster.sim import SimCluster
-from tests.fixtures.slurm import slurm, wait_for
+from tests.fixtures.slurm import node_state, wait_for
 
 
 @pytest.fixture
@@ -25,13 +25,6 @@ def sim(tmp_path: Path, receiver: Receiver) -> Iterator[SimCluster]:
         s.down()
 
 
-def sinfo(sim: SimCluster, node: str) -> tuple[str, str]:
-    assert sim.info is not None
-    out = slurm(sim.info, "sinfo", "-h", "-N", "-n", node, "-o", "%t|%E").stdout.strip()
-    state, reason = out.split("|", 1)
-    return state.rstrip("*"), reason
-
-
 def test_xid79_drains_alerts_and_recovers(sim: SimCluster, receiver: Receiver):
     wait_for(
         lambda: len([n for n in sim.api("/api/v1/nodes") if n["verdict"] == "healthy"]) == 4,
@@ -40,9 +33,9 @@ def test_xid79_drains_alerts_and_recovers(sim: SimCluster, receiver: Receiver):
     )
     t0 = time.monotonic()
     sim.inject_xid("node2", 3, 79)
-    wait_for(lambda: sinfo(sim, "node2")[0] in ("drain", "drng"), 30, "node2 drained")
+    wait_for(lambda: node_state(sim.info, "node2")[0] in ("drain", "drng"), 30, "node2 drained")
     drained_after = time.monotonic() - t0
-    _, reason = sinfo(sim, "node2")
+    _, reason = node_state(sim.info, "node2")
     assert reason.startswith("babysitter: ") and "XID 79" in reason
     wait_for(
         lambda: any(
@@ -58,7 +51,7 @@ def test_xid79_drains_alerts_and_recovers(sim: SimCluster, receiver: Receiver):
     assert [a["node"] for a in acts] == ["node2"] and acts[0]["status"] == "done"
 
     sim.reboot("node2")
-    wait_for(lambda: sinfo(sim, "node2")[0] == "idle", 60, "node2 resumed")
+    wait_for(lambda: node_state(sim.info, "node2")[0] == "idle", 60, "node2 resumed")
     wait_for(
         lambda: any(
             b.get("node") == "node2" and b["state"] == "resolved" for b in receiver.bodies("/hook")
@@ -66,4 +59,4 @@ def test_xid79_drains_alerts_and_recovers(sim: SimCluster, receiver: Receiver):
         30,
         "alert resolved",
     )
-    assert all(sinfo(sim, n)[0] == "idle" for n in ("node1", "node3", "node4"))
+    assert all(node_state(sim.info, n)[0] == "idle" for n in ("node1", "node3", "node4"))

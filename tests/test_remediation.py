@@ -16,7 +16,7 @@ from babysitter.controller.remediation import RemediationEngine, make_engine
 from babysitter.controller.store import Report, Store
 from babysitter.finding import Finding
 from babysitter.slurm.cli import CliSlurmClient
-from tests.fixtures.slurm import slurm, wait_for
+from tests.fixtures.slurm import node_state, slurm, wait_for
 
 XID79 = Finding(
     check="xid.kmsg",
@@ -31,12 +31,6 @@ XID79 = Finding(
 
 def send(store: Store, node: str, *findings: Finding) -> None:
     store.ingest([Report(node, str(uuid.uuid4()), datetime.now(UTC), list(findings), {})])
-
-
-def node_state(info, node):
-    out = slurm(info, "sinfo", "-h", "-N", "-n", node, "-o", "%t|%E").stdout.strip()
-    state, reason = out.split("|", 1)
-    return state.rstrip("*"), reason
 
 
 @pytest.fixture

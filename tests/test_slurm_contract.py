@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from babysitter.devcluster import ClusterInfo
 from babysitter.slurm.client import SlurmClient, SlurmNotFound, SlurmNotOwned, SlurmRejected
-from tests.fixtures.slurm import slurm, submit, wait_for
-
-
-def sinfo_reason(info: ClusterInfo, node: str) -> tuple[str, str]:
-    out = slurm(info, "sinfo", "-h", "-N", "-n", node, "-o", "%t|%E").stdout.strip()
-    state, reason = out.split("|", 1)
-    # a trailing * (not responding) shows for about a second after a resume: not a fault
-    return state.rstrip("*"), reason
+from tests.fixtures.slurm import node_state, slurm, submit, wait_for
 
 
 def test_nodes_are_listed_with_gres_and_partition(slurm_client: SlurmClient, clean_cluster):
@@ -27,14 +19,14 @@ def test_nodes_are_listed_with_gres_and_partition(slurm_client: SlurmClient, cle
 
 def test_drain_then_resume(slurm_client: SlurmClient, clean_cluster):
     slurm_client.drain("node2", "x")
-    state, reason = sinfo_reason(clean_cluster, "node2")
+    state, reason = node_state(clean_cluster, "node2")
     assert state in ("drain", "drng")
     assert reason == "babysitter: x"
     n = slurm_client.node("node2")
     assert n.drained_or_draining and n.reason == "babysitter: x"
 
     slurm_client.resume("node2")
-    wait_for(lambda: sinfo_reason(clean_cluster, "node2")[0] == "idle", 15, "node2 idle")
+    wait_for(lambda: node_state(clean_cluster, "node2")[0] == "idle", 15, "node2 idle")
     assert not slurm_client.node("node2").drained_or_draining
 
 
@@ -51,7 +43,7 @@ def test_admin_drain_is_never_resumed_or_overwritten(slurm_client, clean_cluster
         slurm_client.resume("node3")
     with pytest.raises(SlurmNotOwned):
         slurm_client.drain("node3", "gpu.ecc: DBE")
-    state, reason = sinfo_reason(clean_cluster, "node3")
+    state, reason = node_state(clean_cluster, "node3")
     assert state == "drain" and reason == "admin maintenance"
 
 

@@ -171,6 +171,15 @@ class OwnedClient(SlurmClient):
     def __init__(self, reason_prefix: str = "babysitter:") -> None:
         self.reason_prefix = reason_prefix
 
+    def node(self, name: str) -> SlurmNode:
+        """One node from the full listing (22.05's REST /node/{name} answers for unknown
+        names too, and sinfo --json ignores -n there)."""
+        validate_node(name)
+        for n in self.nodes():
+            if n.name == name:
+                return n
+        raise SlurmNotFound(f"unknown node {name}")
+
     def owns(self, node: SlurmNode) -> bool:
         return node.reason.startswith(self.reason_prefix)
 

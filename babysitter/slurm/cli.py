@@ -9,7 +9,7 @@ from functools import cached_property
 from pathlib import Path
 
 from babysitter.slurm import parse
-from babysitter.slurm.base import OwnedClient, Scontrol, parsed, validate_job_id, validate_node
+from babysitter.slurm.base import OwnedClient, Scontrol, parsed, validate_job_id
 from babysitter.slurm.client import SlurmError, SlurmJob, SlurmNode, SlurmNotFound
 
 
@@ -47,13 +47,6 @@ class CliSlurmClient(OwnedClient):
                 parse.nodes_from_json, self._json("scontrol", "show", "node", "--json"), "nodes"
             )
         return parsed(parse.nodes_from_json, self._json("sinfo", "--json"), "nodes")
-
-    def node(self, name: str) -> SlurmNode:
-        validate_node(name)
-        for n in self.nodes():
-            if n.name == name:
-                return n
-        raise SlurmNotFound(f"unknown node {name}")
 
     def jobs(self) -> list[SlurmJob]:
         if self.version >= (23, 2):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.slurm import parse
-from babysitter.slurm.base import OwnedClient, Scontrol, validate_job_id, validate_node
+from babysitter.slurm.base import OwnedClient, Scontrol, validate_job_id
 from babysitter.slurm.client import SlurmError, SlurmJob, SlurmNode, SlurmNotFound
 
 
@@ -45,13 +45,6 @@ class PyslurmSlurmClient(OwnedClient):
             d.setdefault("name", name)
             out.append(parse.node_from_json(d))
         return out
-
-    def node(self, name: str) -> SlurmNode:
-        validate_node(name)
-        for n in self.nodes():
-            if n.name == name:
-                return n
-        raise SlurmNotFound(f"unknown node {name}")
 
     def jobs(self) -> list[SlurmJob]:
         out = []

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from babysitter.slurm import parse
-from babysitter.slurm.base import OwnedClient, Scontrol, parsed, validate_job_id, validate_node
+from babysitter.slurm.base import OwnedClient, Scontrol, parsed, validate_job_id
 from babysitter.slurm.client import (
     SlurmError,
     SlurmJob,
@@ -115,13 +115,6 @@ class RestSlurmClient(OwnedClient):
         return parsed(
             parse.nodes_from_json, self._request("GET", f"/slurm/{self.api_version}/nodes"), "nodes"
         )
-
-    def node(self, name: str) -> SlurmNode:
-        validate_node(name)
-        for n in self.nodes():  # 22.05's /node/{name} answers for unknown names too: filter
-            if n.name == name:
-                return n
-        raise SlurmNotFound(f"unknown node {name}")
 
     def jobs(self) -> list[SlurmJob]:
         return parsed(
