@@ -100,6 +100,7 @@ def test_agent_spools_while_controller_is_down_and_replays_in_order(secrets, tmp
         ctl.stop()
 
 
+@pytest.mark.reliability
 def test_kill9_of_the_controller_loses_no_acknowledged_report(secrets, tmp_path):
     db_url = f"sqlite:///{tmp_path / 'c.db'}"
     port = free_port()
@@ -145,6 +146,10 @@ def test_kill9_of_the_controller_loses_no_acknowledged_report(secrets, tmp_path)
     store = Store(db_url)
     stored = store.report_ids()
     store.close()
+    print(
+        f"\nkill -9 under load: acknowledged {len(acked)}, stored {len(stored)}, lost "
+        f"{len(set(acked) - set(stored))}, duplicates {len(stored) - len(set(stored))}"
+    )
     assert set(acked) <= set(stored), f"{len(set(acked) - set(stored))} acknowledged reports lost"
     assert len(stored) == len(set(stored))
 
