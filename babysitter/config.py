@@ -96,6 +96,12 @@ class PolicyConfig(Section):
     resume_after_clean_checks: int = Field(
         3, ge=1, description="consecutive clean reports before an auto-resume"
     )
+    requeue_hung_jobs: bool = Field(
+        False, description="requeue a babysat job that hangs (else only alert)"
+    )
+    idle_gpu_util_percent: float = Field(
+        5.0, ge=0, le=100, description="GPU utilisation below this counts as idle"
+    )
 
 
 Severity_ = Literal["info", "warning", "critical"]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 from babysitter.config import Config
 from babysitter.controller import jobs
 from babysitter.controller.remediation import make_engine
-from babysitter.controller.store import Store
+from babysitter.controller.store import Report, Store
 from babysitter.devcluster.receiver import Receiver
 from babysitter.slurm.cli import CliSlurmClient
 from tests.fixtures.slurm import slurm, wait_for
@@ -23,12 +24,12 @@ def test_heartbeat_age(tmp_path):
     assert jobs.heartbeat_age(str(tmp_path / "none"), 7, 1600.0) is None
 
 
-def test_stalled_babysat_job_is_reported(clean_cluster, tmp_path, receiver: Receiver):
+def _stalled_job(cluster, tmp_path: Path) -> tuple[int, CliSlurmClient]:
     ckpt = tmp_path / "ckpt"
     (ckpt / ".babysitter").mkdir(parents=True)
     job = int(
         slurm(
-            clean_cluster,
+            cluster,
             "sbatch",
             "--parsable",
             "-o",
@@ -38,17 +39,48 @@ def test_stalled_babysat_job_is_reported(clean_cluster, tmp_path, receiver: Rece
             "sleep 600",
         ).stdout.strip()
     )
-    cl = CliSlurmClient(slurm_conf=Path(clean_cluster.slurm_conf))
+    cl = CliSlurmClient(slurm_conf=Path(cluster.slurm_conf))
     wait_for(lambda: cl.job(job).running, 30, "running")
     (ckpt / ".babysitter" / f"heartbeat-{job}.json").write_text(
         json.dumps({"step": 5, "time": datetime.now(UTC).timestamp() - 3600})
     )
-    store = Store(f"sqlite:///{tmp_path / 'h.db'}")
+    return job, cl
+
+
+def _tick(cluster, tmp_path, receiver, job, cl, util: int, **policy):
+    store = Store(f"sqlite:///{tmp_path / f'h{util}.db'}")
     store.upgrade()
-    cfg = Config.model_validate({"alerts": {"webhook_url": receiver.url + "/hook"}})
+    node = cl.job(job).nodes[0]
+    store.ingest(
+        [
+            Report(
+                node,
+                str(uuid.uuid4()),
+                datetime.now(UTC),
+                [],
+                {"gpu_util": {str(i): util for i in range(8)}},
+            )
+        ]
+    )
+    cfg = Config.model_validate(
+        {"alerts": {"webhook_url": receiver.url + "/hook"}, "policy": policy}
+    )
     engine = make_engine(cfg, store, slurm=cl)
     jobs._last_scan.clear()
     engine.tick()
-    [alert] = [b for b in receiver.bodies("/hook") if b["condition"] == f"job_hung_{job}"]
-    assert "made no progress" in alert["summary"]
     store.close()
+    return [b for b in receiver.bodies("/hook") if b["condition"] == f"job_hung_{job}"]
+
+
+def test_stalled_job_with_busy_gpus_is_not_a_hang(clean_cluster, tmp_path, receiver: Receiver):
+    job, cl = _stalled_job(clean_cluster, tmp_path)
+    assert _tick(clean_cluster, tmp_path, receiver, job, cl, util=95) == []
+
+
+def test_stalled_job_with_idle_gpus_alerts_and_requeues_when_configured(
+    clean_cluster, tmp_path, receiver: Receiver
+):
+    job, cl = _stalled_job(clean_cluster, tmp_path)
+    [alert] = _tick(clean_cluster, tmp_path, receiver, job, cl, util=0, requeue_hung_jobs=True)
+    assert "made no progress" in alert["summary"] and "requeued" in alert["action_taken"]
+    wait_for(lambda: cl.job(job).restart_count == 1, 30, "requeued")

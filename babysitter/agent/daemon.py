@@ -62,6 +62,9 @@ class Agent:
 
     # ---- reports
     def _report(self, findings: list[Finding], kind: str) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        for c in self.checks:
+            extra.update(c.metrics)
         return {
             "node": self.node,
             "report_id": str(uuid.uuid4()),
@@ -73,6 +76,7 @@ class Agent:
                 "spool_size": self.spool.size(),
                 "spool_dropped": self.spool.counter("dropped"),
                 "spool_replayed_total": self.spool.counter("replayed"),
+                **extra,
             },
         }
 

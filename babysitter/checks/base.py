@@ -46,6 +46,8 @@ class Check:
 
     def __init__(self, ctx: CheckContext) -> None:
         self.ctx = ctx
+        # numbers a check wants to ship with every report (e.g. GPU utilisation), by name
+        self.metrics: dict[str, object] = {}
 
     def supported(self) -> bool:
         """False when the hardware/software this check needs is absent (reported, not fatal)."""

@@ -389,6 +389,12 @@ class GpuThermalCheck(GpuCheck):
         t = self.thresholds(dev)
         h = dev.handle
         out: list[Finding] = []
+        util = call(pynvml.nvmlDeviceGetUtilizationRates, h)
+        if util is not NOT_SUPPORTED:
+            # shipped with reports: hang detection asks whether a job's GPUs sit idle
+            gpu_util = self.metrics.setdefault("gpu_util", {})
+            assert isinstance(gpu_util, dict)
+            gpu_util[str(dev.index)] = int(util.gpu)
         temp = call(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
         slow = call(
             pynvml.nvmlDeviceGetTemperatureThreshold, h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN

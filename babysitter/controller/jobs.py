@@ -90,21 +90,47 @@ def heartbeat_age(ckpt: str, job_id: int, now_ts: float) -> float | None:
     return None if newest is None else now_ts - newest
 
 
+def gpus_idle(engine: RemediationEngine, nodes: tuple[str, ...]) -> bool | None:
+    """True when every GPU on the job's nodes is below the idle threshold in their latest
+    reports; None when no node reported utilisation (no GPUs, or an old agent)."""
+    limit = engine.cfg.policy.idle_gpu_util_percent
+    seen = False
+    for name in nodes:
+        row = engine.store.node(name)
+        util = ((row or {}).get("metrics") or {}).get("gpu_util") or {}
+        for v in util.values():
+            seen = True
+            if float(v) >= limit:
+                return False
+    return True if seen else None
+
+
 def _check_hang(
     engine: RemediationEngine, j: SlurmJob, spec: dict[str, Any], now: datetime
 ) -> None:
     age = heartbeat_age(spec["ckpt"], j.job_id, now.timestamp())
     cond = f"job_hung_{j.job_id}"
-    if age is not None and age > spec["hang_timeout"]:
+    # no progress for hang_timeout AND its GPUs idle (when utilisation is known): a slow
+    # step that keeps the GPUs busy is not a hang
+    hung = (
+        age is not None and age > spec["hang_timeout"] and gpus_idle(engine, j.nodes) is not False
+    )
+    if hung and age is not None:
+        requeue = engine.cfg.policy.requeue_hung_jobs
+        why = (
+            f"job {j.job_id} ({j.name}) on {','.join(j.nodes)} made no progress for "
+            f"{age:.0f} s (hang_timeout {spec['hang_timeout']} s) with idle GPUs"
+        )
         engine.router.process(
             [
                 Alert(
                     None,
                     cond,
                     "warning",
-                    f"job {j.job_id} ({j.name}) on {','.join(j.nodes)} made no progress for "
-                    f"{age:.0f} s (hang_timeout {spec['hang_timeout']} s)",
-                    "nothing changed: the job keeps its nodes",
+                    why,
+                    "requeued it from its last checkpoint"
+                    if requeue
+                    else "nothing changed: the job keeps its nodes",
                     now,
                     details={"job_id": j.job_id},
                 )
@@ -112,6 +138,16 @@ def _check_hang(
             [],
             now,
         )
+        if requeue:
+            requeue_job(
+                engine,
+                j,
+                spec,
+                [],
+                why,
+                now,
+                next((r for r in engine.store.jobs() if r["job_id"] == j.job_id), None),
+            )
     elif age is not None:
         engine.router.process([], [(None, cond)], now)
 
