@@ -153,3 +153,11 @@ def test_health_endpoints(client):
     r = client.get("/readyz")
     assert r.status_code == 200 and r.json()["database"] == "ok"
     assert "openapi" in client.get("/openapi.json").json()
+
+
+def test_guard_reset_is_admin_only_and_recorded(client, secrets):
+    assert client.post("/api/v1/guard/reset", headers=auth(secrets.read)).status_code == 403
+    r = client.post("/api/v1/guard/reset", headers=auth(secrets.admin))
+    assert r.status_code == 202
+    acts = client.get("/api/v1/actions", headers=auth(secrets.admin)).json()
+    assert [a["kind"] for a in acts] == ["guard_reset"]

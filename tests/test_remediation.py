@@ -113,6 +113,11 @@ def test_guard_three_of_four_fail(clean_cluster, store, receiver):
     guard = [b for b in receiver.bodies("/hook") if b["condition"] == "guard_tripped"]
     assert len(guard) == 1 and "NOT drained" in guard[0]["summary"]
     assert store.kv_get("guard_tripped") is True
+    # an admin reset (POST /api/v1/guard/reset, `babysitter guard reset`) re-arms it
+    store.record_action("guard_reset", rule="manual", requested_by="admin")
+    eng.tick()
+    assert store.kv_get("guard_tripped") is False
+    assert [a["status"] for a in store.actions() if a["kind"] == "guard_reset"] == ["done"]
 
 
 def test_dry_run_changes_nothing_in_slurm(clean_cluster, store, receiver):

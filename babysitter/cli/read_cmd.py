@@ -186,4 +186,20 @@ def requeue(state: State, job_id: int, url: str | None, token: str | None) -> No
     click.echo(f"requeue of {job_id} requested (action {r['action_id']})")
 
 
-commands = [status, nodes, findings, jobs, drain, resume, requeue]
+@click.group("guard")
+def guard() -> None:
+    """The blast-radius guard (circuit breaker)."""
+
+
+@guard.command("reset")
+@_url_opt
+@_token_opt
+@pass_state
+def guard_reset(state: State, url: str | None, token: str | None) -> None:
+    """Let babysitter drain again after the guard tripped (recorded in the action log)."""
+    with _client(state, url, token) as c:
+        r = _call(c, "POST", "/api/v1/guard/reset")
+    click.echo(f"guard reset requested (action {r['action_id']})")
+
+
+commands = [status, nodes, findings, jobs, drain, resume, requeue, guard]
