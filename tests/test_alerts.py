@@ -20,9 +20,6 @@ class MemoryState:
     def __init__(self) -> None:
         self.rows: dict[str, dict[str, Any]] = {}
 
-    def alert(self, key: str) -> dict[str, Any] | None:
-        return self.rows.get(key)
-
     def upsert_alert(self, key: str, **values: Any) -> None:
         self.rows.setdefault(key, {"key": key}).update(values)
 

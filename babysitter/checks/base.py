@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from babysitter.finding import Action, Finding, Severity
@@ -132,11 +132,7 @@ class CheckResult:
     duration_s: float
     timed_out: bool = False
     error: str | None = None
-    unknown: bool = field(default=False)  # no verdict (timeout, crash)
-
-
-def _component_for_failure(check: Check) -> str:
-    return "host"
+    unknown: bool = False  # no verdict (timeout, crash)
 
 
 def run_check(check: Check, timeout_s: float | None = None) -> CheckResult:
@@ -165,7 +161,7 @@ def run_check(check: Check, timeout_s: float | None = None) -> CheckResult:
     duration = time.monotonic() - start
     if t.is_alive():
         f = check.finding(
-            _component_for_failure(check),
+            "host",  # the check as a whole failed, not one component
             Severity.CRITICAL,
             "check.timeout",
             f"check {check.name} did not finish within {timeout:g} s (hung driver or kernel call?)",
@@ -176,7 +172,7 @@ def run_check(check: Check, timeout_s: float | None = None) -> CheckResult:
     if "error" in out:
         err = str(out["error"])
         f = check.finding(
-            _component_for_failure(check),
+            "host",  # the check as a whole failed, not one component
             Severity.WARNING,
             "check.error",
             f"check {check.name} failed: {err}"[:2000],

@@ -458,11 +458,6 @@ class Store:
         return rows
 
     # ---- alerts
-    def alert(self, key: str) -> dict[str, Any] | None:
-        with self.engine.connect() as c:
-            row = c.execute(select(m.alerts).where(m.alerts.c.key == key)).first()
-        return row._asdict() if row else None
-
     def upsert_alert(self, key: str, **values: Any) -> None:
         with self.engine.begin() as c:
             if c.execute(select(m.alerts.c.key).where(m.alerts.c.key == key)).first():
