@@ -206,7 +206,17 @@ def test_up_json_and_down_leave_no_mount_or_process(tmp_path):
     info = json.loads(r.stdout)
     assert info["slurm_version"] == "26.05" and Path(info["bin"], "sinfo").exists()
     c = DevCluster(base)
+    ci = c.load_info()
+    # a job still running at `down`: its slurmstepd (no env marker on 24.11+, not a child of
+    # slurmd) must go too
+    slurm(ci, "sbatch", "-o", "/dev/null", "--wrap", "sleep 600")
+    wait_for(lambda: "R" in slurm(ci, "squeue", "-h", "-o", "%t").stdout, 30, "job running")
     pids = c.pids()
+    assert any(
+        "slurmstepd" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+        for p in pids
+        if Path(f"/proc/{p}/cmdline").exists()
+    )
     root = roots.ensure_root("26.05")
     assert any(str(base) in m for m in roots.mounts_under(root))
     r = subprocess.run(

@@ -350,6 +350,18 @@ class DevCluster:
         )
 
     # ---- teardown
+    def chroot(self) -> Path | None:
+        """The Debian root this cluster runs from (also when only its base dir is known)."""
+        if self.install.root is not None:
+            return self.install.root
+        if self._p(STATE_FILE).exists():
+            try:
+                stored = self.load_info().root
+            except DevClusterError:
+                return None
+            return Path(stored) if stored else None
+        return None
+
     def pids(self) -> list[int]:
         """Every live process of this cluster (daemons by pid file and marker, job steps)."""
         pids = set(marked_pids(self.marker))
@@ -359,6 +371,11 @@ class DevCluster:
                 pids.add(p)
         if self._p("spool").exists():
             pids.update(cwd_pids(self._p("spool")))
+        root = self.chroot()
+        if root is not None:
+            # 24.11+ slurmstepd clears its environment and, daemonized, is no child of
+            # slurmd: find it by its working directory inside the root's view of the base
+            pids.update(cwd_pids(root / str(self.base).lstrip("/")))
         return sorted(p for p in with_descendants(pids) if alive(p))
 
     def down(self) -> None:
@@ -382,13 +399,7 @@ class DevCluster:
             raise DevClusterError(f"processes of {self.base} would not die: {left}")
         for pidfile in run.glob("*.pid") if run.exists() else []:
             pidfile.unlink(missing_ok=True)
-        root = self.install.root
-        if root is None and self._p(STATE_FILE).exists():
-            try:
-                stored = self.load_info().root
-                root = Path(stored) if stored else None
-            except DevClusterError:
-                root = None
+        root = self.chroot()
         if root is not None:
             from babysitter.devcluster import roots
 
