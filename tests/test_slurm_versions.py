@@ -206,6 +206,13 @@ def test_up_json_and_down_leave_no_mount_or_process(tmp_path):
     info = json.loads(r.stdout)
     assert info["slurm_version"] == "26.05" and Path(info["bin"], "sinfo").exists()
     c = DevCluster(base)
+    try:
+        _job_running_at_down(c, base)
+    finally:
+        c.down()  # a failure above must not leave mounts or daemons behind (idempotent)
+
+
+def _job_running_at_down(c: DevCluster, base: Path) -> None:
     ci = c.load_info()
     # a job still running at `down`: its slurmstepd (no env marker on 24.11+, not a child of
     # slurmd) must go too
