@@ -1,0 +1,43 @@
+"""Host checks (psutil) on this machine: disk space, required mounts, slurmd, clean run."""
+
+from __future__ import annotations
+
+import psutil
+
+from babysitter.checks.base import CheckContext
+from babysitter.checks.host import HostCheck
+from babysitter.config import Config
+
+
+def run(tmp_path, **host):
+    cfg = Config.model_validate(
+        {"checks": {"host": {"paths": [str(tmp_path)], "check_slurmd": False, **host}}}
+    )
+    return HostCheck(CheckContext(cfg, "n1")).run()
+
+
+def codes(findings):
+    return {(f.code, str(f.severity)) for f in findings}
+
+
+def test_clean_host(tmp_path):
+    assert codes(run(tmp_path, min_free_gb=0, min_free_memory_fraction=0)) == {("host.ok", "ok")}
+
+
+def test_low_disk_and_unreadable_path(tmp_path):
+    out = run(tmp_path, min_free_gb=10**9)
+    assert ("disk.low", "warning") in codes(out)
+    out = run(tmp_path / "missing", min_free_gb=0)
+    assert ("disk.unreadable", "warning") in codes(out)
+
+
+def test_missing_required_mount_is_critical(tmp_path):
+    out = run(tmp_path, min_free_gb=0, mounts=["/", str(tmp_path / "lustre")])
+    [f] = [f for f in out if f.code == "mount.missing"]
+    assert f.severity == "critical" and "lustre" in f.message
+
+
+def test_slurmd_presence_matches_the_process_table(tmp_path):
+    running = any(p.info["name"] == "slurmd" for p in psutil.process_iter(["name"]))
+    out = run(tmp_path, min_free_gb=0, check_slurmd=True)
+    assert (("slurmd.not_running", "warning") in codes(out)) is (not running)
