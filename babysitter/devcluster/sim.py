@@ -59,6 +59,18 @@ def _spawn(command: str, config: Path, env: dict[str, str], log: Path) -> subpro
         )
 
 
+def _stop(proc: subprocess.Popen[bytes] | None, grace_s: float = 15) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within grace_s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 @dataclass
 class SimNode:
     name: str
@@ -210,14 +222,7 @@ class SimCluster:
         )
 
     def stop_agent(self, node: str) -> None:
-        sim = self.nodes[node]
-        if sim.proc and sim.proc.poll() is None:
-            sim.proc.terminate()
-            try:
-                sim.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                sim.proc.kill()
-                sim.proc.wait(timeout=10)
+        _stop(self.nodes[node].proc)
 
     def reboot(self, node: str) -> None:
         """A simulated reboot of a node: healthy GPUs, an empty kernel log, a fresh agent."""
@@ -254,13 +259,7 @@ class SimCluster:
     def down(self) -> None:
         for node in list(self.nodes):
             self.stop_agent(node)
-        if self.controller and self.controller.poll() is None:
-            self.controller.terminate()
-            try:
-                self.controller.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.controller.kill()
-                self.controller.wait(timeout=10)
+        _stop(self.controller)
         if self.cluster is not None:
             self.cluster.down()
 

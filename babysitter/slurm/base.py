@@ -166,10 +166,15 @@ class OwnedClient(SlurmClient):
     """Ownership rules (NHC's) on top of a backend's reads and `_set_*` writes. Writes go
     through scontrol unless a backend has a better way (REST on newer Slurm)."""
 
-    sc: Scontrol
-
-    def __init__(self, reason_prefix: str = "babysitter:") -> None:
+    def __init__(
+        self,
+        reason_prefix: str = "babysitter:",
+        slurm_conf: Path | None = None,
+        bin_dir: Path | None = None,
+        timeout_s: float = 15.0,
+    ) -> None:
         self.reason_prefix = reason_prefix
+        self.sc = Scontrol(slurm_conf, bin_dir, timeout_s)
 
     def node(self, name: str) -> SlurmNode:
         """One node from the full listing (22.05's REST /node/{name} answers for unknown

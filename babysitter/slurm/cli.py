@@ -6,23 +6,14 @@ from __future__ import annotations
 
 import json
 from functools import cached_property
-from pathlib import Path
 
 from babysitter.slurm import parse
-from babysitter.slurm.base import OwnedClient, Scontrol, parsed, validate_job_id
+from babysitter.slurm.base import OwnedClient, parsed, validate_job_id
 from babysitter.slurm.client import SlurmError, SlurmJob, SlurmNode, SlurmNotFound
 
 
 class CliSlurmClient(OwnedClient):
-    def __init__(
-        self,
-        reason_prefix: str = "babysitter:",
-        slurm_conf: Path | None = None,
-        bin_dir: Path | None = None,
-        timeout_s: float = 15.0,
-    ) -> None:
-        super().__init__(reason_prefix)
-        self.sc = Scontrol(slurm_conf, bin_dir, timeout_s)
+    """Takes OwnedClient's arguments: reason_prefix, slurm_conf, bin_dir, timeout_s."""
 
     @cached_property
     def version(self) -> tuple[int, int]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.slurm import parse
-from babysitter.slurm.base import OwnedClient, Scontrol, validate_job_id
+from babysitter.slurm.base import OwnedClient, validate_job_id
 from babysitter.slurm.client import SlurmError, SlurmJob, SlurmNode, SlurmNotFound
 
 
@@ -34,9 +34,8 @@ class PyslurmSlurmClient(OwnedClient):
         timeout_s: float = 15.0,
         module: Any = None,
     ) -> None:
-        super().__init__(reason_prefix)
+        super().__init__(reason_prefix, slurm_conf, bin_dir, timeout_s)
         self.ps = module if module is not None else load_pyslurm()
-        self.sc = Scontrol(slurm_conf, bin_dir, timeout_s)
 
     def nodes(self) -> list[SlurmNode]:
         out = []

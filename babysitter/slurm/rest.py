@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from babysitter.slurm import parse
-from babysitter.slurm.base import OwnedClient, Scontrol, parsed, validate_job_id
+from babysitter.slurm.base import OwnedClient, parsed, validate_job_id
 from babysitter.slurm.client import (
     SlurmError,
     SlurmJob,
@@ -46,7 +46,7 @@ class RestSlurmClient(OwnedClient):
         bin_dir: Path | None = None,
         timeout_s: float = 15.0,
     ) -> None:
-        super().__init__(reason_prefix)
+        super().__init__(reason_prefix, slurm_conf, bin_dir, timeout_s)
         self.timeout_s = timeout_s
         headers = {}
         if jwt_token:
@@ -61,7 +61,6 @@ class RestSlurmClient(OwnedClient):
             )
         else:
             self.http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s, headers=headers)
-        self.sc = Scontrol(slurm_conf, bin_dir, timeout_s)
 
     def _request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         what = f"{method} {path}"

@@ -142,41 +142,38 @@ def run_sdc(
             "seed": seed,
         }
         if not r.abft_ok:
-            out.findings.append(
-                Finding(
-                    check=check_name,
-                    component=r.device,
-                    severity=Severity.CRITICAL,
-                    code="sdc.abft_mismatch",
-                    message=f"{r.label} ({r.model}): matmul checksums off by "
-                    f"{r.abft_worst_ratio:.3g}x the rounding bound: silent data corruption",
-                    action=Action.DRAIN,
-                    details=ids,
-                )
+            verdict = (
+                Severity.CRITICAL,
+                "sdc.abft_mismatch",
+                Action.DRAIN,
+                f"{r.label} ({r.model}): matmul checksums off by "
+                f"{r.abft_worst_ratio:.3g}x the rounding bound: silent data corruption",
             )
         elif r.matches_peers is False:
             other = "the other devices" if len(results) > 1 else "the stored golden digest"
-            out.findings.append(
-                Finding(
-                    check=check_name,
-                    component=r.device,
-                    severity=Severity.CRITICAL,
-                    code="sdc.mismatch",
-                    message=f"{r.label} ({r.model}): result differs bit-wise from {other}",
-                    action=Action.DRAIN,
-                    details=ids,
-                )
+            verdict = (
+                Severity.CRITICAL,
+                "sdc.mismatch",
+                Action.DRAIN,
+                f"{r.label} ({r.model}): result differs bit-wise from {other}",
             )
         else:
-            out.findings.append(
-                Finding(
-                    check=check_name,
-                    component=r.device,
-                    severity=Severity.OK,
-                    code="sdc.ok",
-                    message=f"{r.label}: {size}x{size} {dtype} matmul verified, "
-                    f"{r.gflops:.0f} GFLOP/s",
-                    details=ids,
-                )
+            verdict = (
+                Severity.OK,
+                "sdc.ok",
+                Action.NONE,
+                f"{r.label}: {size}x{size} {dtype} matmul verified, {r.gflops:.0f} GFLOP/s",
             )
+        severity, code, action, message = verdict
+        out.findings.append(
+            Finding(
+                check=check_name,
+                component=r.device,
+                severity=severity,
+                code=code,
+                message=message,
+                action=action,
+                details=ids,
+            )
+        )
     return out
