@@ -4,14 +4,15 @@ Run: python -m bench.sdc  (writes bench/results/sdc.json and sdc.md)"""
 
 from __future__ import annotations
 
-import hashlib
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-from babysitter.checks.sdc import abft
-from babysitter.checks.sdc.runner import inputs
+from babysitter.checks.sdc import abft, runner
+from babysitter.checks.sdc.runner import digest, inputs
 from bench.common import RESULTS_DIR, figure, write_result
 
 COVERAGE_N = 256
@@ -21,7 +22,7 @@ PER_BIT = 100
 def coverage() -> dict[str, dict[str, float]]:
     a, b = inputs(COVERAGE_N, "float32", 11)
     c_ref = a @ b
-    ref_digest = hashlib.sha256(c_ref.tobytes()).hexdigest()
+    ref_digest = digest(c_ref)
     ref = abft.prepare(a, b, "float32")
     col_tol, row_tol = ref.col_tol, ref.row_tol
     rng = np.random.default_rng(5)
@@ -35,7 +36,7 @@ def coverage() -> dict[str, dict[str, float]]:
             delta = abs(float(c[i, j]) - float(c_ref[i, j]))
             above = (not np.isfinite(delta)) or delta > min(col_tol[j], row_tol[i])
             detected = not abft.check(ref, c).ok
-            cross = hashlib.sha256(c.tobytes()).hexdigest() != ref_digest
+            cross = digest(c) != ref_digest
             s["n"] += 1
             s["abft"] += detected
             s["cross"] += detected or cross
@@ -67,33 +68,55 @@ def coverage() -> dict[str, dict[str, float]]:
     return out
 
 
-def overhead(n: int, repeats: int = 3, devices: int = 8) -> dict[str, float]:
-    """Per-device verification (ABFT checksums of C + bit-compare with a peer) against the
-    matmul it checks, plus the once-per-test reference (from A and B) spread over `devices`."""
+def overhead(n: int, repeats: int = 5) -> dict[str, float]:
+    """What run_sdc does per device in steady state (the agent reruns the test with the same
+    seed, so the ABFT reference comes from its in-memory cache): the cache lookup, abft.check of
+    C and the xxh3 digest that is compared with the peers' (or the golden) digest, against the
+    matmul it checks. Separately, informational: the first run for a seed/size/dtype, which
+    computes the reference (abft.prepare) and writes it to the state dir, and a run after an
+    agent restart, which reads it back from disk; both once per host, not per device."""
     a, b = inputs(n, "float32", 1)
-    mm, ver, prep = [], [], []
-    peer = a @ b
-    for _ in range(repeats):
-        t = time.perf_counter()
-        c = a @ b
-        mm.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        ref = abft.prepare(a, b, "float32")
-        prep.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        abft.check(ref, c)
-        np.array_equal(c.view(np.uint8), peer.view(np.uint8))
-        ver.append(time.perf_counter() - t)
-    m, v, p = statistics.median(mm), statistics.median(ver), statistics.median(prep)
-    per_device = v + p / devices
+    mm, ver, first, disk = [], [], [], []
+    a @ b  # warm-up: BLAS threads and page faults are not part of either figure
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp)
+        for _ in range(repeats):
+            # same order as run_sdc: the reference is fetched before the devices run
+            runner.clear_reference_cache()
+            for f in state.iterdir():
+                f.unlink()
+            t = time.perf_counter()
+            _, src = runner.cached_reference(n, "float32", 1, state, (a, b))
+            first.append(time.perf_counter() - t)
+            if src != "computed":
+                raise RuntimeError(f"first run took the reference from {src}")
+            runner.clear_reference_cache()
+            t = time.perf_counter()
+            _, src = runner.cached_reference(n, "float32", 1, state, (a, b))
+            disk.append(time.perf_counter() - t)
+            if src != "disk":
+                raise RuntimeError(f"restart took the reference from {src}")
+            t = time.perf_counter()
+            c = a @ b
+            mm.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            ref, src = runner.cached_reference(n, "float32", 1, state, (a, b))
+            abft.check(ref, c)
+            digest(c)
+            ver.append(time.perf_counter() - t)
+            if src != "memory":
+                raise RuntimeError(f"steady state took the reference from {src}")
+    m, v = statistics.median(mm), statistics.median(ver)
+    f, d = statistics.median(first), statistics.median(disk)
     return {
         "n": n,
         "matmul_s": m,
-        "verify_s": per_device,
-        "check_s": v,
-        "prepare_s": p,
-        "devices": devices,
-        "overhead": per_device / m,
+        "verify_s": v,
+        "overhead": v / m,
+        "first_run_reference_s": f,
+        "first_run_reference_fraction": f / m,
+        "disk_reference_s": d,
+        "disk_reference_fraction": d / m,
     }
 
 
@@ -137,13 +160,22 @@ def main() -> int:
     for o in ovh:
         figs.append(
             figure(
-                f"verification overhead n={o['n']}",
+                f"verification overhead per device, steady state, n={o['n']}",
                 o["verify_s"],
                 "s",
                 baseline="matmul time",
                 baseline_value=o["matmul_s"],
                 goal="<= 3 % of matmul",
                 met=o["overhead"] <= 0.03,
+            )
+        )
+        figs.append(
+            figure(
+                f"reference computation, first run only, n={o['n']}",
+                o["first_run_reference_s"],
+                "s",
+                baseline="matmul time",
+                baseline_value=o["matmul_s"],
             )
         )
     write_result(
@@ -166,8 +198,11 @@ def main() -> int:
     lines.append("")
     for o in ovh:
         lines.append(
-            f"n={o['n']}: matmul {o['matmul_s']:.3f} s, verify {o['verify_s']:.4f} s "
-            f"= {o['overhead']:.2%}"
+            f"n={o['n']}: matmul {o['matmul_s']:.3f} s, steady-state verify per device "
+            f"{o['verify_s']:.4f} s = {o['overhead']:.2%} (goal <= 3 %); once per host: "
+            f"first-run reference {o['first_run_reference_s']:.4f} s = "
+            f"{o['first_run_reference_fraction']:.1%}, reference from disk "
+            f"{o['disk_reference_s']:.4f} s = {o['disk_reference_fraction']:.1%}"
         )
     (RESULTS_DIR / "sdc.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

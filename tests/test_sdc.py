@@ -3,6 +3,7 @@ in the cross-device tests (there are no GPUs here); the CUDA paths are the same 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -11,7 +12,15 @@ import sys
 import numpy as np
 import pytest
 
-from babysitter.checks.sdc import abft, run_sdc
+from babysitter.checks.sdc import abft, run_sdc, runner
+from babysitter.checks.sdc.backends import _cpu_model
+
+
+@pytest.fixture(autouse=True)
+def _fresh_reference_cache():
+    runner.clear_reference_cache()
+    yield
+    runner.clear_reference_cache()
 
 
 def bs(tmp_path, *args):
@@ -27,11 +36,14 @@ def bs(tmp_path, *args):
 
 
 def test_clean_run_passes_on_cpu(tmp_path):
-    r = bs(tmp_path, "--backend", "numpy", "--size", "256", "--json")
-    assert r.returncode == 0, r.stderr
-    [f] = json.loads(r.stdout)
-    assert f["code"] == "sdc.ok" and f["component"] == "cpu"
-    assert f["details"]["gflops"] > 0 and f["details"]["verify_s"] >= 0
+    # the second run reads the ABFT reference the first one stored in the state dir
+    for _ in range(2):
+        r = bs(tmp_path, "--backend", "numpy", "--size", "256", "--json")
+        assert r.returncode == 0, r.stderr
+        [f] = json.loads(r.stdout)
+        assert f["code"] == "sdc.ok" and f["component"] == "cpu"
+        assert f["details"]["gflops"] > 0 and f["details"]["verify_s"] >= 0
+    assert list(tmp_path.glob("sdc-ref-float32-256-*.npz"))
 
 
 def test_exponent_bit_flip_fails_and_names_the_device(tmp_path):
@@ -89,3 +101,114 @@ def test_tolerance_is_derived_from_dtype_and_size():
 def test_bad_injection_arguments_are_a_clear_error(tmp_path):
     r = bs(tmp_path, "--backend", "numpy", "--size", "64", "--inject", "0,1,1,99")
     assert r.returncode == 2 and r.stderr.startswith("error:")
+
+
+def _same(r1: abft.Reference, r2: abft.Reference) -> bool:
+    fields = ("col_ref", "col_tol", "row_ref", "row_tol")
+    return all(np.array_equal(getattr(r1, f), getattr(r2, f)) for f in fields)
+
+
+def test_cached_reference_equals_a_fresh_prepare(tmp_path):
+    fresh = abft.prepare(*runner.inputs(128, "float32", 3), "float32")
+    ref, src = runner.cached_reference(128, "float32", 3, tmp_path)
+    assert src == "computed" and _same(ref, fresh)
+    ref, src = runner.cached_reference(128, "float32", 3, tmp_path)
+    assert src == "memory" and _same(ref, fresh)
+    runner.clear_reference_cache()  # as after an agent restart
+    ref, src = runner.cached_reference(128, "float32", 3, tmp_path)
+    assert src == "disk" and _same(ref, fresh)
+
+
+def test_prepare_matches_the_textbook_float64_reference():
+    a, b = runner.inputs(200, "float32", 8)
+    ref = abft.prepare(a, b, "float32")
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    np.testing.assert_allclose(ref.col_ref, a64.sum(axis=0) @ b64, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(ref.row_ref, a64 @ b64.sum(axis=1), rtol=0, atol=1e-9)
+    factor = ref.col_tol[0] / (np.abs(a64).sum(axis=0) @ np.abs(b64))[0]
+    assert factor >= abft.gamma(200, abft.UNIT_ROUNDOFF["float32"])
+    np.testing.assert_allclose(ref.row_tol, factor * (np.abs(a64) @ np.abs(b64).sum(axis=1)))
+
+
+def _bitflip_file(path):
+    data = bytearray(path.read_bytes())
+    ref = abft.prepare(*runner.inputs(128, "float32", 3), "float32")
+    at = data.find(ref.col_tol.tobytes()[:64])
+    assert at > 0
+    data[at + 5] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: p.write_bytes(b"not an npz"),
+        lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]),
+        _bitflip_file,
+    ],
+    ids=["garbage", "truncated", "bit-flip"],
+)
+def test_corrupt_reference_file_is_recomputed(tmp_path, damage):
+    runner.cached_reference(128, "float32", 3, tmp_path)
+    [path] = tmp_path.glob("sdc-ref-*.npz")
+    damage(path)
+    runner.clear_reference_cache()
+    ref, src = runner.cached_reference(128, "float32", 3, tmp_path)
+    assert src == "computed"
+    assert _same(ref, abft.prepare(*runner.inputs(128, "float32", 3), "float32"))
+    runner.clear_reference_cache()
+    assert runner.cached_reference(128, "float32", 3, tmp_path)[1] == "disk"  # rewritten
+    res = run_sdc("numpy", 128, "float32", 3, replicas=2, state_dir=tmp_path)
+    assert all(f.code == "sdc.ok" for f in res.findings)
+
+
+def test_a_reference_for_another_size_is_not_used(tmp_path):
+    runner.cached_reference(128, "float32", 3, tmp_path)
+    [small] = tmp_path.glob("sdc-ref-*.npz")
+    small.rename(runner._ref_path(tmp_path, 256, "float32", 3))
+    runner.clear_reference_cache()
+    ref, src = runner.cached_reference(256, "float32", 3, tmp_path)
+    assert src == "computed" and ref.col_ref.shape == (256,)
+    res = run_sdc("numpy", 256, "float32", 3, state_dir=tmp_path)
+    assert [f.code for f in res.findings] == ["sdc.ok"]
+
+
+def test_a_wrong_cached_reference_does_not_drain_a_healthy_node(tmp_path):
+    """A stale reference with a valid file checksum (e.g. written by a buggy older version) is
+    confirmed against a fresh one before any device is blamed, and replaced."""
+    wrong = abft.prepare(*runner.inputs(128, "float32", 4), "float32")
+    key = runner._ref_key(128, "float32", 3)
+    runner._save_ref(runner._ref_path(tmp_path, 128, "float32", 3), key, wrong)
+    res = run_sdc("numpy", 128, "float32", 3, replicas=2, state_dir=tmp_path)
+    assert res.reference_source == "disk"
+    assert [f.code for f in res.findings] == ["sdc.ok", "sdc.ok"]
+    runner.clear_reference_cache()
+    ref, src = runner.cached_reference(128, "float32", 3, tmp_path)
+    assert src == "disk" and not _same(ref, wrong)
+
+
+@pytest.mark.parametrize("source", ["memory", "disk"])
+def test_exponent_flip_is_caught_with_a_cached_reference(tmp_path, source):
+    first = run_sdc("numpy", 256, "float32", 9, replicas=3, state_dir=tmp_path)
+    assert first.reference_source == "computed"
+    if source == "disk":
+        runner.clear_reference_cache()
+    res = run_sdc(
+        "numpy", 256, "float32", 9, replicas=3, inject=(2, 10, 20, 28), state_dir=tmp_path
+    )
+    assert res.reference_source == source
+    bad = [f for f in res.findings if f.severity != "ok"]
+    assert [(f.code, f.details["device"]) for f in bad] == [("sdc.abft_mismatch", "cpu:2")]
+
+
+def test_golden_digest_from_the_sha256_version_is_ignored(tmp_path):
+    """After an upgrade, a golden entry written by the sha256 code must not read as corruption."""
+    a, b = runner.inputs(128, "float32", 3)
+    old_key = "|".join([f"numpy-{np.__version__}", "float32", "128", "3", _cpu_model()])
+    old = {old_key: hashlib.sha256((a @ b).tobytes()).hexdigest()}
+    (tmp_path / "sdc-golden.json").write_text(json.dumps(old))
+    first = run_sdc("numpy", 128, "float32", 3, state_dir=tmp_path)
+    assert [f.code for f in first.findings] == ["sdc.ok"] and first.golden is None
+    again = run_sdc("numpy", 128, "float32", 3, state_dir=tmp_path)
+    assert [f.code for f in again.findings] == ["sdc.ok"]
+    assert again.golden == first.devices[0].digest

@@ -4,6 +4,7 @@ commit, so a crash never loses an acknowledged report and a retried report is st
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -80,13 +81,53 @@ class IngestError(Exception):
     pass
 
 
+_AnyFuture = Future[bool] | asyncio.Future[bool]
+
+
+def _resolve(
+    batch: Sequence[tuple[Report, _AnyFuture]], outcome: list[bool] | BaseException
+) -> None:
+    """Settle a batch's futures from the writer thread: thread futures directly, event-loop
+    futures with one call_soon_threadsafe per loop."""
+    per_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[bool], int]]] = {}
+    for k, (_, fut) in enumerate(batch):
+        if isinstance(fut, asyncio.Future):
+            per_loop.setdefault(fut.get_loop(), []).append((fut, k))
+        elif isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome[k])
+    for loop, futs in per_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, futs, outcome)
+        except RuntimeError:  # the loop has closed: nobody is waiting any more
+            pass
+
+
+def _settle(
+    futs: list[tuple[asyncio.Future[bool], int]], outcome: list[bool] | BaseException
+) -> None:
+    for fut, k in futs:
+        if fut.done():  # the request timed out or its client went away
+            continue
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome[k])
+
+
 class Store:
     def __init__(self, url: str, batch_max: int = 500) -> None:
         self.url = url
         self.engine = make_engine(url)
         self.insert = _insert(self.engine)
         self.batch_max = batch_max
-        self._q: queue.Queue[tuple[Report, Future[bool]] | None] = queue.Queue()
+        self._insert_report = (
+            self.insert(m.reports)
+            .on_conflict_do_nothing(index_elements=["report_id"])
+            .returning(m.reports.c.report_id)
+        )
+        self._q: queue.Queue[tuple[Report, _AnyFuture] | None] = queue.Queue()
         self._writer: threading.Thread | None = None
         self.ingested_batches = 0
 
@@ -123,6 +164,15 @@ class Store:
         self._q.put((report, fut))
         return fut
 
+    def submit_async(self, report: Report) -> asyncio.Future[bool]:
+        """Like submit, for a caller on an event loop: the writer resolves all of a batch's
+        futures of one loop with a single call_soon_threadsafe (one wake-up per batch, not one
+        per report, which is what wrapping concurrent futures costs at thousands of reports/s)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        self._q.put((report, fut))
+        return fut
+
     def ingest(self, batch: Sequence[Report]) -> list[bool]:
         """Write reports in one transaction; returns new/duplicate per report."""
         with self.engine.begin() as conn:
@@ -144,16 +194,14 @@ class Store:
                     self._q.put(None)
                     break
                 batch.append(nxt)
+            outcome: list[bool] | BaseException
             try:
-                results = self.ingest([r for r, _ in batch])
+                outcome = self.ingest([r for r, _ in batch])
+                self.ingested_batches += 1
             except Exception as exc:
                 log.exception("ingest batch of %d failed", len(batch))
-                for _, fut in batch:
-                    fut.set_exception(IngestError(str(exc)))
-                continue
-            self.ingested_batches += 1
-            for (_, fut), new in zip(batch, results, strict=True):
-                fut.set_result(new)
+                outcome = IngestError(str(exc))
+            _resolve(batch, outcome)
 
     def _ingest(self, conn: Connection, batch: Sequence[Report]) -> list[bool]:
         received = now()
@@ -176,13 +224,9 @@ class Store:
             }
             for r in unique
         ]
-        stmt = (
-            self.insert(m.reports)
-            .values(rows)
-            .on_conflict_do_nothing(index_elements=["report_id"])
-            .returning(m.reports.c.report_id)
-        )
-        new_ids = {row[0] for row in conn.execute(stmt)}
+        # executemany of one cached statement (SQLAlchemy batches it into multi-row INSERTs
+        # with RETURNING itself); a .values(rows) statement would be compiled anew per batch
+        new_ids = {row[0] for row in conn.execute(self._insert_report, rows)}
         new_reports = [r for r in unique if r.report_id in new_ids]
         frows = [
             {
