@@ -47,10 +47,67 @@ class Accepted(BaseModel):
 
 
 def _bearer(request: Request) -> str:
+    """The bearer token, or 401."""
     h = request.headers.get("authorization", "")
     if not h.lower().startswith("bearer ") or not h[7:].strip():
         raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
     return h[7:].strip()
+
+
+class StoreUnavailable(Exception):
+    pass
+
+
+class Ingest:
+    """Accepting one report: whether its token may send it, and handing it to the batching
+    writer. Shared by the FastAPI route (every case) and the ASGI fast path (the well-formed,
+    authorised case), so both answer alike."""
+
+    def __init__(self, store: Store, auth: Authenticator, metrics: ControllerMetrics) -> None:
+        self.store = store
+        self.auth = auth
+        self.metrics = metrics
+        self._new = metrics.reports.labels("new")
+        self._duplicate = metrics.reports.labels("duplicate")
+
+    def refusal(self, token: str, body: ReportIn) -> str | None:
+        """Why this token may not send this report (-> 403), or None."""
+        p = self.auth.identify(token, claimed_node=body.node)
+        if p is None:
+            # a valid token of another node, or garbage: both are refused for this node
+            return f"token not valid for node {body.node}"
+        if p.role == "read":
+            return "read token cannot report"
+        return None
+
+    async def accept(self, body: ReportIn) -> tuple[int, bytes]:
+        """Store the report; (202, body) when new, (200, body) for a duplicate, after commit."""
+        start = time.perf_counter()
+        report_id = str(body.report_id)
+        fut = self.store.submit_async(
+            Report(
+                node=body.node,
+                report_id=report_id,
+                sent_at=body.sent_at,
+                findings=body.findings,
+                metrics=body.metrics,
+                kind=body.kind,
+            )
+        )
+        try:
+            async with asyncio.timeout(30):
+                new = await fut
+        except Exception as exc:
+            raise StoreUnavailable(f"store unavailable: {exc!r}") from None
+        self.metrics.ingest_latency.observe(time.perf_counter() - start)
+        (self._new if new else self._duplicate).inc()
+        if new and body.metrics.get("spool_replayed"):
+            self.metrics.spool_replayed.inc()
+        payload = b'{"report_id":"%s","stored":%s}' % (
+            report_id.encode(),
+            b"true" if new else b"false",
+        )
+        return (202 if new else 200), payload
 
 
 def _handled_by(handler: Callable[[Request], Awaitable[Response]]) -> type[APIRoute]:
@@ -86,10 +143,14 @@ def create_app(
             raise HTTPException(403, "admin token required")
         return p
 
-    async def ingest(request: Request) -> Response:
-        """POST /api/v1/reports. Runs as the route's whole handler (see _handled_by): auth
-        header first, then the raw body validated by pydantic-core in one step, then the
-        batching writer; 202 only after the report's transaction has committed."""
+    ingest = app.state.ingest = Ingest(store, auth, metrics)
+
+    async def handle_report(request: Request) -> Response:
+        """POST /api/v1/reports, every case. Runs as the route's whole handler (see
+        _handled_by): auth header first, then the raw body validated by pydantic-core in one
+        step, then the batching writer; 202 only after the report's transaction has committed.
+        In the server, well-formed authorised reports take the ASGI fast path
+        (fastpath.IngestFastPath) and everything else lands here."""
         token = _bearer(request)
         raw = await request.body()
         try:
@@ -98,38 +159,14 @@ def create_app(
             # the same 422 shape FastAPI gives for a declared body
             errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
             raise RequestValidationError(errors, body=raw) from None
-        p = auth.identify(token, claimed_node=body.node)
-        if p is None:
-            # a valid token of another node, or garbage: both are refused for this node
-            raise HTTPException(403, f"token not valid for node {body.node}")
-        if p.role == "read":
-            raise HTTPException(403, "read token cannot report")
-        start = time.perf_counter()
-        report_id = str(body.report_id)
-        fut = store.submit_async(
-            Report(
-                node=body.node,
-                report_id=report_id,
-                sent_at=body.sent_at,
-                findings=body.findings,
-                metrics=body.metrics,
-                kind=body.kind,
-            )
-        )
+        refusal = ingest.refusal(token, body)
+        if refusal is not None:
+            raise HTTPException(403, refusal)
         try:
-            async with asyncio.timeout(30):
-                new = await fut
-        except Exception as exc:
-            raise HTTPException(503, f"store unavailable: {exc!r}") from None
-        metrics.ingest_latency.observe(time.perf_counter() - start)
-        metrics.reports.labels("new" if new else "duplicate").inc()
-        if new and body.metrics.get("spool_replayed"):
-            metrics.spool_replayed.inc()
-        payload = b'{"report_id":"%s","stored":%s}' % (
-            report_id.encode(),
-            b"true" if new else b"false",
-        )
-        return Response(payload, status_code=202 if new else 200, media_type="application/json")
+            status, payload = await ingest.accept(body)
+        except StoreUnavailable as exc:
+            raise HTTPException(503, str(exc)) from None
+        return Response(payload, status_code=status, media_type="application/json")
 
     async def post_report(body: ReportIn) -> Accepted:
         """Declares the route for OpenAPI; requests are served by `ingest`."""
@@ -147,7 +184,7 @@ def create_app(
             403: {"description": "token not valid for this node"},
             503: {"description": "store unavailable"},
         },
-        route_class_override=_handled_by(ingest),
+        route_class_override=_handled_by(handle_report),
     )
 
     @app.get("/api/v1/nodes")

@@ -16,6 +16,7 @@ from sqlalchemy import text
 from babysitter.config import Config
 from babysitter.controller.api import create_app
 from babysitter.controller.auth import Authenticator, read_secret
+from babysitter.controller.fastpath import with_fast_ingest
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.store import Store
 from babysitter.sdnotify import notify, watchdog_interval_s
@@ -115,7 +116,7 @@ class Controller:
             self._stop.wait(max(0.05, interval - (time.monotonic() - started)))
 
     def app(self) -> Any:
-        return create_app(self.store, self.auth, self.metrics, self.state)
+        return with_fast_ingest(create_app(self.store, self.auth, self.metrics, self.state))
 
     def serve(self) -> None:
         import uvicorn

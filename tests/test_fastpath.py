@@ -1,0 +1,142 @@
+"""The ingest fast path answers exactly as the FastAPI route does, and hands the app everything
+it does not serve itself (errors, streamed bodies, other paths) with the body intact."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from babysitter.controller.api import create_app
+from babysitter.controller.fastpath import IngestFastPath
+from babysitter.controller.runtime import Controller
+from tests.fixtures.controller import Secrets, controller_config
+
+
+@pytest.fixture
+def ctl(secrets: Secrets, tmp_path) -> Iterator[Controller]:
+    c = Controller(controller_config(secrets, f"sqlite:///{tmp_path / 'f.db'}"))
+    c.setup()
+    yield c
+    c.store.close()
+
+
+def body(node: str, findings: list[dict] | None = None) -> dict[str, Any]:
+    return {
+        "node": node,
+        "report_id": str(uuid.uuid4()),
+        "sent_at": datetime.now(UTC).isoformat(),
+        "findings": findings or [],
+        "metrics": {},
+    }
+
+
+WARN = {
+    "check": "gpu.pcie",
+    "component": "gpu2",
+    "severity": "warning",
+    "code": "pcie.width_degraded",
+    "message": "GPU 2: PCIe x8 of x16",
+    "action": "inspect",
+    "observed_at": "2026-11-22T06:00:00Z",
+}
+
+
+def test_fast_path_and_route_give_the_same_answers(ctl, secrets):
+    fast = TestClient(ctl.app())
+    plain = TestClient(create_app(ctl.store, ctl.auth, ctl.metrics, ctl.state))
+    h = {"Authorization": f"Bearer {secrets.node('node1')}"}
+    for client in (fast, plain):
+        b = body("node1", [WARN])
+        first, again = (client.post("/api/v1/reports", json=b, headers=h) for _ in range(2))
+        assert (first.status_code, first.json()) == (
+            202,
+            {"report_id": b["report_id"], "stored": True},
+        )
+        assert (again.status_code, again.json()) == (
+            200,
+            {"report_id": b["report_id"], "stored": False},
+        )
+        assert first.headers["content-type"] == "application/json"
+        # every error case is answered by the app's own handlers, through either door
+        wrong = client.post("/api/v1/reports", json=body("node2"), headers=h)
+        assert wrong.status_code == 403 and "node2" in wrong.json()["detail"]
+        bad = client.post("/api/v1/reports", json={**b, "report_id": "x"}, headers=h)
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "report_id"]
+        assert client.post("/api/v1/reports", content=b"{not json", headers=h).status_code == 422
+        assert client.post("/api/v1/reports", json=body("node1")).status_code == 401
+    assert ctl.store.count("reports") == 2
+    assert ctl.store.count("findings") == 2
+
+
+def run_asgi(app: Any, messages: list[dict], path: str = "/api/v1/reports") -> list[dict]:
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": [(b"authorization", b"Bearer whatever")],
+    }
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(m: dict) -> None:
+        sent.append(m)
+
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+class RecordingApp:
+    """Stands in for the FastAPI app: records what it was handed and reads the body through."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.paths: list[str] = []
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        self.paths.append(scope["path"])
+        data = b""
+        while True:
+            m = await receive()
+            data += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        self.bodies.append(data)
+        await send({"type": "http.response.start", "status": 299, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+class NoIngest:
+    def refusal(self, token: str, body: Any) -> str | None:
+        raise AssertionError("not reached for bodies the fast path hands on")
+
+
+def test_streamed_body_over_the_limit_reaches_the_app_whole():
+    app = RecordingApp()
+    fast = IngestFastPath(app, NoIngest(), max_body=8)  # type: ignore[arg-type]
+    parts = [b'{"node": ', b'"n1", "findings": ', b"[], ", b'"x": 1}']
+    msgs = [{"type": "http.request", "body": p, "more_body": i < 3} for i, p in enumerate(parts)]
+    sent = run_asgi(fast, msgs)
+    assert app.bodies == [b"".join(parts)]
+    assert sent[0]["status"] == 299
+
+
+def test_invalid_body_and_other_paths_are_handed_on_unchanged():
+    app = RecordingApp()
+    fast = IngestFastPath(app, NoIngest())  # type: ignore[arg-type]
+    garbage = b'{"node": "n1", "findings": 3}'
+    run_asgi(fast, [{"type": "http.request", "body": garbage, "more_body": False}])
+    other = json.dumps({"reason": "x"}).encode()
+    run_asgi(
+        fast, [{"type": "http.request", "body": other, "more_body": False}], "/api/v1/nodes/a/drain"
+    )
+    assert app.bodies == [garbage, other]
+    assert app.paths == ["/api/v1/reports", "/api/v1/nodes/a/drain"]
