@@ -60,3 +60,23 @@ def test_xid79_drains_alerts_and_recovers(sim: SimCluster, receiver: Receiver):
         "alert resolved",
     )
     assert all(node_state(sim.info, n)[0] == "idle" for n in ("node1", "node3", "node4"))
+
+
+def test_polled_check_turning_critical_is_reported_at_once(tmp_path: Path):
+    """GPU lost is found by a polled check (every 0.3 s here); the agent must not hold it until
+    its next report, 120 s away: the node is drained within seconds."""
+    sim = SimCluster(tmp_path / "sim", n_nodes=2, agent_interval_s=120, check_interval_s=0.3)
+    sim.up()
+    try:
+        wait_for(
+            lambda: [n["verdict"] for n in sim.api("/api/v1/nodes")] == ["healthy", "healthy"],
+            60,
+            "2 healthy nodes",
+        )
+        sim.nodes["node1"].gpus.lose(5)
+        wait_for(lambda: node_state(sim.info, "node1")[0] in ("drain", "drng"), 20, "drained")
+        _, reason = node_state(sim.info, "node1")
+        assert reason.startswith("babysitter: ")
+        assert node_state(sim.info, "node2")[0] == "idle"
+    finally:
+        sim.down()

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from babysitter.checks.sdc import abft, run_sdc, runner
+from babysitter.checks.sdc import abft, backends, fingerprint, run_sdc, runner
 from babysitter.checks.sdc.backends import _cpu_model
 
 
@@ -70,6 +70,17 @@ def test_low_mantissa_flip_is_caught_by_cross_device_comparison(tmp_path):
     res = run_sdc("numpy", 256, "float32", 7, replicas=3, inject=(1, 3, 4, 1), state_dir=tmp_path)
     bad = [f for f in res.findings if f.severity != "ok"]
     assert [(f.code, f.details["device"]) for f in bad] == [("sdc.mismatch", "cpu:1")]
+
+
+def test_two_devices_that_disagree_are_both_reported(tmp_path):
+    # with no majority there is no good device to trust: blaming one would be a coin toss
+    res = run_sdc("numpy", 256, "float32", 7, replicas=2, inject=(1, 3, 4, 1), state_dir=tmp_path)
+    bad = [f for f in res.findings if f.severity != "ok"]
+    assert [(f.code, f.details["device"]) for f in bad] == [
+        ("sdc.mismatch", "cpu:0"),
+        ("sdc.mismatch", "cpu:1"),
+    ]
+    assert "no majority" in bad[0].message
 
 
 def test_single_device_uses_a_golden_digest(tmp_path):
@@ -212,3 +223,143 @@ def test_golden_digest_from_the_sha256_version_is_ignored(tmp_path):
     again = run_sdc("numpy", 128, "float32", 3, state_dir=tmp_path)
     assert [f.code for f in again.findings] == ["sdc.ok"]
     assert again.golden == first.devices[0].digest
+
+
+# --- device-side verification (torch, cupy) ---------------------------------------------------
+# CUDA is not available here (and never will be on this machine): the torch CPU device runs the
+# very same code as a cuda:N device (checksums, fingerprint and bit flip on the device, only the
+# small results copied back), so these tests exercise the GPU path up to the device string.
+
+
+def _torch():
+    return pytest.importorskip("torch", reason="torch CPU is installed by make setup")
+
+
+def _device_fp(torch, c: np.ndarray) -> str:
+    w = tuple(torch.from_numpy(x.copy()) for x in fingerprint.weights(*c.shape))
+    return fingerprint.to_hex(fingerprint.torch_sums(torch.from_numpy(c.copy()), w).numpy())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("chunk", [None, 1000], ids=["one-chunk", "chunked"])
+def test_fingerprint_is_the_same_on_the_host_and_in_torch(monkeypatch, dtype, chunk):
+    torch = _torch()
+    if chunk:
+        monkeypatch.setattr(fingerprint, "_CHUNK_ELEMS", chunk)
+    rng = np.random.default_rng(1)
+    # large magnitudes of both signs, so every product and sum wraps around 2^64
+    c = (rng.standard_normal((67, 45)) * 1e3).astype(dtype)
+    host = fingerprint.host(c)
+    assert len(host) == 32
+    assert _device_fp(torch, c) == host
+    assert fingerprint.host(c[::-1].copy()) != host
+
+
+@pytest.mark.parametrize(
+    ("dtype", "bits"),
+    [
+        ("float32", [0, 1, 11, 22, 23, 27, 30, 31]),  # mantissa, exponent, sign
+        ("float16", [0, 9, 10, 14, 15]),
+        ("float64", [0, 51, 52, 62, 63]),
+    ],
+)
+def test_every_single_bit_flip_changes_the_fingerprint(dtype, bits):
+    """Weights are odd, so a flip of bit k moves each sum by an odd multiple of 2^k: never 0."""
+    torch = _torch()
+    c = runner.inputs(48, dtype, 2)[0]
+    assert all((w & 1).all() for w in fingerprint.weights(*c.shape))
+    clean = fingerprint.host(c)
+    for i, j in [(0, 0), (47, 47), (13, 29), (-1, 0)]:
+        for bit in bits:
+            flipped = c.copy()
+            abft.flip_bit(flipped, i, j, bit)
+            fp = fingerprint.host(flipped)
+            assert fp != clean, (i, j, bit)
+            # each of the two sums changes on its own
+            assert fp[:16] != clean[:16] and fp[16:] != clean[16:], (i, j, bit)
+            # the on-device flip used for fault injection flips the very same bit
+            tc = torch.from_numpy(c.copy())
+            backends.torch_flip_bit(tc, i, j, bit)
+            assert tc.numpy().tobytes() == flipped.tobytes(), (i, j, bit)
+            assert _device_fp(torch, flipped) == fp
+
+
+def test_torch_device_returns_sums_and_fingerprint_not_c():
+    torch = _torch()
+    a, b = runner.inputs(96, "float32", 4)
+    _, [dev] = backends.torch_devices(1)
+    out = dev.run(a, b, None)
+    assert out.c is None
+    assert out.col_sums.shape == (96,) and out.row_sums.shape == (96,)
+    c = (torch.from_numpy(a) @ torch.from_numpy(b)).numpy()
+    assert out.fingerprint == fingerprint.host(c)
+    host_col, host_row = abft.checksums(c)
+    np.testing.assert_allclose(out.col_sums, host_col, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out.row_sums, host_row, rtol=1e-5, atol=1e-4)
+    assert abft.check_sums(abft.prepare(a, b, "float32"), out.col_sums, out.row_sums).ok
+
+
+def test_torch_backend_three_devices_pass_clean(tmp_path):
+    torch = _torch()
+    res = run_sdc("torch", 256, "float32", 7, replicas=3, state_dir=tmp_path)
+    assert [f.code for f in res.findings] == ["sdc.ok"] * 3
+    a, b = runner.inputs(256, "float32", 7)
+    expect = fingerprint.host((torch.from_numpy(a) @ torch.from_numpy(b)).numpy())
+    assert [r.digest for r in res.devices] == [expect] * 3
+    assert {r.digest_algo for r in res.devices} == {fingerprint.ALGO}
+    assert all(r.matches_peers and r.abft_ok for r in res.devices)
+
+
+def test_torch_exponent_flip_on_device_1_is_caught_and_named(tmp_path):
+    _torch()
+    res = run_sdc(
+        "torch", 256, "float32", 7, replicas=3, inject=(1, 10, 20, 30), state_dir=tmp_path
+    )
+    bad = [f for f in res.findings if f.severity != "ok"]
+    assert [(f.code, f.details["device"]) for f in bad] == [("sdc.abft_mismatch", "cpu:1")]
+    assert res.devices[1].matches_peers is False
+
+
+def test_torch_mantissa_lsb_flip_is_caught_by_cross_device_comparison(tmp_path):
+    _torch()
+    res = run_sdc("torch", 256, "float32", 7, replicas=3, inject=(1, 3, 4, 0), state_dir=tmp_path)
+    assert all(r.abft_ok for r in res.devices)  # below the rounding bound
+    bad = [f for f in res.findings if f.severity != "ok"]
+    assert [(f.code, f.details["device"]) for f in bad] == [("sdc.mismatch", "cpu:1")]
+
+
+def test_torch_injection_bit_out_of_range_is_an_error(tmp_path):
+    _torch()
+    with pytest.raises(ValueError, match="bit must be"):
+        run_sdc("torch", 64, "float32", 1, inject=(0, 1, 1, 32), state_dir=tmp_path)
+
+
+def test_golden_xxh3_entry_is_ignored_for_the_torch_backend(tmp_path):
+    """A golden digest stored under another algorithm is never compared with the fingerprint."""
+    torch = _torch()
+    a, b = runner.inputs(128, "float32", 3)
+    lib = f"torch-{torch.__version__}"
+    old_key = "|".join([runner.DIGEST_ALGO, lib, "float32", "128", "3", _cpu_model()])
+    c = (torch.from_numpy(a) @ torch.from_numpy(b)).numpy()
+    (tmp_path / "sdc-golden.json").write_text(json.dumps({old_key: runner.digest(c)}))
+    first = run_sdc("torch", 128, "float32", 3, state_dir=tmp_path)
+    assert [f.code for f in first.findings] == ["sdc.ok"] and first.golden is None
+    stored = json.loads((tmp_path / "sdc-golden.json").read_text())
+    new_key = "|".join([fingerprint.ALGO, lib, "float32", "128", "3", _cpu_model()])
+    assert stored[new_key] == first.devices[0].digest == fingerprint.host(c)
+    again = run_sdc("torch", 128, "float32", 3, state_dir=tmp_path)
+    assert [f.code for f in again.findings] == ["sdc.ok"] and again.golden == stored[new_key]
+    # and the fingerprint golden does catch a flip below the ABFT bound
+    hit = run_sdc("torch", 128, "float32", 3, state_dir=tmp_path, inject=(0, 5, 5, 0))
+    assert [f.code for f in hit.findings] == ["sdc.mismatch"]
+
+
+def test_torch_wrong_cached_reference_is_rechecked_with_the_device_sums(tmp_path):
+    _torch()
+    wrong = abft.prepare(*runner.inputs(128, "float32", 4), "float32")
+    runner._save_ref(
+        runner._ref_path(tmp_path, 128, "float32", 3), runner._ref_key(128, "float32", 3), wrong
+    )
+    res = run_sdc("torch", 128, "float32", 3, replicas=2, state_dir=tmp_path)
+    assert res.reference_source == "disk"
+    assert [f.code for f in res.findings] == ["sdc.ok", "sdc.ok"]

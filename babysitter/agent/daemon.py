@@ -25,7 +25,7 @@ from babysitter.checks.base import (
 )
 from babysitter.config import Config
 from babysitter.errors import ConfigError
-from babysitter.finding import Finding
+from babysitter.finding import Finding, Severity
 from babysitter.sdnotify import notify, watchdog_interval_s
 
 log = logging.getLogger(__name__)
@@ -102,8 +102,19 @@ class Agent:
         try:
             res = run_check(check)
             with self._lock:
+                was_critical = {
+                    f.key
+                    for f in self.latest.get(check.name, [])
+                    if f.severity is Severity.CRITICAL
+                }
                 self.latest[check.name] = res.findings
                 self.durations[check.name] = round(res.duration_s, 4)
+            # A polled check that just turned critical (GPU lost, DBE, IB port down) is reported
+            # now, not at the next report cycle: the node should stop taking jobs at once.
+            if any(
+                f.severity is Severity.CRITICAL and f.key not in was_critical for f in res.findings
+            ):
+                self.shipper.submit(self.full_report())
         finally:
             with self._lock:
                 self._running.discard(check.name)

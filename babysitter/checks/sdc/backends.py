@@ -1,9 +1,13 @@
 """Matmul backends. Inputs are made on the host from a seed (identical on every device); each
-device computes C = A·B and hands C back to the host. The CUDA paths (torch, cupy) are written
-to run unchanged on real GPUs: one device per CUDA ordinal, synchronised before timing stops."""
+device computes C = A·B. numpy devices hand C back to the host, which verifies it there. torch
+and cupy devices verify C where it is: column/row sums and a bit-exact fingerprint are computed
+on the device and only those few small vectors are copied back (a host copy of a 16 MB C would
+cost many times the matmul on a GPU). The CUDA paths are written to run unchanged on real GPUs:
+one device per CUDA ordinal, synchronised before any timer stops."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,13 +15,28 @@ from typing import Any
 
 import numpy as np
 
+from babysitter.checks.sdc import abft, fingerprint
+
+# (row, col, bit) of C to flip on this device, before verification (fault injection)
+Inject = tuple[int, int, int]
+
+
+@dataclass
+class DeviceOutput:
+    matmul_s: float
+    c: np.ndarray | None = None  # host devices: C itself, verified and hashed on the host
+    col_sums: np.ndarray | None = None  # the others: eᵀC, Ce and fingerprint from the device
+    row_sums: np.ndarray | None = None
+    fingerprint: str | None = None
+    device_verify_s: float = 0.0  # checksums + fingerprint on the device + their transfer
+
 
 @dataclass
 class Device:
     name: str  # "cpu" or "gpuN" (the finding component)
     label: str  # e.g. "cpu:0", "cuda:3"
     model: str
-    matmul: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, float]]
+    run: Callable[[np.ndarray, np.ndarray, Inject | None], DeviceOutput]
 
 
 class BackendUnavailable(Exception):
@@ -36,15 +55,63 @@ def _cpu_model() -> str:
 
 
 def numpy_devices(replicas: int = 1) -> tuple[str, list[Device]]:
-    def mm(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
+    def run(a: np.ndarray, b: np.ndarray, inject: Inject | None) -> DeviceOutput:
         t = time.perf_counter()
         c = a @ b
-        return c, time.perf_counter() - t
+        took = time.perf_counter() - t
+        c = np.ascontiguousarray(c)
+        if inject:
+            abft.flip_bit(c, *inject)
+        return DeviceOutput(took, c=c)
 
     model = _cpu_model()
     return f"numpy-{np.__version__}", [
-        Device("cpu", f"cpu:{i}", model, mm) for i in range(replicas)
+        Device("cpu", f"cpu:{i}", model, run) for i in range(replicas)
     ]
+
+
+def _unpack(packed: np.ndarray, rows: int, cols: int, sum_dtype: Any) -> DeviceOutput:
+    """Split the one transfer [eᵀC | Ce | fingerprint] (integer bit patterns) on the host."""
+    col = packed[:cols].view(sum_dtype)
+    row = packed[cols : cols + rows].view(sum_dtype)
+    fp = fingerprint.to_hex(packed[cols + rows :].view(np.int64))
+    return DeviceOutput(0.0, col_sums=col, row_sums=row, fingerprint=fp)
+
+
+# Fingerprint weights already on a device, per (device, size): run_sdc builds new Device objects
+# on every run, so the cache lives here. Tiny (4n int64 per entry).
+_WEIGHTS_MAX = 16
+_weights: dict[tuple[str, int, int], tuple[Any, ...]] = {}
+_weights_lock = threading.Lock()
+
+
+def _device_weights(dev: str, shape: tuple[int, int], upload: Callable[[np.ndarray], Any]) -> Any:
+    key = (dev, *shape)
+    with _weights_lock:
+        w = _weights.get(key)
+        if w is None:
+            if len(_weights) >= _WEIGHTS_MAX:
+                _weights.clear()
+            w = _weights[key] = tuple(upload(x) for x in fingerprint.weights(*shape))
+        return w
+
+
+def _check_bit(bit: int, itemsize: int, dtype: str) -> None:
+    if not 0 <= bit < itemsize * 8:
+        raise ValueError(f"bit must be in 0..{itemsize * 8 - 1} for {dtype}")
+
+
+def torch_flip_bit(tc: Any, i: int, j: int, bit: int) -> None:
+    """abft.flip_bit for a torch tensor, in place on its device (no host copy)."""
+    import torch
+
+    size = tc.element_size()
+    _check_bit(bit, size, str(tc.dtype))
+    mask = 1 << bit
+    if mask >= 1 << (size * 8 - 1):  # the sign bit, as a signed value of that width
+        mask -= 1 << (size * 8)
+    v = tc.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
+    v[i, j] ^= mask
 
 
 def torch_devices(replicas: int = 1) -> tuple[str, list[Device]]:
@@ -53,20 +120,56 @@ def torch_devices(replicas: int = 1) -> tuple[str, list[Device]]:
     except ImportError as exc:
         raise BackendUnavailable("torch is not installed") from exc
 
-    def make(dev: str) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, float]]:
-        def mm(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
+    int_of = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+    sum_of = {np.float32: torch.float32, np.float64: torch.float64}
+
+    def make(dev: str) -> Callable[[np.ndarray, np.ndarray, Inject | None], DeviceOutput]:
+        cuda = dev.startswith("cuda")
+
+        def sync() -> None:
+            if cuda:
+                torch.cuda.synchronize(dev)
+
+        def run(a: np.ndarray, b: np.ndarray, inject: Inject | None) -> DeviceOutput:
             ta = torch.from_numpy(a).to(dev)
             tb = torch.from_numpy(b).to(dev)
-            if dev.startswith("cuda"):
-                torch.cuda.synchronize(dev)
+            sync()
+            # full float32: with TF32 allowed (a site or library default) the matmul itself
+            # breaks the ABFT rounding bound and healthy GPUs would be reported
+            precision = torch.get_float32_matmul_precision()
+            torch.set_float32_matmul_precision("highest")
+            try:
+                t = time.perf_counter()
+                tc = ta @ tb
+                sync()
+                took = time.perf_counter() - t
+            finally:
+                torch.set_float32_matmul_precision(precision)
+            tc = tc.contiguous()
+            if inject:
+                torch_flip_bit(tc, *inject)
+                sync()
+            shape = (tc.shape[0], tc.shape[1])
+            # cached per device and size, like the reference: not part of verify_s
+            w = _device_weights(dev, shape, lambda x: torch.from_numpy(x.copy()).to(dev))
+            sum_np = abft.SUM_DTYPE[a.dtype.name]
+            sum_dt = sum_of[sum_np]
             t = time.perf_counter()
-            tc = ta @ tb
-            if dev.startswith("cuda"):
-                torch.cuda.synchronize(dev)
-            took = time.perf_counter() - t
-            return tc.cpu().numpy(), took
+            cs = tc if tc.dtype == sum_dt else tc.to(sum_dt)
+            ity = int_of[cs.element_size()]
+            # one device-to-host copy of n + n + 2 words; .cpu() waits for the kernels
+            packed = torch.cat(
+                [
+                    cs.sum(dim=0).view(ity),
+                    cs.sum(dim=1).view(ity),
+                    fingerprint.torch_sums(tc, w).view(ity),
+                ]
+            ).cpu()
+            out = _unpack(packed.numpy(), shape[0], shape[1], sum_np)
+            out.matmul_s, out.device_verify_s = took, time.perf_counter() - t
+            return out
 
-        return mm
+        return run
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         devs = [
@@ -84,18 +187,44 @@ def cupy_devices(replicas: int = 1) -> tuple[str, list[Device]]:
     except ImportError as exc:
         raise BackendUnavailable("cupy is not installed (pip install babysitter[cupy])") from exc
 
-    def make(i: int) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, float]]:
-        def mm(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
-            with cupy.cuda.Device(i):
+    uint_of: dict[int, Any] = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+    def make(i: int) -> Callable[[np.ndarray, np.ndarray, Inject | None], DeviceOutput]:
+        def run(a: np.ndarray, b: np.ndarray, inject: Inject | None) -> DeviceOutput:
+            d = cupy.cuda.Device(i)
+            with d:
                 ca, cb = cupy.asarray(a), cupy.asarray(b)
-                cupy.cuda.Device(i).synchronize()
+                d.synchronize()
                 t = time.perf_counter()
                 cc = ca @ cb
-                cupy.cuda.Device(i).synchronize()
+                d.synchronize()
                 took = time.perf_counter() - t
-                return cupy.asnumpy(cc), took
+                cc = cupy.ascontiguousarray(cc)
+                if inject:
+                    r, c, bit = inject
+                    _check_bit(bit, cc.dtype.itemsize, str(cc.dtype))
+                    ut = uint_of[cc.dtype.itemsize]
+                    v = cc.view(ut)
+                    v[r, c] ^= ut(1) << ut(bit)
+                    d.synchronize()
+                shape = (int(cc.shape[0]), int(cc.shape[1]))
+                w = _device_weights(f"cupy:{i}", shape, cupy.asarray)  # not timed
+                sum_np = abft.SUM_DTYPE[a.dtype.name]
+                t = time.perf_counter()
+                cs = cc if cc.dtype == sum_np else cc.astype(sum_np)
+                ity = fingerprint.int_view_dtype(cs.dtype.itemsize)
+                packed = cupy.concatenate(
+                    [
+                        cs.sum(axis=0).view(ity),
+                        cs.sum(axis=1).view(ity),
+                        fingerprint.cupy_sums(cc, w).view(ity),
+                    ]
+                )
+                out = _unpack(cupy.asnumpy(packed), shape[0], shape[1], sum_np)  # waits
+                out.matmul_s, out.device_verify_s = took, time.perf_counter() - t
+                return out
 
-        return mm
+        return run
 
     n = cupy.cuda.runtime.getDeviceCount()
     if n == 0:

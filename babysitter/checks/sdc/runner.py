@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from babysitter.checks.sdc import abft
+from babysitter.checks.sdc import abft, fingerprint
 from babysitter.checks.sdc.backends import devices
 from babysitter.finding import Action, Finding, Severity
 
@@ -32,6 +32,7 @@ class DeviceResult:
     matmul_s: float
     verify_s: float
     gflops: float
+    digest_algo: str = "xxh3_128"
 
 
 @dataclass
@@ -61,7 +62,8 @@ def _golden_path(state_dir: Path | None) -> Path:
 
 
 # Part of the golden key, so digests stored under another algorithm are ignored (and replaced)
-# instead of being reported as a mismatch after an upgrade.
+# instead of being reported as a mismatch after an upgrade. Host (numpy) devices hash C with
+# xxh3; torch/cupy devices return fingerprint.ALGO computed on the device.
 DIGEST_ALGO = "xxh3_128"
 
 
@@ -200,16 +202,21 @@ def run_sdc(
     ref, ref_source = cached_reference(size, dtype, seed, state_dir, (a, b))
     ref_s = time.perf_counter() - t
     results: list[DeviceResult] = []
-    outs: list[np.ndarray] = []
+    sums: list[tuple[np.ndarray, np.ndarray]] = []
     for idx, d in enumerate(devs):
-        c, mm_s = d.matmul(a, b)
-        c = np.ascontiguousarray(c)
-        if inject and inject[0] == idx:
-            abft.flip_bit(c, inject[1], inject[2], inject[3])
+        dev_out = d.run(a, b, inject[1:] if inject and inject[0] == idx else None)
         t = time.perf_counter()
-        res = abft.check(ref, c)
-        dig = digest(c)
-        ver_s = time.perf_counter() - t
+        if dev_out.c is not None:  # host device: C is here already
+            col, row = abft.checksums(dev_out.c)
+            dig, algo = digest(dev_out.c), DIGEST_ALGO
+        else:  # verified on the device: only the sums and the fingerprint came back
+            assert dev_out.col_sums is not None and dev_out.row_sums is not None
+            assert dev_out.fingerprint is not None
+            col, row = dev_out.col_sums, dev_out.row_sums
+            dig, algo = dev_out.fingerprint, fingerprint.ALGO
+        res = abft.check_sums(ref, col, row)
+        ver_s = dev_out.device_verify_s + time.perf_counter() - t
+        mm_s = dev_out.matmul_s
         results.append(
             DeviceResult(
                 d.name,
@@ -222,16 +229,17 @@ def run_sdc(
                 mm_s,
                 ver_s,
                 2 * size**3 / max(mm_s, 1e-9) / 1e9,
+                algo,
             )
         )
-        outs.append(c)
+        sums.append((col, row))
     if ref_source != "computed" and not all(r.abft_ok for r in results):
         # a wrong cached reference must not drain a healthy node: confirm against a fresh one
         fresh = abft.prepare(a, b, dtype)
         if any(not np.array_equal(getattr(fresh, f), getattr(ref, f)) for f in _REF_FIELDS):
             _store_fresh_reference(size, dtype, seed, state_dir, fresh)
-            for r, c in zip(results, outs, strict=True):
-                res = abft.check(fresh, c)
+            for r, (col, row) in zip(results, sums, strict=True):
+                res = abft.check_sums(fresh, col, row)
                 r.abft_ok, r.abft_worst_ratio = res.ok, res.worst_ratio
     out = SdcResult(
         backend, library, dtype, size, seed, results, reference_source=ref_source, reference_s=ref_s
@@ -243,10 +251,15 @@ def run_sdc(
         # device ABFT already caught does not get a vote
         voters = [r.digest for r in results if r.abft_ok] or digests
         majority = max(sorted(set(voters)), key=voters.count)
+        if voters.count(majority) * 2 <= len(voters):
+            # no strict majority (e.g. two devices that disagree): nobody can be named the good
+            # one, so every device is reported
+            majority = ""
         for r in results:
             r.matches_peers = r.digest == majority
     else:
-        key = "|".join([DIGEST_ALGO, library, dtype, str(size), str(seed), results[0].model])
+        r0 = results[0]
+        key = "|".join([r0.digest_algo, library, dtype, str(size), str(seed), r0.model])
         path = _golden_path(state_dir)
         try:
             golden = json.loads(path.read_text()) if path.exists() else {}
@@ -287,7 +300,9 @@ def run_sdc(
                 f"{r.abft_worst_ratio:.3g}x the rounding bound: silent data corruption",
             )
         elif r.matches_peers is False:
-            other = "the other devices" if len(results) > 1 else "the stored golden digest"
+            other = "the stored golden digest"
+            if len(results) > 1:
+                other = "the other devices" if majority else "its peers, with no majority to trust"
             verdict = (
                 Severity.CRITICAL,
                 "sdc.mismatch",
