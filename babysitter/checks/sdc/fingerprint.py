@@ -50,7 +50,7 @@ def weights(rows: int, cols: int) -> tuple[np.ndarray, ...]:
         w = _splitmix64(length, offset) | np.uint64(1)
         w.flags.writeable = False
         out.append(w.view(np.int64))
-        offset += 1 << 32  # disjoint streams for the four vectors
+        offset += 1 << 32  # disjoint streams for the three vectors
     return tuple(out)
 
 
