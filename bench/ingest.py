@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import bindparam, update
 
 from babysitter.controller import models as m
 from babysitter.controller.auth import node_token
-from babysitter.controller.store import Store
+from babysitter.controller.store import NODE_STATE_UPDATE, Store
 from bench.common import figure, summary, write_result
 
 NODES = 10_000
@@ -257,18 +256,6 @@ def raw_insert_rate(db_url: str, per_transaction: int, n_reports: int) -> float:
                 for n in sorted({b["node"] for b in bodies})
             ],
         )
-    node_update = (
-        update(m.nodes)
-        .where(m.nodes.c.name == bindparam("b_name"))
-        .values(
-            open_findings=bindparam("open_findings"),
-            consecutive_clean=bindparam("consecutive_clean"),
-            worst_severity=bindparam("worst_severity"),
-            last_report_at=bindparam("last_report_at"),
-            last_report_id=bindparam("last_report_id"),
-            metrics=bindparam("metrics"),
-        )
-    )
     t = time.perf_counter()
     for k in range(0, n_reports, per_transaction):
         chunk = bodies[k : k + per_transaction]
@@ -310,7 +297,7 @@ def raw_insert_rate(db_url: str, per_transaction: int, n_reports: int) -> float:
                 ],
             )
             c.execute(
-                node_update,
+                NODE_STATE_UPDATE,
                 [
                     {
                         "b_name": b["node"],

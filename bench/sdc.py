@@ -68,6 +68,12 @@ def coverage() -> dict[str, dict[str, float]]:
     return out
 
 
+def timed_reference(n: int, state: Path, a: np.ndarray, b: np.ndarray) -> tuple[float, str]:
+    t = time.perf_counter()
+    _, src = runner.cached_reference(n, "float32", 1, state, (a, b))
+    return time.perf_counter() - t, src
+
+
 def overhead(n: int, repeats: int = 5) -> dict[str, float]:
     """What run_sdc does per device in steady state (the agent reruns the test with the same
     seed, so the ABFT reference comes from its in-memory cache): the cache lookup, abft.check of
@@ -85,15 +91,13 @@ def overhead(n: int, repeats: int = 5) -> dict[str, float]:
             runner.clear_reference_cache()
             for f in state.iterdir():
                 f.unlink()
-            t = time.perf_counter()
-            _, src = runner.cached_reference(n, "float32", 1, state, (a, b))
-            first.append(time.perf_counter() - t)
+            took, src = timed_reference(n, state, a, b)
+            first.append(took)
             if src != "computed":
                 raise RuntimeError(f"first run took the reference from {src}")
             runner.clear_reference_cache()
-            t = time.perf_counter()
-            _, src = runner.cached_reference(n, "float32", 1, state, (a, b))
-            disk.append(time.perf_counter() - t)
+            took, src = timed_reference(n, state, a, b)
+            disk.append(took)
             if src != "disk":
                 raise RuntimeError(f"restart took the reference from {src}")
             t = time.perf_counter()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, delete, event, func, select, update
+from sqlalchemy import Engine, bindparam, create_engine, delete, event, func, select, update
 from sqlalchemy.engine import Connection
 
 from babysitter.controller import models as m
@@ -259,8 +259,6 @@ class Store:
     def _update_nodes(self, conn: Connection, reports: list[Report], received: datetime) -> None:
         """Fold a batch of reports into node state with two executemany statements (one
         INSERT for nodes seen the first time, one UPDATE), not one statement per node."""
-        from sqlalchemy import bindparam
-
         if not reports:
             return
         names = sorted({r.node for r in reports})
@@ -334,20 +332,8 @@ class Store:
                 last_report_id=r.report_id,
                 metrics=r.metrics or node.get("metrics"),
             )
-        stmt = (
-            update(m.nodes)
-            .where(m.nodes.c.name == bindparam("b_name"))
-            .values(
-                open_findings=bindparam("open_findings"),
-                consecutive_clean=bindparam("consecutive_clean"),
-                worst_severity=bindparam("worst_severity"),
-                last_report_at=bindparam("last_report_at"),
-                last_report_id=bindparam("last_report_id"),
-                metrics=bindparam("metrics"),
-            )
-        )
         conn.execute(
-            stmt,
+            NODE_STATE_UPDATE,
             [
                 {
                     "b_name": n,
@@ -415,8 +401,6 @@ class Store:
     def update_nodes(self, changes: dict[str, dict[str, Any]]) -> None:
         """Many node updates in one transaction (the policy loop writes verdicts for
         thousands of nodes; one statement per column set, executemany)."""
-        from sqlalchemy import bindparam
-
         by_cols: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for name, values in changes.items():
             by_cols.setdefault(tuple(sorted(values)), []).append({"b_name": name, **values})
@@ -546,6 +530,20 @@ class Store:
             res = c.execute(delete(m.reports).where(m.reports.c.received_at < cutoff))
             return int(res.rowcount or 0)
 
+
+# What one report changes in its node's row (executemany, keyed by b_name).
+NODE_STATE_UPDATE = (
+    update(m.nodes)
+    .where(m.nodes.c.name == bindparam("b_name"))
+    .values(
+        open_findings=bindparam("open_findings"),
+        consecutive_clean=bindparam("consecutive_clean"),
+        worst_severity=bindparam("worst_severity"),
+        last_report_at=bindparam("last_report_at"),
+        last_report_id=bindparam("last_report_id"),
+        metrics=bindparam("metrics"),
+    )
+)
 
 # plain dict lookups: Severity's rich comparisons are Python calls, ~10 per report on ingest
 _RANK = {s: s.rank for s in Severity}
