@@ -69,7 +69,9 @@ def test_fast_path_and_route_give_the_same_answers(ctl, secrets):
         assert wrong.status_code == 403 and "node2" in wrong.json()["detail"]
         bad = client.post("/api/v1/reports", json={**b, "report_id": "x"}, headers=h)
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "report_id"]
-        assert client.post("/api/v1/reports", content=b"{not json", headers=h).status_code == 422
+        for garbage in (b"{not json", b'#\x19A\xff"\xfe4\xc9\xad:q', b'{"node": "\xff"}', b""):
+            r = client.post("/api/v1/reports", content=garbage, headers=h)
+            assert r.status_code == 422 and r.json()["detail"][0]["loc"][0] == "body"
         assert client.post("/api/v1/reports", json=body("node1")).status_code == 401
     assert ctl.store.count("reports") == 2
     assert ctl.store.count("findings") == 2

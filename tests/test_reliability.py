@@ -58,7 +58,7 @@ def test_schemathesis_against_openapi(secrets, tmp_path):
                 "-H",
                 f"Authorization: Bearer {secrets.admin}",
                 "--max-examples",
-                "300" if FULL else "60",
+                "300" if FULL else "100",
                 "-c",
                 "not_a_server_error,response_schema_conformance",
                 "--no-color",

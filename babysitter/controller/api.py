@@ -110,6 +110,19 @@ class Ingest:
         return (202 if new else 200), payload
 
 
+def _body_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    """The 422 shape FastAPI gives for a declared body. A body that is not JSON at all comes
+    back from pydantic with the raw bytes as its input, which may not even be UTF-8: that is
+    not echoed (FastAPI does the same)."""
+    errors: list[dict[str, Any]] = []
+    for e in exc.errors(include_url=False):
+        err: dict[str, Any] = {**e, "loc": ("body", *e["loc"])}
+        if isinstance(err.get("input"), bytes | bytearray):
+            err["input"] = {}
+        errors.append(err)
+    return errors
+
+
 def _handled_by(handler: Callable[[Request], Awaitable[Response]]) -> type[APIRoute]:
     """A route class that keeps FastAPI's declaration of an endpoint (OpenAPI, 422 and error
     handlers, middleware) but serves requests with `handler` directly: no dependency solving
@@ -156,9 +169,7 @@ def create_app(
         try:
             body = ReportIn.model_validate_json(raw)
         except ValidationError as exc:
-            # the same 422 shape FastAPI gives for a declared body
-            errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-            raise RequestValidationError(errors, body=raw) from None
+            raise RequestValidationError(_body_errors(exc), body=raw) from None
         refusal = ingest.refusal(token, body)
         if refusal is not None:
             raise HTTPException(403, refusal)
