@@ -84,6 +84,10 @@ def test_auth_rules(client, secrets):
         == 403
     )
     assert client.post("/api/v1/reports", json=body, headers=auth("garbage")).status_code == 403
+    # any byte can arrive in a header: a non-ASCII token is refused like any other
+    odd = {"Authorization": b"Bearer caf\xe9\xff"}
+    assert client.post("/api/v1/reports", json=body, headers=odd).status_code == 403
+    assert client.get("/api/v1/nodes", headers=odd).status_code == 403
     # admin endpoints refuse node tokens
     assert client.get("/api/v1/nodes", headers=auth(secrets.node("node1"))).status_code == 403
     assert (

@@ -44,12 +44,15 @@ class Authenticator:
         self.read_token = read_token
 
     def identify(self, token: str, claimed_node: str | None = None) -> Principal | None:
-        if secrets.compare_digest(token, self.admin_token):
+        # compared as bytes: compare_digest refuses non-ASCII str, and a header may carry any
+        # byte (latin-1 decoded); a garbage token must be a 403, not a crash
+        given = token.encode("utf-8", "surrogateescape")
+        if secrets.compare_digest(given, self.admin_token.encode()):
             return Principal("admin")
-        if self.read_token and secrets.compare_digest(token, self.read_token):
+        if self.read_token and secrets.compare_digest(given, self.read_token.encode()):
             return Principal("read")
         if claimed_node is not None and secrets.compare_digest(
-            token, _node_token_cached(self.secret, claimed_node)
+            given, _node_token_cached(self.secret, claimed_node).encode()
         ):
             return Principal("node", claimed_node)
         return None
