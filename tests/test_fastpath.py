@@ -142,3 +142,28 @@ def test_invalid_body_and_other_paths_are_handed_on_unchanged():
     )
     assert app.bodies == [garbage, other]
     assert app.paths == ["/api/v1/reports", "/api/v1/nodes/a/drain"]
+
+
+def test_garbage_bodies_and_tokens_never_crash_the_ingest(ctl, secrets):
+    """Any bytes as body or token, through the fast path and the route: a 2xx/4xx answer,
+    never a server error."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    client = TestClient(ctl.app(), raise_server_exceptions=False)
+    valid = json.dumps(body("node1", [WARN])).encode()
+    tokens = st.sampled_from([secrets.node("node1").encode(), secrets.admin.encode(), b""]) | (
+        st.binary(max_size=40)
+    )
+    bodies = st.binary(max_size=300) | st.builds(
+        lambda cut, junk: valid[:cut] + junk, st.integers(0, len(valid)), st.binary(max_size=8)
+    )
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(raw=bodies, token=tokens)
+    def check(raw: bytes, token: bytes) -> None:
+        headers = {"Authorization": b"Bearer " + token, "Content-Type": "application/json"}
+        r = client.post("/api/v1/reports", content=raw, headers=headers)
+        assert r.status_code < 500, (r.status_code, r.text)
+
+    check()
