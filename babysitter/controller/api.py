@@ -46,12 +46,18 @@ class Accepted(BaseModel):
     stored: bool
 
 
+def bearer_token(header: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header value, or None."""
+    token = header[7:].strip()
+    return token if header[:7].lower() == "bearer " and token else None
+
+
 def _bearer(request: Request) -> str:
     """The bearer token, or 401."""
-    h = request.headers.get("authorization", "")
-    if not h.lower().startswith("bearer ") or not h[7:].strip():
+    token = bearer_token(request.headers.get("authorization", ""))
+    if token is None:
         raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
-    return h[7:].strip()
+    return token
 
 
 class StoreUnavailable(Exception):
@@ -180,7 +186,7 @@ def create_app(
         return Response(payload, status_code=status, media_type="application/json")
 
     async def post_report(body: ReportIn) -> Accepted:
-        """Declares the route for OpenAPI; requests are served by `ingest`."""
+        """Declares the route for OpenAPI; requests are served by `handle_report`."""
         raise NotImplementedError  # pragma: no cover
 
     app.router.add_api_route(

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from babysitter.controller.api import Ingest, ReportIn, StoreUnavailable
+from babysitter.controller.api import Ingest, ReportIn, StoreUnavailable, bearer_token
 
 REPORTS_PATH = "/api/v1/reports"
 # Bigger bodies are legal (up to 10,000 findings) but not the hot path: the app handles them.
@@ -75,10 +75,7 @@ def _well_formed(raw: bytes) -> ReportIn | None:
 def _bearer(scope: Scope) -> str | None:
     for name, value in scope["headers"]:
         if name == b"authorization":
-            v = value.decode("latin-1")
-            if v[:7].lower() == "bearer " and v[7:].strip():
-                return v[7:].strip()
-            return None
+            return bearer_token(value.decode("latin-1"))  # as Starlette decodes headers
     return None
 
 

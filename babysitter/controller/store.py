@@ -10,7 +10,6 @@ import queue
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -81,22 +80,14 @@ class IngestError(Exception):
     pass
 
 
-_AnyFuture = Future[bool] | asyncio.Future[bool]
-
-
 def _resolve(
-    batch: Sequence[tuple[Report, _AnyFuture]], outcome: list[bool] | BaseException
+    batch: Sequence[tuple[Report, asyncio.Future[bool]]], outcome: list[bool] | BaseException
 ) -> None:
-    """Settle a batch's futures from the writer thread: thread futures directly, event-loop
-    futures with one call_soon_threadsafe per loop."""
+    """Settle a batch's futures from the writer thread: one call_soon_threadsafe per event loop
+    (one wake-up per batch, not one per report)."""
     per_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[bool], int]]] = {}
     for k, (_, fut) in enumerate(batch):
-        if isinstance(fut, asyncio.Future):
-            per_loop.setdefault(fut.get_loop(), []).append((fut, k))
-        elif isinstance(outcome, BaseException):
-            fut.set_exception(outcome)
-        else:
-            fut.set_result(outcome[k])
+        per_loop.setdefault(fut.get_loop(), []).append((fut, k))
     for loop, futs in per_loop.items():
         try:
             loop.call_soon_threadsafe(_settle, futs, outcome)
@@ -127,7 +118,7 @@ class Store:
             .on_conflict_do_nothing(index_elements=["report_id"])
             .returning(m.reports.c.report_id)
         )
-        self._q: queue.Queue[tuple[Report, _AnyFuture] | None] = queue.Queue()
+        self._q: queue.Queue[tuple[Report, asyncio.Future[bool]] | None] = queue.Queue()
         self._writer: threading.Thread | None = None
         self.ingested_batches = 0
 
@@ -158,16 +149,9 @@ class Store:
             return False
 
     # ---- ingest
-    def submit(self, report: Report) -> Future[bool]:
-        """Queue a report; the future resolves to True (new) / False (duplicate) after commit."""
-        fut: Future[bool] = Future()
-        self._q.put((report, fut))
-        return fut
-
     def submit_async(self, report: Report) -> asyncio.Future[bool]:
-        """Like submit, for a caller on an event loop: the writer resolves all of a batch's
-        futures of one loop with a single call_soon_threadsafe (one wake-up per batch, not one
-        per report, which is what wrapping concurrent futures costs at thousands of reports/s)."""
+        """Queue a report from an event loop; the future resolves to True (new) / False
+        (duplicate) after the report's transaction has committed."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
         self._q.put((report, fut))
