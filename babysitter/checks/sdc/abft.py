@@ -135,10 +135,15 @@ def verify(a: np.ndarray, b: np.ndarray, c: np.ndarray, dtype: str) -> AbftResul
     return check(prepare(a, b, dtype), c)
 
 
+def check_bit(bit: int, itemsize: int, dtype: object) -> None:
+    """A fault-injection bit must lie inside the element."""
+    if not 0 <= bit < itemsize * 8:
+        raise ValueError(f"bit must be in 0..{itemsize * 8 - 1} for {dtype}")
+
+
 def flip_bit(c: np.ndarray, i: int, j: int, bit: int) -> None:
-    """Flip one bit of C[i, j] in place (bit 0 = least significant mantissa bit)."""
-    width = c.dtype.itemsize * 8
-    if not 0 <= bit < width:
-        raise ValueError(f"bit must be in 0..{width - 1} for {c.dtype}")
+    """Flip one bit of C[i, j] in place (bit 0 = least significant mantissa bit). Works on any
+    array with numpy's view API: numpy on the host, cupy on its GPU."""
+    check_bit(bit, c.dtype.itemsize, c.dtype)
     view = c.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[c.dtype.itemsize])
     view[i, j] ^= view.dtype.type(1) << view.dtype.type(bit)

@@ -96,22 +96,14 @@ def _device_weights(dev: str, shape: tuple[int, int], upload: Callable[[np.ndarr
         return w
 
 
-def _check_bit(bit: int, itemsize: int, dtype: str) -> None:
-    if not 0 <= bit < itemsize * 8:
-        raise ValueError(f"bit must be in 0..{itemsize * 8 - 1} for {dtype}")
-
-
 def torch_flip_bit(tc: Any, i: int, j: int, bit: int) -> None:
     """abft.flip_bit for a torch tensor, in place on its device (no host copy)."""
-    import torch
-
     size = tc.element_size()
-    _check_bit(bit, size, str(tc.dtype))
+    abft.check_bit(bit, size, tc.dtype)
     mask = 1 << bit
     if mask >= 1 << (size * 8 - 1):  # the sign bit, as a signed value of that width
         mask -= 1 << (size * 8)
-    v = tc.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
-    v[i, j] ^= mask
+    fingerprint.torch_int_view(tc)[i, j] ^= mask
 
 
 def torch_devices(replicas: int = 1) -> tuple[str, list[Device]]:
@@ -120,7 +112,6 @@ def torch_devices(replicas: int = 1) -> tuple[str, list[Device]]:
     except ImportError as exc:
         raise BackendUnavailable("torch is not installed") from exc
 
-    int_of = {2: torch.int16, 4: torch.int32, 8: torch.int64}
     sum_of = {np.float32: torch.float32, np.float64: torch.float64}
 
     def make(dev: str) -> Callable[[np.ndarray, np.ndarray, Inject | None], DeviceOutput]:
@@ -156,7 +147,7 @@ def torch_devices(replicas: int = 1) -> tuple[str, list[Device]]:
             sum_dt = sum_of[sum_np]
             t = time.perf_counter()
             cs = tc if tc.dtype == sum_dt else tc.to(sum_dt)
-            ity = int_of[cs.element_size()]
+            ity = fingerprint.torch_int_view(cs).dtype
             # one device-to-host copy of n + n + 2 words; .cpu() waits for the kernels
             packed = torch.cat(
                 [
@@ -187,8 +178,6 @@ def cupy_devices(replicas: int = 1) -> tuple[str, list[Device]]:
     except ImportError as exc:
         raise BackendUnavailable("cupy is not installed (pip install babysitter[cupy])") from exc
 
-    uint_of: dict[int, Any] = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-
     def make(i: int) -> Callable[[np.ndarray, np.ndarray, Inject | None], DeviceOutput]:
         def run(a: np.ndarray, b: np.ndarray, inject: Inject | None) -> DeviceOutput:
             d = cupy.cuda.Device(i)
@@ -201,11 +190,7 @@ def cupy_devices(replicas: int = 1) -> tuple[str, list[Device]]:
                 took = time.perf_counter() - t
                 cc = cupy.ascontiguousarray(cc)
                 if inject:
-                    r, c, bit = inject
-                    _check_bit(bit, cc.dtype.itemsize, str(cc.dtype))
-                    ut = uint_of[cc.dtype.itemsize]
-                    v = cc.view(ut)
-                    v[r, c] ^= ut(1) << ut(bit)
+                    abft.flip_bit(cc, *inject)  # in place on the GPU
                     d.synchronize()
                 shape = (int(cc.shape[0]), int(cc.shape[1]))
                 w = _device_weights(f"cupy:{i}", shape, cupy.asarray)  # not timed

@@ -86,12 +86,19 @@ def host(c: np.ndarray) -> str:
     return to_hex(f.view(np.int64))
 
 
+def torch_int_view(t: Any) -> Any:
+    """A torch tensor's bits as the signed integer type of its width (torch has no uint32)."""
+    import torch
+
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
 def torch_sums(tc: Any, w: tuple[Any, ...]) -> Any:
     """Both sums of a torch tensor on its own device, as an int64 tensor of shape (2,) there.
     w: weights() moved to that device. int32 * int64 promotes to int64 inside the kernel."""
     import torch
 
-    x = tc.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[tc.element_size()])
+    x = torch_int_view(tc)
     rows, cols = x.shape
     r1, r2, s = w
     step = chunk_rows(rows, cols)

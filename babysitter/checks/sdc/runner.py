@@ -32,7 +32,7 @@ class DeviceResult:
     matmul_s: float
     verify_s: float
     gflops: float
-    digest_algo: str = "xxh3_128"
+    digest_algo: str  # part of the golden key (DIGEST_ALGO or fingerprint.ALGO)
 
 
 @dataclass
@@ -169,12 +169,11 @@ def cached_reference(
         return ref, "disk"
     a, b = ab if ab is not None else inputs(size, dtype, seed)
     ref = abft.prepare(a, b, dtype)
-    _remember(key, ref)
-    _save_ref(path, key, ref)
+    _store_reference(size, dtype, seed, state_dir, ref)
     return ref, "computed"
 
 
-def _store_fresh_reference(
+def _store_reference(
     size: int, dtype: str, seed: int, state_dir: Path | None, ref: abft.Reference
 ) -> None:
     key = _ref_key(size, dtype, seed)
@@ -237,7 +236,7 @@ def run_sdc(
         # a wrong cached reference must not drain a healthy node: confirm against a fresh one
         fresh = abft.prepare(a, b, dtype)
         if any(not np.array_equal(getattr(fresh, f), getattr(ref, f)) for f in _REF_FIELDS):
-            _store_fresh_reference(size, dtype, seed, state_dir, fresh)
+            _store_reference(size, dtype, seed, state_dir, fresh)
             for r, (col, row) in zip(results, sums, strict=True):
                 res = abft.check_sums(fresh, col, row)
                 r.abft_ok, r.abft_worst_ratio = res.ok, res.worst_ratio
