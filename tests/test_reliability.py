@@ -84,7 +84,7 @@ def test_agent_spool_with_controller_down_for_ten_simulated_minutes(secrets, tmp
     spool = Spool(tmp_path / "spool.db", max_reports=100)
     port = free_port()
     token = secrets.node("node1")
-    ship = Shipper(f"http://127.0.0.1:{port}", token, spool, timeout_s=0.5, retries=0)
+    ship = Shipper(f"http://127.0.0.1:{port}", token, spool, timeout_s=0.5, retries=0, node="node1")
     ids = []
     for i in range(600):  # the controller is down: every report is spooled
         body = {
@@ -202,13 +202,12 @@ def test_controller_survives_a_postgres_restart(secrets, pg_admin_dsn, tmp_path)
         env={"BABYSITTER_SLURM__SLURM_CONF": "/nonexistent"},
         log=tmp_path / "ctl.log",
     ).start()
-    token = secrets.node("node1")
     acked: list[str] = []
     errors: list[float] = []
     stop = threading.Event()
 
     def load() -> None:
-        with httpx.Client(timeout=5, headers={"Authorization": f"Bearer {token}"}) as c:
+        with httpx.Client(timeout=5, headers=secrets.headers("node1")) as c:
             while not stop.is_set():
                 rid = str(uuid.uuid4())
                 try:

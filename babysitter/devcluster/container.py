@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from babysitter.controller.auth import node_token
+from babysitter.controller.auth import node_token, write_private
 from babysitter.devcluster import config as conf
 from babysitter.devcluster.sim import _toml
 
@@ -81,8 +81,8 @@ def render(out: Path) -> None:
     conf.write_all(s, lines)
     secret = out / "cluster.secret"
     if not secret.exists():
-        secret.write_text(secrets.token_hex(32))
-        (out / "admin.token").write_text(secrets.token_hex(16))
+        write_private(secret, secrets.token_hex(32))
+        write_private(out / "admin.token", secrets.token_hex(16))
     key = out / "munge.key"
     if not key.exists():
         key.write_bytes(os.urandom(1024))
@@ -90,7 +90,7 @@ def render(out: Path) -> None:
     (out / "controller.toml").write_text(_toml(controller_config(out)))
     for node in NODES:
         (out / f"agent-{node}.toml").write_text(_toml(agent_config(out, node)))
-        (out / f"{node}.token").write_text(node_token(secret.read_bytes().strip(), node))
+        write_private(out / f"{node}.token", node_token(secret.read_bytes().strip(), node))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from babysitter.controller.auth import node_token
+from babysitter.controller.auth import node_token, write_private
 from babysitter.devcluster import simib
 from babysitter.devcluster.cluster import ClusterInfo, DevCluster
 from babysitter.devcluster.fakenvml import FakeGpus, build
@@ -203,7 +203,7 @@ class SimCluster:
         d = self.base / "nodes" / node
         d.mkdir(parents=True, exist_ok=True)
         secret = (self.base / "etc" / "cluster.secret").read_bytes().strip()
-        (d / "node.token").write_text(node_token(secret, node))
+        write_private(d / "node.token", node_token(secret, node))
         kmsg = d / "kmsg"
         kmsg.touch()
         cfg = d / "agent.toml"
