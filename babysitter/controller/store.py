@@ -148,6 +148,7 @@ class Store:
         self._q: queue.Queue[tuple[Report, asyncio.Future[bool]] | None] = queue.Queue()
         self._writer: threading.Thread | None = None
         self.ingested_batches = 0
+        self.split_batches = 0  # batches the database refused, retried report by report
 
     # ---- lifecycle
     def upgrade(self) -> None:
@@ -220,6 +221,7 @@ class Store:
     def _one_by_one(self, batch: Sequence[tuple[Report, asyncio.Future[bool]]]) -> None:
         """A batch the database refused for its data: one bad report must not fail the
         others, so each is written in its own transaction and answered on its own."""
+        self.split_batches += 1
         for item in batch:
             outcome: list[bool] | BaseException
             try:
