@@ -6,6 +6,7 @@ replayed: it would be refused again and hold up everything queued behind it."""
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import random
@@ -77,28 +78,36 @@ class Shipper:
         """True when the controller is done with the report: it has it (202 new or 200
         duplicate) or refused it for good (4xx: counted and dropped)."""
         try:
-            r = self.http.post(self.url, json=report)
+            # NaN/Infinity are not JSON: the controller would refuse them, so would httpx
+            body = json.dumps(report, allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            self._refuse(report, 0, f"not encodable as JSON: {exc}")
+            return True
+        try:
+            r = self.http.post(self.url, content=body, headers={"Content-Type": "application/json"})
         except httpx.HTTPError as exc:
             log.debug("controller unreachable: %s", exc)
             return False
         if r.status_code in (200, 202):
             return True
         if 400 <= r.status_code < 500 and r.status_code not in _RETRYABLE_4XX:
-            self.refused += 1
-            self.spool.count("refused")
-            # once per status: a wrong token refuses every report, the log must not flood
-            if r.status_code not in self._refusals_logged:
-                self._refusals_logged.add(r.status_code)
-                log.error(
-                    "controller refused report %s with %s, dropped (further %s refusals are "
-                    "only counted): %s",
-                    report.get("report_id"),
-                    r.status_code,
-                    r.status_code,
-                    r.text[:200],
-                )
+            self._refuse(report, r.status_code, r.text[:200])
             return True
         return False
+
+    def _refuse(self, report: dict[str, Any], status: int, why: str) -> None:
+        """Drop a report that can never be accepted; count it, log once per status (a wrong
+        token refuses every report: the log must not flood)."""
+        self.refused += 1
+        self.spool.count("refused")
+        if status not in self._refusals_logged:
+            self._refusals_logged.add(status)
+            log.error(
+                "report %s refused (%s), dropped; further refusals like it are only counted: %s",
+                report.get("report_id"),
+                status or "by the agent",
+                why,
+            )
 
     def _send_with_retry(self, report: dict[str, Any]) -> bool:
         for attempt in range(self.retries + 1):
