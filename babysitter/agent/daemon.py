@@ -14,6 +14,7 @@ from typing import Any
 
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
+from babysitter.checks.all import select_checks
 from babysitter.checks.base import (
     EVENT_SOURCES,
     Check,
@@ -21,13 +22,12 @@ from babysitter.checks.base import (
     EventSource,
     is_hung,
     run_check,
-    select_checks,
 )
 from babysitter.config import Config
-from babysitter.controller.auth import check_private
 from babysitter.errors import ConfigError
 from babysitter.finding import Finding, Severity
 from babysitter.sdnotify import notify, watchdog_interval_s
+from babysitter.secretfile import check_private
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,8 @@ def agent(state: State) -> None:
 @pass_state
 def token(state: State, node: str, path: Path | None) -> None:
     """Print NODE's API token (derived from the cluster secret), or write it to a file."""
-    from babysitter.controller.auth import node_token, read_secret, write_private
+    from babysitter.controller.auth import node_token
+    from babysitter.secretfile import read_secret, write_private
 
     secret = read_secret(state.config.controller.cluster_secret_file, "cluster secret")
     if path is None:
@@ -56,7 +57,7 @@ def db() -> None:
 @db.command("upgrade")
 @pass_state
 def db_upgrade(state: State) -> None:
-    """Apply migrations (Alembic, sql/)."""
+    """Apply migrations (Alembic, babysitter/sql/)."""
     from babysitter.controller.store import Store
 
     store = Store(state.config.controller.database_url)

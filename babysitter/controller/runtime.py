@@ -15,12 +15,13 @@ from sqlalchemy import text
 
 from babysitter.config import Config
 from babysitter.controller.api import create_app
-from babysitter.controller.auth import Authenticator, check_private, read_secret
+from babysitter.controller.auth import Authenticator
 from babysitter.controller.fastpath import with_fast_ingest
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.store import Store
 from babysitter.errors import ConfigError
 from babysitter.sdnotify import notify, watchdog_interval_s
+from babysitter.secretfile import check_private, read_secret
 
 log = logging.getLogger(__name__)
 LEADER_LOCK_KEY = 0x6261627973697474  # "babysitt"

@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from babysitter.controller.auth import node_token, write_private
+from babysitter.controller.auth import node_token
 from babysitter.devcluster import config as conf
 from babysitter.devcluster.sim import _toml
+from babysitter.secretfile import write_private
 
 NODES = ["node1", "node2", "node3"]
 CTLD_HOST = "slurmctld"

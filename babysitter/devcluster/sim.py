@@ -17,10 +17,11 @@ from typing import Any
 
 import httpx
 
-from babysitter.controller.auth import node_token, write_private
+from babysitter.controller.auth import node_token
 from babysitter.devcluster import simib
 from babysitter.devcluster.cluster import ClusterInfo, DevCluster
 from babysitter.devcluster.fakenvml import FakeGpus, build
+from babysitter.secretfile import write_private
 
 
 def _free_port() -> int:
