@@ -5,6 +5,8 @@ commit, so a crash never loses an acknowledged report and a retried report is st
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 import queue
 import threading
@@ -45,9 +47,18 @@ def aware(dt: datetime | None) -> datetime | None:
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
+# NaN/Infinity are not JSON: Postgres refuses them, SQLite would keep text no JSON reader takes.
+# Refused when the value is bound (a data error: that report alone is refused, see _write_loop).
+_json = functools.partial(json.dumps, allow_nan=False)
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(
+            url,
+            connect_args={"timeout": 30, "check_same_thread": False},
+            json_serializer=_json,
+        )
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _: Any) -> None:
@@ -68,6 +79,7 @@ def make_engine(url: str) -> Engine:
         max_overflow=5,
         pool_timeout=10,
         connect_args={"connect_timeout": 5},
+        json_serializer=_json,
     )
 
 
