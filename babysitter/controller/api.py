@@ -7,12 +7,13 @@ import json
 import math
 import time
 import uuid as uuidlib
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -264,16 +265,28 @@ def _clip(value: Any) -> Any:
 
 
 def _body_errors(exc: ValidationError) -> list[dict[str, Any]]:
-    """The 422 shape FastAPI gives for a declared body, bounded: at most MAX_ERRORS errors,
-    each showing at most a few hundred bytes of the input."""
-    errors: list[dict[str, Any]] = []
-    for e in exc.errors(include_url=False)[:MAX_ERRORS]:
-        err: dict[str, Any] = {**e, "loc": ("body", *e["loc"])}
-        err["input"] = _clip(err.get("input"))
+    """The 422 shape FastAPI gives for a declared body, bounded (see bounded_errors)."""
+    return bounded_errors(
+        [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)[:MAX_ERRORS]]
+    )
+
+
+def bounded_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """Validation errors as a 422 shows them: at most MAX_ERRORS, and of what was sent (input,
+    keys in the location, context) at most about MAX_ECHO_CHARS in all; the rest of the
+    inputs is left out. A 300 MB array or a 100 kB key must not come back in the answer."""
+    out: list[dict[str, Any]] = []
+    budget = MAX_ECHO_CHARS * 2
+    for e in list(errors)[:MAX_ERRORS]:
+        err: dict[str, Any] = {k: v for k, v in dict(e).items() if k != "url"}
+        err["loc"] = [x[:64] if isinstance(x, str) else x for x in err.get("loc", ())]
+        shown = _clip(err.get("input")) if budget > 0 else None
+        budget -= len(json.dumps(shown, default=str))
+        err["input"] = shown
         if "ctx" in err:
-            err["ctx"] = {k: _clip(str(v)) for k, v in err["ctx"].items()}
-        errors.append(err)
-    return errors
+            err["ctx"] = {str(k)[:64]: _clip(str(v))[:100] for k, v in err["ctx"].items()}
+        out.append(err)
+    return out
 
 
 def _handled_by(handler: Callable[[Request], Awaitable[Response]]) -> type[APIRoute]:
@@ -312,6 +325,13 @@ def create_app(
 
     ingest = app.state.ingest = Ingest(store, auth, metrics, max_body)
     app.add_middleware(AdminBodyGuard, auth=auth)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's own handler echoes every input whole
+        return JSONResponse(
+            {"detail": jsonable_encoder(bounded_errors(exc.errors()))}, status_code=422
+        )
 
     async def handle_report(request: Request) -> Response:
         """POST /api/v1/reports, every case. Runs as the route's whole handler (see
