@@ -92,6 +92,9 @@ class PolicyConfig(Section):
     max_drained_fraction: float = Field(
         0.1, gt=0, le=1, description="never drain more of a partition than this"
     )
+    min_drainable: int = Field(
+        1, ge=0, description="nodes per partition always drainable, whatever the fraction"
+    )
     max_drains_per_hour: int = Field(20, ge=0, description="drain budget per rolling hour")
     resume_after_clean_checks: int = Field(
         3, ge=1, description="consecutive clean reports before an auto-resume"
@@ -125,6 +128,14 @@ class AlertsConfig(Section):
     )
     group_threshold: int = Field(
         3, ge=1, description="more new alerts of one condition per round become one grouped alert"
+    )
+    alertmanager_resend_s: float = Field(
+        60.0,
+        gt=0,
+        description="re-send firing alerts to Alertmanager this often (endsAt = 4x ahead)",
+    )
+    queue_size: int = Field(
+        1000, ge=1, description="alert deliveries waiting for the sender; more are dropped"
     )
 
 

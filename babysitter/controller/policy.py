@@ -33,7 +33,18 @@ RULES = {
         "fault_cleared", "fault gone and resume_after_clean_checks clean reports: resume"
     ),
     "not_ours": Rule("not_ours", "drained/down for someone else: never touched, only alerted"),
-    "guard_fraction": Rule("guard_fraction", "max_drained_fraction of a partition reached"),
+    "guard_fraction": Rule(
+        "guard_fraction",
+        "more than max(min_drainable, max_drained_fraction x size) of a partition drained",
+    ),
+    "guard_unknown": Rule(
+        "guard_unknown", "partition sizes unknown (no Slurm data): no drain decided, alert"
+    ),
+    "job_owned_finding": Rule(
+        "job_owned_finding",
+        "a finding derived from a job's own output (job logs) never drains a node on its own: "
+        "alert naming the job",
+    ),
     "guard_rate": Rule("guard_rate", "max_drains_per_hour reached"),
     "guard_tripped": Rule("guard_tripped", "breaker tripped earlier; needs an admin reset"),
     "xid_escalation": Rule(
@@ -52,6 +63,7 @@ LEMON_WINDOW = timedelta(days=7)
 class PolicySettings:
     dry_run: bool = False
     max_drained_fraction: float = 0.1
+    min_drainable: int = 1
     max_drains_per_hour: int = 20
     resume_after_clean_checks: int = 3
     heartbeat_timeout_s: float = 120.0
@@ -61,6 +73,7 @@ class PolicySettings:
         return cls(
             dry_run=cfg.policy.dry_run,
             max_drained_fraction=cfg.policy.max_drained_fraction,
+            min_drainable=cfg.policy.min_drainable,
             max_drains_per_hour=cfg.policy.max_drains_per_hour,
             resume_after_clean_checks=cfg.policy.resume_after_clean_checks,
             heartbeat_timeout_s=cfg.controller.heartbeat_timeout_s,
@@ -85,6 +98,7 @@ class NodeFacts:
 
 @dataclass(frozen=True)
 class ClusterFacts:
+    # empty = unknown (Slurm never read): the guard cannot size anything and decides no drain
     partition_sizes: dict[str, int] = field(default_factory=dict)
     drained_by_us: dict[str, int] = field(default_factory=dict)
     drains_last_hour: int = 0
@@ -114,9 +128,26 @@ def _sev_rank(s: str) -> int:
     return {"ok": 0, "info": 1, "warning": 2, "critical": 3}.get(s, 0)
 
 
+# Checks whose findings come from content a job's owner controls (its log files): they say
+# something about the job, not the node, so they never drain a node on their own.
+JOB_OWNED_CHECKS = frozenset({"nccl.logs"})
+
+
+def job_owned(f: dict[str, Any]) -> bool:
+    return f.get("check") in JOB_OWNED_CHECKS or str(f.get("component", "")).startswith("job:")
+
+
 def drain_worthy(f: dict[str, Any]) -> bool:
+    if job_owned(f):
+        return False
     sev = f.get("severity", "ok")
     return sev == "critical" or (sev == "warning" and f.get("action") in DRAIN_ACTIONS)
+
+
+def drain_limit(size: int, s: PolicySettings) -> float:
+    """Nodes of a partition of `size` babysitter may hold drained: the fraction, but never
+    fewer than min_drainable (so the first fault in a small partition is drained)."""
+    return max(float(s.min_drainable), s.max_drained_fraction * size)
 
 
 def summary(findings: Sequence[dict[str, Any]]) -> str:
@@ -129,7 +160,8 @@ def summary(findings: Sequence[dict[str, Any]]) -> str:
 def node_verdict(n: NodeFacts, s: PolicySettings) -> tuple[str, str]:
     if n.heartbeat_age_s is None or n.heartbeat_age_s > s.heartbeat_timeout_s:
         return "unknown", "heartbeat_missing"
-    worst = max((_sev_rank(f.get("severity", "ok")) for f in n.open_findings), default=0)
+    node_owned = [f for f in n.open_findings if not job_owned(f)]
+    worst = max((_sev_rank(f.get("severity", "ok")) for f in node_owned), default=0)
     if any(drain_worthy(f) for f in n.open_findings):
         return "unhealthy", ("critical_finding" if worst == 3 else "drain_action")
     if worst >= 2:
@@ -172,6 +204,37 @@ def _escalations(n: NodeFacts, now: datetime) -> list[Decision]:
     return out
 
 
+JOB_ALERT_PREFIX = "job_log_"
+
+
+def _job_owned_alerts(n: NodeFacts) -> list[Decision]:
+    """Findings from a job's own output: an alert that names the job, never a node drain."""
+    out: list[Decision] = []
+    seen: set[str] = set()
+    for f in n.open_findings:
+        if not job_owned(f) or _sev_rank(f.get("severity", "ok")) < 2:
+            continue
+        details = f.get("details") or {}
+        job = str(details.get("job_id") or str(f.get("component", "")).removeprefix("job:"))
+        job = "".join(c for c in job if c.isascii() and c.isalnum())[:32] or "unknown"
+        if job in seen:
+            continue
+        seen.add(job)
+        out.append(
+            Decision(
+                "alert",
+                n.name,
+                "job_owned_finding",
+                f"job {job} on {n.name}: {f.get('check')}: {f.get('message')} (from the job's "
+                "own log: the node is not drained for this alone)",
+                "warning",
+                f"{JOB_ALERT_PREFIX}{job}",
+                details={"job_id": job, "code": f.get("code")},
+            )
+        )
+    return out
+
+
 def decide(
     nodes: Sequence[NodeFacts], cluster: ClusterFacts, s: PolicySettings, now: datetime
 ) -> PolicyResult:
@@ -184,6 +247,7 @@ def decide(
         verdict, rule = node_verdict(n, s)
         verdicts[n.name] = verdict
         decisions.extend(_escalations(n, now))
+        decisions.extend(_job_owned_alerts(n))
         bad = [f for f in n.open_findings if drain_worthy(f)]
         if verdict == "unknown" and n.heartbeat_age_s is not None:
             decisions.append(
@@ -242,12 +306,17 @@ def decide(
     drained = dict(cluster.drained_by_us)
     drains_hour = cluster.drains_last_hour
     blocked: list[str] = []
+    unsized: list[str] = []
     guard_rule = "guard_tripped" if tripped else ""
     for _, n, rule, why in sorted(want_drain, key=lambda t: (-t[0], t[1].name)):
+        if any(p not in cluster.partition_sizes for p in n.partitions):
+            # never trip on a size we do not know: hold the drain and say so
+            unsized.append(n.name)
+            continue
         if not tripped:
             over_rate = drains_hour + 1 > s.max_drains_per_hour
             over_frac = any(
-                (drained.get(p, 0) + 1) > s.max_drained_fraction * cluster.partition_sizes.get(p, 1)
+                drained.get(p, 0) + 1 > drain_limit(cluster.partition_sizes[p], s)
                 for p in n.partitions
             )
             if over_rate or over_frac:
@@ -270,10 +339,27 @@ def decide(
                 guard_rule,
                 f"blast-radius guard: {len(blocked)} unhealthy node(s) NOT drained "
                 f"({', '.join(blocked[:10])}{'…' if len(blocked) > 10 else ''}); "
-                f"limits: {s.max_drained_fraction:.0%} of a partition, {s.max_drains_per_hour}/h",
+                f"limits: {s.max_drained_fraction:.0%} of a partition (at least "
+                f"{s.min_drainable} node(s)), {s.max_drains_per_hour}/h",
                 "critical",
                 "guard_tripped",
                 details={"blocked": blocked},
             )
         )
+    if unsized:
+        decisions.append(
+            Decision(
+                "alert",
+                None,
+                "guard_unknown",
+                f"{len(unsized)} unhealthy node(s) NOT drained "
+                f"({', '.join(unsized[:10])}{'…' if len(unsized) > 10 else ''}): partition "
+                "sizes unknown (no Slurm data yet); babysitter decides once Slurm answers",
+                "critical",
+                "guard_sizes_unknown",
+                details={"blocked": unsized},
+            )
+        )
+    else:
+        decisions.append(Decision("resolve_alert", None, "", "", condition="guard_sizes_unknown"))
     return PolicyResult(verdicts, decisions, tripped)
