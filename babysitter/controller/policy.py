@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+# Marks the drains `babysitter check --slurm-drain` (the HealthCheckProgram mode) makes:
+# reason `<prefix> [healthcheck] <check>: <message>`. The check resumes only drains carrying
+# it; the controller resumes only its own (no mark). Each mode owns what it drained.
+HEALTHCHECK_MARK = "[healthcheck]"
+
 # Actions that mean "this node must not run jobs"
 DRAIN_ACTIONS = {"drain", "reset_gpu", "reboot"}
 FATAL_XID_CLASSES = {"reboot", "reset_gpu"}
