@@ -10,7 +10,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from babysitter.checks.base import CheckContext, run_checks, select_checks
+from babysitter.checks.all import select_checks
+from babysitter.checks.base import CheckContext, run_checks
 from babysitter.cli.common import State, echo_json, pass_state
 from babysitter.controller.policy import HEALTHCHECK_MARK
 from babysitter.errors import UsageError
