@@ -133,11 +133,11 @@ class JobTracker:
         """A job whose handling failed: the error goes into its history (shown by
         /api/v1/jobs and `babysitter jobs`), once per distinct error."""
         err = f"{what}: {type(exc).__name__}: {str(exc)[:300]}"
-        log.warning("job %s: %s", job_id, err)
         try:
             history = self._history(job_id)
             if history and history[-1].get("event") == "error" and history[-1]["error"] == err:
-                return
+                return  # recorded (and logged) once
+            log.warning("job %s: %s", job_id, err)
             self._append(job_id, {"event": "error", "at": now.isoformat(), "error": err})
         except Exception:
             log.exception("cannot record the error of job %s", job_id)
@@ -177,7 +177,11 @@ class JobTracker:
                 state="+".join(j.states)[:64],
                 restart_count=j.restart_count,
             )
-            raise ValueError(f"babysit spec refused: {exc}") from exc
+            given = next(
+                (t for t in f"{j.admin_comment} {j.comment}".split() if t.startswith("babysit")),
+                "",
+            )
+            raise ValueError(f"babysit spec {given[:100]!r} refused: {exc}") from exc
         if spec is None:
             return
         self.store.upsert_job(
