@@ -15,6 +15,7 @@ BENCHMARKS: list[tuple[str, int]] = [
     ("bench.sdc", 300),
     ("bench.agent_cost", 300),
     ("bench.rack_failure", 300),
+    ("bench.alert_blackhole", 300),
     ("bench.ingest", 300),
     ("bench.fault_drain", 900),
 ]

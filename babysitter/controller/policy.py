@@ -112,7 +112,7 @@ class ClusterFacts:
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str  # drain resume alert resolve_alert escalate guard_tripped
+    kind: str  # drain resume alert keep_alert resolve_alert escalate guard_tripped
     node: str | None
     rule: str
     reason: str
@@ -283,6 +283,20 @@ def decide(
             elif not n.drained and not n.drain_pending and n.in_slurm:
                 worst = max(_sev_rank(f.get("severity", "ok")) for f in bad)
                 want_drain.append((worst, n, rule, summary(bad)))
+            else:
+                # drained (or about to be) by babysitter and still broken: the alert still
+                # holds; re-asserting it each tick keeps it alive where alerts expire
+                decisions.append(
+                    Decision(
+                        "keep_alert",
+                        n.name,
+                        rule,
+                        summary(bad),
+                        "critical",
+                        "node_unhealthy",
+                        dry_run=s.dry_run,
+                    )
+                )
             continue
         decisions.append(
             Decision("resolve_alert", n.name, "", "", condition="node_unhealthy_not_ours")
@@ -336,6 +350,17 @@ def decide(
         drains_hour += 1
         for p in n.partitions:
             drained[p] = drained.get(p, 0) + 1
+    if tripped and not blocked:
+        decisions.append(
+            Decision(
+                "keep_alert",
+                None,
+                "guard_tripped",
+                "blast-radius guard tripped earlier: drains stay stopped until an admin reset",
+                "critical",
+                "guard_tripped",
+            )
+        )
     if blocked:
         decisions.append(
             Decision(

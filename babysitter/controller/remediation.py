@@ -310,6 +310,14 @@ class RemediationEngine:
                     details=d.details,
                 )
             )
+        elif d.kind == "keep_alert":
+            held = {
+                "node_unhealthy": "node held drained by babysitter until clean checks",
+                "guard_tripped": "stopped draining (resumes still allowed)",
+            }
+            firing.append(
+                Alert(d.node, d.condition, d.severity, d.reason, held.get(d.condition, ""), now)
+            )
         elif d.kind in ("alert", "escalate"):
             firing.append(
                 Alert(d.node, d.condition, d.severity, d.reason, "nothing changed in Slurm", now)
@@ -320,12 +328,13 @@ class RemediationEngine:
     def _alert(
         self, firing: list[Alert], clearing: list[tuple[str | None, str]], now: datetime
     ) -> None:
-        # job-owned alerts hold only while their finding is open: resolve the ones not
-        # asserted this tick
+        # conditions the policy asserts every tick while they hold (job-owned findings,
+        # escalations): resolve the ones not asserted this tick
         asserted = {a.key for a in firing}
         for key in self.router.firing_keys():
             node, _, cond = key.partition("|")
-            if cond.startswith(JOB_ALERT_PREFIX) and key not in asserted:
+            per_tick = cond.startswith((JOB_ALERT_PREFIX, "xid_")) or cond == "lemon_node"
+            if per_tick and key not in asserted:
                 clearing.append((None if node == "cluster" else node, cond))
         self.router.process(firing, clearing, now)
 
