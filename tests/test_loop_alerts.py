@@ -6,17 +6,28 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from babysitter.config import Config
 from babysitter.controller.remediation import make_engine
+from babysitter.controller.store import Store
 from babysitter.slurm.cli import CliSlurmClient
 from tests.fixtures.slurm import node_state, wait_for
-from tests.test_remediation import XID79, send, store  # noqa: F401 (fixture)
+from tests.test_remediation import XID79, send
 
 BROKEN_S = 60
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(f"sqlite:///{tmp_path / 'a.db'}")
+    s.upgrade()
+    yield s
+    s.close()
 
 
 def am_alerts(am: str, node: str) -> list[dict]:
