@@ -4,6 +4,7 @@ covered by tests/test_agent.py and tests/test_e2e_fault.py)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -16,7 +17,7 @@ from babysitter.controller.remediation import RemediationEngine, make_engine
 from babysitter.controller.store import Report, Store
 from babysitter.finding import Finding
 from babysitter.slurm.cli import CliSlurmClient
-from tests.fixtures.slurm import node_state, slurm, wait_for
+from tests.fixtures.slurm import node_state, slurm, submit, wait_for
 
 XID79 = Finding(
     check="xid.kmsg",
@@ -161,3 +162,46 @@ def test_slurmctld_down_then_back_drains_exactly_once(clean_cluster, devcluster_
         tick(eng)
     drains = [a for a in store.actions() if a["kind"] == "drain"]
     assert len(drains) == 1 and drains[0]["status"] == "done"
+
+
+def test_requeue_waits_out_a_slurmctld_outage_and_runs_once(
+    clean_cluster, devcluster_obj, store, tmp_path
+):
+    """The drain's follow-up is an action: the babysat job's requeue is recorded, waits while
+    slurmctld is stopped (~20 s), and runs exactly once when it is back."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    cl = CliSlurmClient(slurm_conf=Path(clean_cluster.slurm_conf))
+    job = submit(clean_cluster, f"--comment=babysit=ckpt={ckpt}")
+    wait_for(lambda: cl.job(job).running, 30, "job running")
+    node = cl.job(job).nodes[0]
+    eng = engine(store, clean_cluster)
+    for n in clean_cluster.nodes:
+        send(store, n)
+    send(store, node, XID79)
+    tick(eng)  # drain; the follow-up `requeue_jobs` is recorded
+    tick(eng)  # the follow-up lists the node's babysat jobs: one `requeue` action
+    [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
+    assert rq["status"] == "pending" and rq["job_id"] == job
+    devcluster_obj.stop_slurmctld()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            tick(eng)
+            time.sleep(1)
+        [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
+        assert rq["status"] == "pending" and rq["attempts"] >= 1 and "wait" in rq["outcome"]
+    finally:
+        devcluster_obj.start_slurmctld()
+    wait_for(
+        lambda: tick(eng) is None and cl.job(job).restart_count == 1,
+        60,
+        "requeued after slurmctld returned",
+    )
+    for _ in range(3):
+        tick(eng)
+    [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
+    assert rq["status"] == "done" and cl.job(job).restart_count == 1
+    [row] = [j for j in store.jobs() if j["job_id"] == job]
+    assert row["requeues"] == 1
+    eng.close()
