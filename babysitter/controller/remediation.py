@@ -25,6 +25,7 @@ from babysitter.controller.policy import (
     decide,
 )
 from babysitter.controller.store import Store, aware
+from babysitter.controller.validation import Validator, summarise
 from babysitter.slurm.client import (
     SlurmClient,
     SlurmError,
@@ -76,6 +77,7 @@ class RemediationEngine:
         self.slurm_nodes: dict[str, SlurmNode] = {}
         self.slurm_ok = False
         self._written: dict[str, dict[str, Any]] = {}  # node columns last written by tick()
+        self.validator = Validator(cfg, store, self.slurm)
 
     # ---- facts
     def _read_slurm(self) -> None:
@@ -109,6 +111,7 @@ class RemediationEngine:
                 xids.setdefault(f["node"], []).append(
                     (f["component"], int(f["code"][4:]), f["observed_at"])
                 )
+        validations = summarise(actions)
         prefix = self.cfg.slurm.reason_prefix
         facts: list[NodeFacts] = []
         partitions: dict[str, int] = {}
@@ -151,6 +154,10 @@ class RemediationEngine:
                     drain_pending=r["name"] in pending_drains,
                     recent_drains=tuple(drains_by_node.get(r["name"], [])),
                     xid_history=tuple(xids.get(r["name"], [])),
+                    validation=validations[r["name"]].state if r["name"] in validations else "",
+                    validation_failures=(
+                        validations[r["name"]].failures if r["name"] in validations else 0
+                    ),
                 )
             )
         cluster = ClusterFacts(
@@ -225,10 +232,29 @@ class RemediationEngine:
                 )
             elif d.kind == "resolve_alert":
                 clearing.append((d.node, d.condition))
+            elif d.kind == "validate" and d.node:
+                if d.dry_run:
+                    self.store.record_action(
+                        "validate",
+                        node=d.node,
+                        reason=d.reason,
+                        rule=d.rule,
+                        status="done",
+                        outcome="dry-run: no validation job",
+                        dry_run=True,
+                    )
+                else:
+                    self.validator.start(d.node, d.reason, now)
         self._run_pending(now)
+        if self.validator.enabled:
+            self.validator.poll(now, firing, clearing)
         changes: dict[str, dict[str, Any]] = {}
+        facts_by_name = {f.name: f for f in facts}
         for name, verdict in result.verdicts.items():
             sn = self.slurm_nodes.get(name)
+            running = facts_by_name.get(name)
+            if running is not None and running.validation == "running":
+                verdict = "validating"
             values: dict[str, Any] = {"verdict": verdict}
             if sn is not None:
                 values["slurm_state"] = "+".join([sn.state, *sorted(sn.flags)])
