@@ -8,7 +8,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from babysitter.checks.base import CheckContext, run_checks, select_checks
+from babysitter.checks.all import select_checks
+from babysitter.checks.base import CheckContext, run_checks
 from babysitter.cli.common import State, echo_json, pass_state
 from babysitter.errors import UsageError
 from babysitter.finding import Finding, Severity, exit_code, worst
