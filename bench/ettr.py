@@ -23,6 +23,7 @@ Run: python -m bench.ettr [--replicas N] [--seed S]
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -517,10 +518,83 @@ def plot(res: dict[str, Any], headline_min: float, path: Path) -> None:
     plt.close(fig)
 
 
+def _set(path: str, value: Any) -> Any:
+    def mutate(inp: dict[str, Any]) -> None:
+        *parents, leaf = path.split(".")
+        d = inp
+        for k in parents:
+            d = d[k]
+        d[leaf] = value
+
+    return mutate
+
+
+# What-ifs on the assumptions that move the answer most (label, changes to the inputs).
+VARIANTS: list[tuple[str, list[Any]]] = [
+    ("as in the data file", []),
+    ("NHC also reads XID events (a site XID check)", [_set("class.xid.nhc_sees", 1.0)]),
+    ("humans answer in 5-30 min", [_set("timing.human_response_s", [300, 1800])]),
+    ("humans answer in 1-8 h", [_set("timing.human_response_s", [3600, 28800])]),
+    ("no undetectable share (checks see every GPU fault)", [_set("undetectable", 0)]),
+    (
+        "fast checkpoints: 10 s write, 120 s restart",
+        [_set("checkpoint.write_s", 10), _set("checkpoint.restart_s", 120)],
+    ),
+]
+
+
+def sensitivity(
+    inp: dict[str, Any], interval_s: float, replicas: int, seed: int
+) -> list[dict[str, Any]]:
+    """ETTR of every arm at one interval under each variant of the assumptions."""
+    out = []
+    for label, changes in VARIANTS:
+        v = copy.deepcopy(inp)
+        for change in changes:
+            change(v)
+        if v.pop("undetectable", None) == 0:  # spread its share over the cause's other classes
+            for c in v["cause"]:
+                cl = {k: x for k, x in c["classes"].items() if k != "undetectable"}
+                total = sum(cl.values())
+                c["classes"] = {k: x / total for k, x in cl.items()}
+        model = build_model(v)
+        arms, _ = build_arms(v)
+        res = run_arms(model, arms, [interval_s], replicas, seed)
+        row: dict[str, Any] = {"variant": label}
+        for a, per in res["arms"].items():
+            row[a] = per[0]["ettr"]
+        bs, nhc = res["arms"]["babysitter"][0], res["arms"]["NHC every 300 s"][0]
+        g, gh = paired_gain(bs["ettr_samples"], nhc["ettr_samples"])
+        row["babysitter_minus_nhc300_pp"] = g * 100
+        row["ci95_pp"] = gh * 100
+        out.append(row)
+    return out
+
+
+def render_sensitivity(rows: list[dict[str, Any]], headline_min: float, replicas: int) -> str:
+    arms = [k for k in rows[0] if k not in ("variant", "babysitter_minus_nhc300_pp", "ci95_pp")]
+    lines = [
+        f"What-ifs on the assumptions ({headline_min:g}-minute checkpoints, {replicas} replicas "
+        "each; ETTR in %):",
+        "",
+        "| variant | " + " | ".join(arms) + " | babysitter - NHC 300 s (pp, 95 % CI) |",
+        "|---|" + "---|" * (len(arms) + 1),
+    ]
+    for r in rows:
+        cells = [f"{r[a] * 100:.1f}" for a in arms]
+        lines.append(
+            f"| {r['variant']} | "
+            + " | ".join(cells)
+            + f" | {r['babysitter_minus_nhc300_pp']:+.2f} ± {r['ci95_pp']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=200)
     ap.add_argument("--seed", type=int, default=20240723)
+    ap.add_argument("--sensitivity-replicas", type=int, default=100)
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     inp = load_inputs()
@@ -563,7 +637,13 @@ def main(argv: list[str] | None = None) -> int:
         a: [{k: v for k, v in x.items() if k != "ettr_samples"} for x in per]
         for a, per in res["arms"].items()
     }
+    sens = sensitivity(inp, headline * 60, args.sensitivity_replicas, args.seed)
     md = render_md(res, model, notes, headline)
+    md = md.replace(
+        "\nWhere the inputs",
+        "\n" + render_sensitivity(sens, headline, args.sensitivity_replicas) + "\nWhere the inputs",
+        1,
+    )
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / "ettr.md").write_text(md)
     plot(res, headline, RESULTS_DIR / "ettr.png")
@@ -576,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
             "replicas": args.replicas,
             "seed": args.seed,
             "inputs_notes": notes,
+            "sensitivity": sens,
             "inputs": str(INPUTS.relative_to(BENCH_DIR.parent)),
         },
         duration_s=round(time.monotonic() - t0, 1),
