@@ -3,15 +3,19 @@ simulation: what a health tool's detection and requeue latencies are worth to a 
 
 Failures arrive per root cause at the rates of a published run (bench/data/ettr_inputs.toml,
 every number sourced there); each shows as a check class (XID, ECC, IB, SDC, hang, undetectable,
-...) that a tool sees or not. Four arms share the same failures (common random numbers, so the
-arms differ only in their parameters):
+...) that a tool sees or not. The arms share the same failures (common random numbers, so they
+differ only in their parameters):
 
 - babysitter at default settings, its fault -> drain and fault -> requeue latencies read from
   bench/results/fault_drain.json (a documented fallback when a figure is missing), plus the cost
   of its wrong drains;
 - NHC as Slurm's HealthCheckProgram every 300 s and every 60 s: latency uniform over the interval
   plus one run plus one scontrol drain; it sees only what its checks see and never touches the job;
-- no health tool: a human notices (human-paced).
+- no health tool: a human notices (human-paced);
+- perfect detection: everything seen and requeued at once, the bound no tool can beat.
+
+Then the same at one checkpoint interval under other values of the assumptions that move the
+answer most (VARIANTS).
 
 ETTR = training time kept / wall time. Lost time = checkpoint writes + work since the last
 complete checkpoint + time from the fault until the job computes again (detect, take the bad
