@@ -102,6 +102,15 @@ class PolicyConfig(Section):
     idle_gpu_util_percent: float = Field(
         5.0, ge=0, le=100, description="GPU utilisation below this counts as idle"
     )
+    straggler_threshold: float = Field(
+        0.10, gt=0, lt=1, description="slow: this far below the fleet median of its GPU model"
+    )
+    straggler_consecutive: int = Field(
+        3, ge=1, description="slow measurements in a row before node_slow is raised"
+    )
+    straggler_action: Literal["alert", "drain"] = Field(
+        "alert", description="node_slow only alerts (warning), or also drains"
+    )
     validate_before_resume: bool | None = Field(
         None,
         description="run a validation job on a node before it returns "
