@@ -56,6 +56,13 @@ RULES = {
         "xid_escalation", "same fatal XID >= 5 times in 24 h on one GPU: hardware inspection"
     ),
     "lemon_node": Rule("lemon_node", "drained >= 3 times in 7 days: lemon node"),
+    "validate_before_resume": Rule(
+        "validate_before_resume",
+        "fault gone: a validation job must pass on the node before it returns (if enabled)",
+    ),
+    "validation_exhausted": Rule(
+        "validation_exhausted", "validation failed max_attempts times: stays drained for an admin"
+    ),
 }
 
 XID_ESCALATION_COUNT = 5
@@ -72,6 +79,8 @@ class PolicySettings:
     max_drains_per_hour: int = 20
     resume_after_clean_checks: int = 3
     heartbeat_timeout_s: float = 120.0
+    validate_before_resume: bool = False
+    validation_max_attempts: int = 3
 
     @classmethod
     def from_config(cls, cfg: Any) -> PolicySettings:
@@ -82,6 +91,8 @@ class PolicySettings:
             max_drains_per_hour=cfg.policy.max_drains_per_hour,
             resume_after_clean_checks=cfg.policy.resume_after_clean_checks,
             heartbeat_timeout_s=cfg.controller.heartbeat_timeout_s,
+            validate_before_resume=cfg.validation.enabled(cfg.policy),
+            validation_max_attempts=cfg.validation.max_attempts,
         )
 
 
@@ -99,6 +110,8 @@ class NodeFacts:
     drain_pending: bool = False  # a drain action is already queued
     recent_drains: tuple[datetime, ...] = ()  # babysitter drains of this node
     xid_history: tuple[tuple[str, int, datetime], ...] = ()  # (component, xid, when)
+    validation: str = ""  # latest validation since the last fault drain: running passed failed
+    validation_failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,7 +125,7 @@ class ClusterFacts:
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str  # drain resume alert keep_alert resolve_alert escalate guard_tripped
+    kind: str  # drain resume validate alert keep_alert resolve_alert escalate guard_tripped
     node: str | None
     rule: str
     reason: str
@@ -240,6 +253,47 @@ def _job_owned_alerts(n: NodeFacts) -> list[Decision]:
     return out
 
 
+def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
+    """The fault is gone: resume, or first prove the node with a validation job."""
+    cleared = f"fault gone, {n.consecutive_clean} clean reports"
+    if not s.validate_before_resume or n.validation == "passed":
+        return [
+            Decision(
+                "resume",
+                n.name,
+                "fault_cleared",
+                cleared,
+                "info",
+                "node_unhealthy",
+                dry_run=s.dry_run,
+            )
+        ]
+    if n.validation == "running":
+        return []
+    if n.validation_failures >= s.validation_max_attempts:
+        return [
+            Decision(
+                "escalate",
+                n.name,
+                "validation_exhausted",
+                f"{n.name} failed validation {n.validation_failures} times: needs an admin",
+                "critical",
+                "validation_lemon",
+            )
+        ]
+    return [
+        Decision(
+            "validate",
+            n.name,
+            "validate_before_resume",
+            f"{cleared}: validation job before it returns",
+            "info",
+            "node_unhealthy",
+            dry_run=s.dry_run,
+        )
+    ]
+
+
 def decide(
     nodes: Sequence[NodeFacts], cluster: ClusterFacts, s: PolicySettings, now: datetime
 ) -> PolicyResult:
@@ -308,17 +362,7 @@ def decide(
             and not bad
             and n.consecutive_clean >= s.resume_after_clean_checks
         ):
-            decisions.append(
-                Decision(
-                    "resume",
-                    n.name,
-                    "fault_cleared",
-                    f"fault gone, {n.consecutive_clean} clean reports",
-                    "info",
-                    "node_unhealthy",
-                    dry_run=s.dry_run,
-                )
-            )
+            decisions.extend(_return_to_service(n, s))
 
     # blast-radius guard
     tripped = cluster.guard_tripped

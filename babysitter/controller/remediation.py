@@ -41,6 +41,7 @@ from babysitter.controller.policy import (
     drain_limit,
 )
 from babysitter.controller.store import Store, aware
+from babysitter.controller.validation import Validator, summarise
 from babysitter.slurm.client import (
     SlurmClient,
     SlurmError,
@@ -98,6 +99,7 @@ class RemediationEngine:
         self.slurm_nodes: dict[str, SlurmNode] = {}
         self.slurm_ok = False
         self._written: dict[str, dict[str, Any]] = {}  # node columns last written by tick()
+        self.validator = Validator(cfg, store, self.slurm)
         self._guard_written: dict[str, Any] | None = None
 
     # ---- error boundaries
@@ -164,6 +166,7 @@ class RemediationEngine:
                 xids.setdefault(f["node"], []).append(
                     (f["component"], int(f["code"][4:]), f["observed_at"])
                 )
+        validations = summarise(actions)
         prefix = self.cfg.slurm.reason_prefix
         own_check_mark = f"{prefix} {HEALTHCHECK_MARK}"
         facts: list[NodeFacts] = []
@@ -210,6 +213,10 @@ class RemediationEngine:
                     drain_pending=r["name"] in pending_drains,
                     recent_drains=tuple(drains_by_node.get(r["name"], [])),
                     xid_history=tuple(xids.get(r["name"], [])),
+                    validation=validations[r["name"]].state if r["name"] in validations else "",
+                    validation_failures=(
+                        validations[r["name"]].failures if r["name"] in validations else 0
+                    ),
                 )
             )
         cluster = ClusterFacts(
@@ -236,7 +243,9 @@ class RemediationEngine:
                 lambda d=d: self._apply(d, cluster, now, firing, clearing),  # type: ignore[misc]
             )
         self._run_pending(pending, now)
-        self._isolated("verdicts", lambda: self._write_verdicts(result))
+        if self.validator.enabled:
+            self._isolated("validation", lambda: self.validator.poll(now, firing, clearing))
+        self._isolated("verdicts", lambda: self._write_verdicts(result, facts))
         self._isolated("guard", lambda: self._write_guard(result, cluster, now))
         if not result.guard_tripped:
             clearing.append((None, "guard_tripped"))
@@ -324,6 +333,19 @@ class RemediationEngine:
             )
         elif d.kind == "resolve_alert":
             clearing.append((d.node, d.condition))
+        elif d.kind == "validate" and d.node:
+            if d.dry_run:
+                self.store.record_action(
+                    "validate",
+                    node=d.node,
+                    reason=d.reason,
+                    rule=d.rule,
+                    status="done",
+                    outcome="dry-run: no validation job",
+                    dry_run=True,
+                )
+            else:
+                self.validator.start(d.node, d.reason, now)
 
     def _alert(
         self, firing: list[Alert], clearing: list[tuple[str | None, str]], now: datetime
@@ -338,10 +360,14 @@ class RemediationEngine:
                 clearing.append((None if node == "cluster" else node, cond))
         self.router.process(firing, clearing, now)
 
-    def _write_verdicts(self, result: PolicyResult) -> None:
+    def _write_verdicts(self, result: PolicyResult, facts: list[NodeFacts]) -> None:
         changes: dict[str, dict[str, Any]] = {}
+        facts_by_name = {f.name: f for f in facts}
         for name, verdict in result.verdicts.items():
             sn = self.slurm_nodes.get(name)
+            running = facts_by_name.get(name)
+            if running is not None and running.validation == "running":
+                verdict = "validating"
             values: dict[str, Any] = {"verdict": verdict}
             if sn is not None:
                 values["slurm_state"] = "+".join([sn.state, *sorted(sn.flags)])
