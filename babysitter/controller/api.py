@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from babysitter import __version__
 from babysitter.controller.auth import NODE_HEADER, Authenticator, Principal
+from babysitter.controller.guard_api import add_guard_route
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.store import Report, ReportRejected, Store
 from babysitter.finding import Finding
@@ -251,6 +252,8 @@ class Ingest:
 def _clip(value: Any) -> Any:
     """What a 422 may show of an input: short scalars as they are, anything else summarised
     (a 300 MB array must not come back in the answer)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # not JSON: the answer could not be encoded
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, str):
@@ -258,7 +261,7 @@ def _clip(value: Any) -> Any:
     if isinstance(value, bytes | bytearray):
         return {}  # not JSON at all, maybe not even UTF-8: not echoed (FastAPI does the same)
     try:
-        text = json.dumps(value, default=str)
+        text = json.dumps(value, default=str, allow_nan=False)
     except (TypeError, ValueError):
         return None
     return value if len(text) <= MAX_ECHO_CHARS else f"<{type(value).__name__}, not shown>"
@@ -448,6 +451,8 @@ def create_app(
         aid = store.record_action("guard_reset", rule="manual", requested_by="admin")
         return {"action_id": aid, "status": "pending"}
 
+    add_guard_route(app, store, reader)
+
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
@@ -457,7 +462,9 @@ def create_app(
         ok = store.ping()
         body = {
             "database": "ok" if ok else "unreachable",
+            # leader: this controller holds the lock AND runs the remediation loop
             "leader": bool(runtime_state.get("leader", False)),
+            "remediation": bool(runtime_state.get("remediation", False)),
         }
         return JSONResponse(body, status_code=200 if ok else 503)
 
