@@ -18,6 +18,7 @@ from typing import Any
 
 from babysitter.checkpoints.discover import MARKER, find_latest_complete
 from babysitter.checkpoints.resume import STATE_DIR, read_resume_json
+from babysitter.checkpoints.safefs import ascii_int
 
 ENV_RESUME = "BABYSIT_RESUME_FROM"
 ENV_CKPT = "BABYSIT_CKPT"
@@ -50,13 +51,14 @@ def parse_babysit_args(text: str) -> dict[str, Any]:
                 raise BabysitArgsError("--babysit: ckpt must be an absolute path")
             out[key] = val
         else:
-            if not val.isdigit():
+            # ASCII digits only: str.isdigit() accepts '²', which int() then refuses
+            if not val.isascii() or not val.isdigit():
                 raise BabysitArgsError(f"--babysit: {key} must be a non-negative integer")
-            n = int(val)
+            n = ascii_int(val, 8)
+            if n is None or n > 10**7:
+                raise BabysitArgsError(f"--babysit: {key} is too large")
             if key == "hang_timeout" and n == 0:
                 raise BabysitArgsError("--babysit: hang_timeout must be > 0")
-            if n > 10**7:
-                raise BabysitArgsError(f"--babysit: {key} is too large")
             out[key] = n
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import time
 import zipfile
@@ -21,6 +22,15 @@ def zipbytes() -> bytes:
     with zipfile.ZipFile(b, "w") as z:
         z.writestr("archive/data.pkl", b"x" * 2000)
     return b.getvalue()
+
+
+def safetensors(data_len: int = 16, cut: int = 0) -> bytes:
+    """A valid safetensors file (one uint8 tensor), minus `cut` bytes at the end."""
+    hdr = json.dumps(
+        {"w": {"dtype": "U8", "shape": [data_len], "data_offsets": [0, data_len]}}
+    ).encode()
+    full = len(hdr).to_bytes(8, "little") + hdr + b"\1" * data_len
+    return full[: len(full) - cut]
 
 
 def put(p: Path, data: bytes = b"weights") -> None:
@@ -43,7 +53,7 @@ def dcp(root: Path, step: int, complete: bool = True) -> None:
 
 def hf(root: Path, step: int, complete: bool = True) -> None:
     d = root / f"checkpoint-{step}"
-    put(d / "model.safetensors")
+    put(d / "model.safetensors", safetensors())
     if complete:
         put(d / "trainer_state.json", b"{}")
 
@@ -111,7 +121,7 @@ ZOO: list[tuple[str, Layout, str | None]] = [
             put(r / "iter_0001000" / "m.pt", zipbytes()),
             put(r / "latest_checkpointed_iteration.txt", b"2000"),
         ),
-        None,
+        "iter_0001000",  # the tracker names a missing iteration: the newest older one
     ),
     (
         "megatron release",

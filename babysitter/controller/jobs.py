@@ -6,14 +6,12 @@ did not opt in are left to Slurm. One fault -> one requeue."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from babysitter.checkpoints import find_latest_complete, write_resume_json
+from babysitter.checkpoints import owner as ckpt_owner
 from babysitter.controller.alerts import Alert
 from babysitter.job import babysit_spec
 from babysitter.slurm.client import SlurmError, SlurmJob
@@ -75,19 +73,11 @@ def tick(engine: RemediationEngine, now: datetime) -> None:
             _check_hang(engine, j, spec, now)
 
 
-def heartbeat_age(ckpt: str, job_id: int, now_ts: float) -> float | None:
+def heartbeat_age(ckpt: str, job_id: int, now_ts: float, user: str | None = None) -> float | None:
     """Seconds since the job's last progress signal: its heartbeat file (written by
-    babysitter.job.heartbeat), else the newest file under its checkpoint directory."""
-    hb = Path(ckpt) / ".babysitter" / f"heartbeat-{job_id}.json"
-    try:
-        return now_ts - float(json.loads(hb.read_text())["time"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    try:
-        newest = max((p.stat().st_mtime for p in Path(ckpt).rglob("*")), default=None)
-    except OSError:
-        return None
-    return None if newest is None else now_ts - newest
+    babysitter.job.heartbeat), else the newest file under its checkpoint directory. Read as
+    the job's owner `user` (None: as this process), see babysitter.checkpoints.owner."""
+    return ckpt_owner.heartbeat_age(ckpt, user, job_id, now_ts)
 
 
 def gpus_idle(engine: RemediationEngine, nodes: tuple[str, ...]) -> bool | None:
@@ -108,7 +98,7 @@ def gpus_idle(engine: RemediationEngine, nodes: tuple[str, ...]) -> bool | None:
 def _check_hang(
     engine: RemediationEngine, j: SlurmJob, spec: dict[str, Any], now: datetime
 ) -> None:
-    age = heartbeat_age(spec["ckpt"], j.job_id, now.timestamp())
+    age = heartbeat_age(spec["ckpt"], j.job_id, now.timestamp(), j.user)
     cond = f"job_hung_{j.job_id}"
     # no progress for hang_timeout AND its GPUs idle (when utilisation is known): a slow
     # step that keeps the GPUs busy is not a hang
@@ -190,16 +180,11 @@ def requeue_job(
     ckpt = spec.get("ckpt")
     explanation = "no checkpoint directory given: restarts from scratch"
     if ckpt:
-        try:
-            choice = find_latest_complete(ckpt, settle_s=CKPT_SETTLE_S)
-            if choice is not None:
-                write_resume_json(ckpt, choice, j.job_id, j.restart_count + 1)
-                resume_point = str(choice.path)
-                explanation = choice.explanation
-            else:
-                explanation = "no complete checkpoint yet: restarts from scratch"
-        except OSError as exc:
-            explanation = f"cannot read checkpoints in {ckpt}: {exc}"
+        # as the job's owner, in a bounded helper process: never raises
+        outcome = ckpt_owner.prepare_resume(
+            ckpt, j.user, j.job_id, j.restart_count + 1, settle_s=CKPT_SETTLE_S
+        )
+        resume_point, explanation = outcome.resume_point, outcome.explanation
     aid = store.record_action(
         "requeue",
         node=bad_nodes[0] if bad_nodes else None,
