@@ -217,7 +217,7 @@ class _Scanner:
             if not e.is_file:
                 raise _Bad(f"{name} is not a regular file")
             files.append(name)
-            if e.st.st_size == 0 and base != MARKER and not base.startswith("."):
+            if e.st.st_size == 0 and base != MARKER:
                 raise _Bad(f"zero-size shard {name}")
             problem = None
             if base.endswith(_ZIP_SUFFIXES) or (

@@ -107,7 +107,14 @@ def open_root(path: str | Path) -> int:
 
 
 def open_dir(dirfd: int, name: str) -> int:
-    return os.open(check_name(name), _O_DIR, dir_fd=dirfd)
+    try:
+        return os.open(check_name(name), _O_DIR, dir_fd=dirfd)
+    except NotADirectoryError:
+        # O_DIRECTORY|O_NOFOLLOW on a link says ENOTDIR: name it as the link it is
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from None
+        raise
 
 
 def open_rel(rootfd: int, rel: tuple[str, ...]) -> int:
