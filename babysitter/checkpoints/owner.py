@@ -8,13 +8,18 @@ write. The helper limits itself (address space, CPU time, file size, open files)
 touches a user path, the controller kills it after a wall-time limit, and its answer is one
 bounded JSON document on a pipe that the controller validates like any other untrusted input.
 
-Why a helper command (a fresh `python -I -c ...` started with subprocess's user/group/
-extra_groups) and not a bare fork(): the controller is multi-threaded (uvicorn, the ingest
-writer, the policy loop). A fork() of a threaded process copies locks held by other threads
-(logging, the allocator, SQLite) in their held state, and Python documents `preexec_fn` as
-unsafe with threads. subprocess switches credentials in C between fork and exec, so the child
-starts clean. The price is an interpreter start (about 30-60 ms here) per call; calls are one
-per requeue and one per hang check of a babysat job.
+Why a helper command (a fresh `python -I -c ...` that drops to the owner itself) and not a bare
+fork() of the controller: the controller is multi-threaded (uvicorn, the ingest writer, the
+policy loop). A fork() of a threaded process copies locks held by other threads (logging, the
+allocator, SQLite) in their held state, and Python documents `preexec_fn` as unsafe with
+threads. The helper is a new single-threaded interpreter started from the controller's own
+(root-only) installation; before it reads its request it limits itself (RLIMIT_AS, RLIMIT_CPU,
+RLIMIT_FSIZE, RLIMIT_NOFILE, no core) and calls setgroups/setgid/setuid, checks that root
+cannot be regained, and only then touches a user path. Dropping inside the helper (rather than
+subprocess's user=) means the owner never needs to be able to execute the controller's Python,
+and the kernel marks the process non-dumpable after the switch, so the owner cannot ptrace it
+and forge its answer. The price is an interpreter start per call (measured: see
+tests/test_checkpoints.py and the report); calls are one per requeue and one per hang check.
 
 When the controller itself is not root, the helper runs as the controller's user (it has no
 rights to give away), with the same limits.
@@ -90,22 +95,23 @@ def run_helper(
 ) -> dict[str, Any]:
     """Run one request in the helper as `owner` (None: as this process) and return its
     answer. Raises HelperError (timed out, killed by a limit, oversized or invalid answer)."""
-    creds: dict[str, Any] = {}
     if owner is not None and os.geteuid() == 0:
-        creds = {"user": owner.uid, "group": owner.gid, "extra_groups": list(owner.groups)}
+        request = {
+            **request,
+            "creds": {"uid": owner.uid, "gid": owner.gid, "groups": list(owner.groups)},
+        }
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); "
         "from babysitter.checkpoints.owner import helper_main; helper_main()"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-B", "-c", code, _PKG_ROOT],
+        [sys.executable, "-I", "-S", "-B", "-c", code, _PKG_ROOT],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         cwd="/",
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"},
         close_fds=True,
-        **creds,
     )
     assert proc.stdin is not None and proc.stdout is not None
     try:
@@ -303,11 +309,30 @@ def _discover(req: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _become(creds: dict[str, Any]) -> None:
+    """setgroups/setgid/setuid to the job's owner, for good (real, effective and saved ids)."""
+    uid, gid = int(creds["uid"]), int(creds["gid"])
+    os.setgroups([int(g) for g in creds["groups"]][:256])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if uid != 0:
+        try:
+            os.setuid(0)
+        except PermissionError:
+            pass
+        else:
+            raise SystemExit("could regain root after dropping privileges")
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+        raise SystemExit("credentials did not change")
+
+
 def helper_main() -> None:
-    """Entry point of the helper process (already running as the job's owner)."""
+    """Entry point of the helper process: limit, become the job's owner, answer one request."""
     _limit_self()
     try:
         req = json.loads(sys.stdin.buffer.read(IN_CAP))
+        if req.get("creds") is not None:
+            _become(req["creds"])
         if req.get("op") == "discover":
             ans = _discover(req)
         elif req.get("op") == "heartbeat":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,7 @@ def write_resume_json(
         st = os.fstat(dfd)
         if st.st_uid != os.geteuid():
             raise safefs.Refused(f"{STATE_DIR} belongs to uid {st.st_uid}, not to the job's owner")
-        tmp = f".resume-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = f".resume-{os.getpid()}-{os.urandom(4).hex()}"
         fd = os.open(
             tmp,
             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,

@@ -24,6 +24,7 @@ DEFAULT_MAX_REQUEUES = 3
 SCAN_INTERVAL_S = 2.0
 CKPT_SETTLE_S = 10.0  # marker-less formats: files this fresh may still be being written
 _last_scan: dict[int, float] = {}
+_hb_read: dict[tuple[int, int], float] = {}  # (engine, job) -> last heartbeat read
 
 
 def _babysat(jobs: list[SlurmJob]) -> list[tuple[SlurmJob, dict[str, Any]]]:
@@ -98,6 +99,11 @@ def gpus_idle(engine: RemediationEngine, nodes: tuple[str, ...]) -> bool | None:
 def _check_hang(
     engine: RemediationEngine, j: SlurmJob, spec: dict[str, Any], now: datetime
 ) -> None:
+    # each read starts a helper process as the job's owner: at most every hang_timeout/10 s
+    key = (id(engine), j.job_id)
+    if time.monotonic() - _hb_read.get(key, -1e9) < max(SCAN_INTERVAL_S, spec["hang_timeout"] / 10):
+        return
+    _hb_read[key] = time.monotonic()
     age = heartbeat_age(spec["ckpt"], j.job_id, now.timestamp(), j.user)
     cond = f"job_hung_{j.job_id}"
     # no progress for hang_timeout AND its GPUs idle (when utilisation is known): a slow
