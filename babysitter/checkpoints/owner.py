@@ -27,6 +27,7 @@ rights to give away), with the same limits.
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import os
@@ -328,6 +329,10 @@ def _become(creds: dict[str, Any]) -> None:
 
 def helper_main() -> None:
     """Entry point of the helper process: limit, become the job's owner, answer one request."""
+    # load now what is otherwise loaded lazily (zip member names are cp437): after the switch
+    # the owner may not be able to read the interpreter's library
+    for enc in ("cp437", "utf-8", "ascii", "latin-1"):
+        codecs.lookup(enc)
     _limit_self()
     try:
         req = json.loads(sys.stdin.buffer.read(IN_CAP))
