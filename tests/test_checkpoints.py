@@ -465,8 +465,19 @@ def test_hostile_entries_are_skipped_with_reasons(tmp_path):
     assert "etc -> /etc leaves the checkpoint directory" in text
     assert "gone.ckpt: dangling link" in text
     assert any("a symbolic link" in s or "link to a link" in s for s in scan.skipped), scan.skipped
-    tracker = [c for c in scan.candidates if c.path.name.startswith("latest_")]
-    assert tracker and "over the 4096-byte cap" in tracker[0].why
+    assert "latest_checkpointed_iteration.txt is 1000000 bytes, over the 4096-byte cap" in text
+
+
+def test_pointer_refusals_are_explained(tmp_path):
+    root = tmp_path / "ckpt"
+    generic(root, "step1")
+    put(root / "latest", b"../../etc")
+    put(root / "latest_checkpointed_iteration.txt", "²".encode())
+    age(root)
+    choice = find_latest_complete(root)
+    assert choice is not None and choice.path.name == "step1"
+    assert "`latest` names '../../etc': refused" in choice.explanation
+    assert "holds '²': not a number of at most 12 ASCII digits" in choice.explanation
 
 
 def test_walk_gives_up_and_says_so(tmp_path):

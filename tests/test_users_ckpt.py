@@ -21,6 +21,7 @@ from babysitter.devcluster.sim import SimCluster
 from babysitter.slurm.cli import CliSlurmClient
 from tests.fixtures.slurm import slurm, wait_for
 from tests.fixtures.users import TestUser
+from tests.test_e2e_jobs import agents_reporting
 
 REPO = Path(__file__).resolve().parents[1]
 PY = "/usr/bin/python3"
@@ -75,6 +76,7 @@ def user_sim(
     s = sim_for_users(base, receiver, getattr(request, "param", 4))
     s.up()
     try:
+        agents_reporting(s)
         yield s
     finally:
         slurm(s.info, "scancel", "--full", "--quiet", "-u", "root", check=False)
@@ -257,6 +259,9 @@ def test_hostile_dir_never_stops_well_formed_jobs_and_resume_points_are_right(
     why = h[0]["checkpoint"]
     assert h[0]["resume_point"] == str(hostile / "step1"), why  # never the 0000 step50
     assert "etc -> /etc leaves the checkpoint directory" in why
+    assert "loop1: link to a link: not followed" in why
+    assert "latest is 1000011 bytes, over the 4096-byte cap" in why
+    assert "not a number of at most 12 ASCII digits" in why
     assert "permission denied" in why or "step50" not in h[0]["resume_point"]
     assert (hostile / ".babysitter" / "resume.json").stat().st_uid == a.uid
     assert not (Path("/etc") / ".babysitter").exists()

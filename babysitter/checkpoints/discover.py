@@ -271,12 +271,11 @@ class _Scanner:
         e = names.get(fname)
         if e is None or e.is_link or e.is_dir:
             return None  # a link named `latest` is an ordinary link, handled with the others
-        ptr = self.path((fname,))
         try:
             raw = read_capped(self.rootfd, fname, POINTER_CAP)
         except (Refused, OSError) as exc:
             msg = str(exc) if isinstance(exc, Refused) else why(exc)
-            self.out.candidates.append(Candidate(ptr, fmt, -1, False, f"{fname}: {msg}"))
+            self.skip(f"{fname}: {msg}" if isinstance(exc, OSError) else msg)
             return None
         text = os.fsdecode(raw.strip())
         if fmt == "megatron":
@@ -284,8 +283,7 @@ class _Scanner:
             if text == "release":
                 name, step = "release", -1
             elif n is None:
-                why_ = f"tracker holds {text[:40]!r}: not a number of at most 12 ASCII digits"
-                self.out.candidates.append(Candidate(ptr, fmt, -1, False, why_))
+                self.skip(f"{fname} holds {text[:40]!r}: not a number of at most 12 ASCII digits")
                 return None
             else:
                 name, step = f"iter_{n:07d}", n
@@ -294,8 +292,7 @@ class _Scanner:
         try:
             check_name(name)
         except Refused:
-            why_ = f"`{fname}` names {name[:80]!r}: refused (not a name inside the directory)"
-            self.out.candidates.append(Candidate(ptr, fmt, -1, False, why_))
+            self.skip(f"`{fname}` names {name[:80]!r}: refused (not a name inside the directory)")
             return None
         p = self.path((name,))
         try:
