@@ -158,3 +158,21 @@ def test_plugin_ignores_a_linked_state_dir_and_a_fifo(clean_cluster, tmp_path):
     for out in outs:
         wait_for(out.exists, 30, f"{out.name} written")
         assert out.read_text() == "[]"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "babysit=max_requeues=²",
+        "babysit=hang_timeout=١٢",
+        "babysit=max_requeues=" + "9" * 5000,
+        "babysit=ckpt=/x,hang_timeout=" + "1" * 100_000,
+        "babysit=" + "," * 100_000,
+    ],
+    ids=["superscript", "arabic-indic", "5000-digits", "huge-timeout", "commas"],
+)
+def test_hostile_specs_are_refused_not_raised(text):
+    """Comment/AdminComment are user-controlled: a spec that is not ASCII digits or is huge
+    makes the job not babysat (None), it never raises out of the controller's tick."""
+    assert babysit_spec(text, "") in (None, {})  # AdminComment
+    assert babysit_spec("", text) in (None, {})  # the --comment fallback
