@@ -492,6 +492,20 @@ def test_walk_gives_up_and_says_so(tmp_path):
     assert "gave up" in scan.explain_none() or "gave up" in (scan.choice() or scan).explanation
 
 
+def test_old_checkpoints_do_not_spend_the_walk_budget(tmp_path):
+    """Contents are read newest first: 40 kept checkpoints of 50 files each fit a budget of
+    200 entries, because only the newest complete one is read."""
+    root = tmp_path / "ckpt"
+    for s in range(1, 41):
+        for i in range(50):
+            put(root / f"step{s}" / f"__{i}_0.distcp")
+        put(root / f"step{s}" / ".metadata", b"m")
+    age(root)
+    scan = discover(root, budget=Budget(max_entries=200))
+    choice = scan.choice()
+    assert not scan.gave_up and choice is not None and choice.path.name == "step40"
+
+
 def test_files_vanishing_mid_scan_never_abort_discovery(tmp_path):
     """A writer creates and deletes files and directories while discovery runs: each run
     finishes and still picks the complete checkpoint."""

@@ -32,6 +32,7 @@ import re
 import stat
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,8 @@ class Candidate:
     step: int
     complete: bool
     why: str
+    # the content check still to run (discovery runs them newest first, see check_newest_first)
+    check: Callable[[], tuple[bool, str]] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -307,9 +310,15 @@ class _Scanner:
                 Candidate(p, fmt, step, False, f"`{fname}` names {name!r}: not a directory")
             )
             return name, step
-        ok, detail = self.content((name,), fmt)
-        why_ = f"named by `{fname}` (written last by the framework); {detail}" if ok else detail
-        self.out.candidates.append(Candidate(p, fmt, step, ok, why_))
+
+        def check() -> tuple[bool, str]:
+            ok, detail = self.content((name,), fmt)
+            return (
+                ok,
+                f"named by `{fname}` (written last by the framework); {detail}" if ok else detail,
+            )
+
+        self.out.candidates.append(Candidate(p, fmt, step, False, "", check))
         return name, step
 
     def older(
@@ -320,8 +329,12 @@ class _Scanner:
             return Candidate(p, fmt, step, False, f"no `{fname}` names it")
         if ptr[1] < 0 or step >= ptr[1]:
             return Candidate(p, fmt, step, False, f"newer than `{fname}` ({ptr[0]}): not finished")
-        ok, detail = self.content(rel, fmt)
-        return Candidate(p, fmt, step, ok, f"older than `{fname}` ({ptr[0]}); {detail}")
+
+        def check() -> tuple[bool, str]:
+            ok, detail = self.content(rel, fmt)
+            return ok, f"older than `{fname}` ({ptr[0]}); {detail}"
+
+        return Candidate(p, fmt, step, False, "", check)
 
     # ---- one top-level entry
     def classify(
@@ -390,8 +403,12 @@ class _Scanner:
         p = self.path(rel)
         if not self.has(rel, need):
             return Candidate(p, fmt, step, False, f"no {need}: not finished")
-        ok, detail = self.content(rel, fmt)
-        return Candidate(p, fmt, step, ok, f"{need} present; {detail}" if ok else detail)
+
+        def check() -> tuple[bool, str]:
+            ok, detail = self.content(rel, fmt)
+            return ok, f"{need} present; {detail}" if ok else detail
+
+        return Candidate(p, fmt, step, False, "", check)
 
     def run(self) -> Scan:
         try:
@@ -431,9 +448,29 @@ class _Scanner:
                 c = self.classify(rel, e, ds, mg)
                 if c is not None:
                     self.out.candidates.append(c)
+            self.check_newest_first()
         except GaveUp as g:
             self.out.gave_up = str(g)
+            for c in self.out.candidates:
+                if c.check is not None:
+                    c.check, c.why = None, f"not checked: {g}"
         return self.out
+
+    def check_newest_first(self) -> None:
+        """Read the contents of candidates newest first and stop at the first complete one:
+        the cost (and the walk budget) goes to the checkpoints that can win, not to the fifty
+        older ones a run keeps."""
+        best = max((c.step for c in self.out.candidates if c.complete), default=None)
+        for c in sorted(self.out.candidates, key=lambda c: (c.step, c.path.name), reverse=True):
+            if c.check is None:
+                continue
+            if best is not None and c.step < best:
+                c.check, c.why = None, "not checked: a newer checkpoint is complete"
+                continue
+            check, c.check = c.check, None
+            c.complete, c.why = check()
+            if c.complete and (best is None or c.step > best):
+                best = c.step
 
 
 def discover(
