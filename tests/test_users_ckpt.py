@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from babysitter.checkpoints import owner
 from babysitter.devcluster.receiver import Receiver
 from babysitter.devcluster.sim import SimCluster
 from babysitter.slurm.cli import CliSlurmClient
@@ -265,3 +266,45 @@ def test_hostile_dir_never_stops_well_formed_jobs_and_resume_points_are_right(
     assert "permission denied" in why or "step50" not in h[0]["resume_point"]
     assert (hostile / ".babysitter" / "resume.json").stat().st_uid == a.uid
     assert not (Path("/etc") / ".babysitter").exists()
+
+
+# ---- the helper as a real user, without Slurm
+
+
+def test_helper_uses_only_what_the_owner_can_read(test_users):
+    a, b = test_users
+    ckpt = a.mkdir(a.home / f"direct-{os.urandom(3).hex()}")
+    for name in ("step1", "step5"):
+        (ckpt / name).mkdir()
+        (ckpt / name / "w.bin").write_bytes(b"w")
+        (ckpt / name / ".complete").write_bytes(b"")
+    a.chown_tree(ckpt)
+    (ckpt / "step5").chmod(0)  # root could read it; A cannot
+    out = owner.prepare_resume(str(ckpt), a.name, 9, 1, settle_s=0)
+    assert out.resume_point == str(ckpt / "step1"), out.explanation
+    assert "step5 (cannot open: permission denied" in out.explanation
+    st = (ckpt / ".babysitter" / "resume.json").stat()
+    assert (st.st_uid, st.st_gid) == (a.uid, a.gid)  # written as A, not as root
+    # B cannot even enter A's directory when A closes it: nothing is read, nothing written
+    ckpt.chmod(0o700)
+    out = owner.prepare_resume(str(ckpt), b.name, 9, 2, settle_s=0)
+    assert out.resume_point is None and "permission denied" in out.explanation
+
+
+def test_helper_never_writes_through_a_link_to_another_users_dir(test_users):
+    a, b = test_users
+    b_state = b.mkdir(b.home / f"state-{os.urandom(3).hex()}")
+    (b_state / "resume.json").write_text("{}")
+    b.chown_tree(b_state)
+    b_state.chmod(0o777)  # even a directory B left world-writable is not written into
+    before = snapshot(b_state)
+    ckpt = a.mkdir(a.home / f"linked-{os.urandom(3).hex()}")
+    (ckpt / "step1").mkdir()
+    (ckpt / "step1" / "w.bin").write_bytes(b"w")
+    (ckpt / "step1" / ".complete").write_bytes(b"")
+    (ckpt / ".babysitter").symlink_to(b_state)
+    a.chown_tree(ckpt)
+    out = owner.prepare_resume(str(ckpt), a.name, 9, 1, settle_s=0)
+    assert out.resume_point is None
+    assert ".babysitter is a symbolic link (not followed)" in out.explanation
+    assert snapshot(b_state) == before
