@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -178,16 +179,41 @@ def _read_devkmsg(f: Any) -> list[str]:
     return lines
 
 
-@register_event_source
-class NvmlXidEvents(EventSource):
-    """One thread blocked in nvmlEventSetWait_v2; each XID becomes findings at once."""
+# NVML event types that signal a fault (nvml.h), and what each becomes. XIDs go through the
+# catalog; single-bit ECC events are rate-based (a few are normal). Anything else in the mask
+# (PState, clock, power source, MIG changes) is not a fault and is not registered.
+EVENT_XID = 0x8
+EVENT_SBE = 0x1
+EVENT_FINDINGS: dict[int, tuple[str, Severity, Action, str]] = {
+    0x2: ("ecc.dbe.event", Severity.CRITICAL, Action.RESET_GPU, "uncorrectable (double-bit) ECC"),
+    0x200: ("ecc.sbe.storm", Severity.WARNING, Action.WATCH, "corrected ECC error storm"),
+    0x400: ("retirement.event", Severity.WARNING, Action.WATCH, "memory page/row retired"),
+    0x800: ("retirement.failed", Severity.CRITICAL, Action.INSPECT, "memory retirement failed"),
+    0x1000: ("poison.nonfatal", Severity.WARNING, Action.WATCH, "non-fatal poison error"),
+    0x2000: ("poison.fatal", Severity.CRITICAL, Action.RESET_GPU, "fatal poison error"),
+    0x4000: ("gpu.unavailable", Severity.CRITICAL, Action.REBOOT, "GPU unavailable"),
+    0x8000: ("gpu.recovery_action", Severity.CRITICAL, Action.RESET_GPU, "recovery required"),
+}
+FAULT_EVENTS = EVENT_XID | EVENT_SBE | sum(EVENT_FINDINGS)
+# nvmlDeviceGetGpuRecoveryAction values (eventData of 0x8000)
+_RECOVERY = {1: Action.RESET_GPU, 2: Action.REBOOT, 3: Action.DRAIN, 4: Action.RESET_GPU}
+SBE_WINDOW_S = 3600.0
 
-    name = "xid.nvml"
+
+@register_event_source
+class NvmlEvents(EventSource):
+    """One thread blocked in nvmlEventSetWait_v2, registered on every GPU for every fault event
+    type that GPU supports (NOT_SUPPORTED on a board is normal: the fast tier still polls the
+    same signal). Each event becomes findings at once."""
+
+    name = "nvml.events"
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.registered: dict[int, int] = {}  # GPU index -> event mask registered
+        self._sbe: dict[int, list[float]] = {}
 
     def supported(self) -> bool:
         try:
@@ -198,35 +224,95 @@ class NvmlXidEvents(EventSource):
 
     def start(self, emit: Callable[[list[Finding]], None]) -> None:
         self._thread = threading.Thread(
-            target=self._loop, args=(emit,), name="xid-events", daemon=True
+            target=self._loop, args=(emit,), name="nvml-events", daemon=True
         )
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread:
-            self._thread.join(timeout=2)
+            self._thread.join(timeout=1.5)
+
+    def _register(self, es: Any, dev: nvml.Device) -> int:
+        supported = nvml.call(pynvml.nvmlDeviceGetSupportedEventTypes, dev.handle)
+        if supported is nvml.NOT_SUPPORTED:
+            return 0
+        mask = int(supported) & FAULT_EVENTS
+        if not mask:
+            return 0
+        try:
+            if nvml.call(pynvml.nvmlDeviceRegisterEvents, dev.handle, mask, es) is None:
+                return mask
+        except pynvml.NVMLError:
+            pass
+        got = 0  # some boards refuse a combined mask: one type at a time
+        for bit in (1 << i for i in range(mask.bit_length())):
+            if mask & bit:
+                try:
+                    if nvml.call(pynvml.nvmlDeviceRegisterEvents, dev.handle, bit, es) is None:
+                        got |= bit
+                except pynvml.NVMLError:
+                    continue
+        return got
+
+    def finding_for(self, ev_type: int, data: int, dev: nvml.Device | None, idx: int) -> Any:
+        comp = f"gpu{idx}" if idx >= 0 else "host"
+        where = dev.label if dev else f"GPU {idx}"
+        ids = dev.ids() if dev else {}
+        if ev_type == EVENT_XID:
+            overrides = self.ctx.config.checks.xid.actions
+            return xid_finding("xid.nvml", data, overrides, comp, where, source="nvml-event", **ids)
+        if ev_type == EVENT_SBE:
+            now = time.monotonic()
+            times = [t for t in self._sbe.get(idx, []) if now - t <= SBE_WINDOW_S] + [now]
+            self._sbe[idx] = times
+            limit = self.ctx.config.checks.xid.sbe_events_per_hour_warn
+            if len(times) < limit:
+                return None
+            return Finding(
+                check="gpu.events",
+                component=comp,
+                severity=Severity.WARNING,
+                code="ecc.sbe.rate",
+                message=f"{where}: {len(times)} corrected ECC events in the last hour",
+                action=Action.WATCH,
+                details={"events": len(times), "event_type": hex(ev_type), **ids},
+            )
+        code, sev, action, what = EVENT_FINDINGS.get(
+            ev_type, ("event.unknown", Severity.WARNING, Action.INSPECT, "unknown NVML event")
+        )
+        if ev_type == 0x8000:
+            if data == 0:
+                return None  # "no recovery needed"
+            action = _RECOVERY.get(data, Action.INSPECT)
+        return Finding(
+            check="gpu.events",
+            component=comp,
+            severity=sev,
+            code=code,
+            message=f"{where}: {what} (NVML event {ev_type:#x}, data {data})",
+            action=action,
+            details={"event_type": hex(ev_type), "event_data": data, "source": "nvml-event", **ids},
+        )
 
     def _loop(self, emit: Callable[[list[Finding]], None]) -> None:
-        overrides = self.ctx.config.checks.xid.actions
         try:
             devs, _ = nvml.devices()
             es = pynvml.nvmlEventSetCreate()
-            by_uuid = {}
+            by_index = {}
             for d in devs:
                 try:
-                    pynvml.nvmlDeviceRegisterEvents(
-                        d.handle, pynvml.nvmlEventTypeXidCriticalError, es
-                    )
-                    by_uuid[d.index] = d
+                    self.registered[d.index] = self._register(es, d)
+                    by_index[d.index] = d
                 except pynvml.NVMLError as exc:
-                    log.warning("cannot register XID events on %s: %s", d.label, exc)
+                    log.warning("cannot register NVML events on %s: %s", d.label, exc)
         except (pynvml.NVMLError, nvml.NvmlUnavailable) as exc:
             log.warning("NVML events unavailable: %s", exc)
             return
         while not self._stop.is_set():
             try:
-                ev = pynvml.nvmlEventSetWait_v2(es, 500)
+                # the thread costs nothing while blocked; a stop is seen within a second
+                ev = pynvml.nvmlEventSetWait_v2(es, 1000)
             except pynvml.NVMLError_Timeout:
                 continue
             except pynvml.NVMLError as exc:
@@ -249,23 +335,13 @@ class NvmlXidEvents(EventSource):
                 idx = pynvml.nvmlDeviceGetIndex(ev.device)
             except pynvml.NVMLError:
                 idx = -1
-            found = by_uuid.get(idx)
-            comp = f"gpu{idx}" if idx >= 0 else "host"
-            where = found.label if found else f"GPU {idx}"
-            emit(
-                [
-                    xid_finding(
-                        "xid.nvml",
-                        int(ev.eventData),
-                        overrides,
-                        comp,
-                        where,
-                        source="nvml-event",
-                        **(found.ids() if found else {}),
-                    )
-                ]
-            )
+            f = self.finding_for(int(ev.eventType), int(ev.eventData), by_index.get(idx), idx)
+            if f is not None:
+                emit([f])
         try:
             pynvml.nvmlEventSetFree(es)
         except pynvml.NVMLError:
             pass
+
+
+NvmlXidEvents = NvmlEvents  # the older name
