@@ -327,7 +327,7 @@ def select_checks(
 
     wanted = only or ctx.config.agent.enabled_checks
     out: list[Check] = []
-    for name, cls in sorted(load_all().items()):
+    for name, cls in sorted(load_all(only, invasive=include_invasive).items()):
         if wanted and not any(name == w or name.startswith(w + ".") for w in wanted):
             continue
         if cls.invasive and not include_invasive and not only:

@@ -10,6 +10,7 @@ port going down then back; 3 within the window make the port unhealthy, sticky f
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable
@@ -49,6 +50,20 @@ def _read(p: Path) -> str | None:
         return p.read_text(errors="replace").strip()[:200]
     except OSError:
         return None
+
+
+def _read_small(path: str) -> str | None:
+    """One small sysfs file (fast tier: plain os calls, no Path objects)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 200).decode(errors="replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def parse_state(text: str | None) -> str:
@@ -173,8 +188,9 @@ class InfinibandCheck(Check):
     def _state(self, comp: str, p: Path, st: PortState, now: float) -> list[Finding]:
         """Fast tier: state + phys_state, link drops and flaps."""
         out: list[Finding] = []
-        state = parse_state(_read(p / "state"))
-        phys = parse_state(_read(p / "phys_state"))
+        base = str(p)
+        state = parse_state(_read_small(base + "/state"))
+        phys = parse_state(_read_small(base + "/phys_state"))
         up = state == "ACTIVE"
         if up != st.up:
             st.last_change = now

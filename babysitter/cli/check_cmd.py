@@ -5,15 +5,14 @@ drain was babysitter's)."""
 from __future__ import annotations
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from babysitter.checks.base import CheckContext, run_checks, select_checks
 from babysitter.cli.common import State, echo_json, pass_state
 from babysitter.errors import UsageError
 from babysitter.finding import Finding, Severity, exit_code, worst
-from babysitter.slurm.client import SlurmError, SlurmNotOwned
 
+# As a HealthCheckProgram this runs every few minutes on every node: rich (tables) and the Slurm
+# client are imported only when used.
 _STYLE = {
     Severity.CRITICAL: "bold red",
     Severity.WARNING: "yellow",
@@ -60,6 +59,9 @@ def check(state: State, only: str, as_json: bool, slurm_drain: bool) -> int:
 
 
 def _print_table(findings: list[Finding]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     con = Console()
     problems = [f for f in findings if f.severity is not Severity.OK]
     healthy = {(f.check, f.component) for f in findings if f.severity is Severity.OK}
@@ -77,6 +79,9 @@ def _print_table(findings: list[Finding]) -> None:
 
 
 def _slurm_drain(state: State, node: str, findings: list[Finding]) -> None:
+    from rich.console import Console
+
+    from babysitter.slurm.client import SlurmError, SlurmNotOwned
     from babysitter.slurm.factory import make_client
 
     err = Console(stderr=True)

@@ -36,6 +36,9 @@
 #include <time.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <poll.h>
+#include <sys/inotify.h>
+#include <libgen.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -556,6 +559,18 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned int 
     fake_event_set *s = set;
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
+    /* Block on inotify (the state file is replaced by rename) instead of polling: a real driver
+     * blocks in the kernel, and a polling fake would bill its own CPU to the agent. */
+    int ino = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    const char *path = getenv("FAKE_NVML_STATE");
+    if (ino >= 0 && path) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", path);
+        if (inotify_add_watch(ino, dirname(dir), IN_MOVED_TO | IN_CLOSE_WRITE | IN_CREATE) < 0) {
+            close(ino);
+            ino = -1;
+        }
+    }
     for (;;) {
         pthread_mutex_lock(&lock);
         load_state();
@@ -576,6 +591,7 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned int 
         if (best >= 0) {
             s->last_seq = best;
             pthread_mutex_unlock(&lock);
+            if (ino >= 0) close(ino);
             memset(data, 0, sizeof *data);
             data->device = &devices[best_gpu];
             data->eventType = best_type;
@@ -585,8 +601,17 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned int 
         pthread_mutex_unlock(&lock);
         clock_gettime(CLOCK_MONOTONIC, &now);
         double ms = (now.tv_sec - start.tv_sec) * 1e3 + (now.tv_nsec - start.tv_nsec) / 1e6;
-        if (ms >= timeoutms) return NVML_ERROR_TIMEOUT;
-        usleep(10000);
+        if (ms >= timeoutms) { if (ino >= 0) close(ino); return NVML_ERROR_TIMEOUT; }
+        if (ino >= 0) {
+            struct pollfd pfd = { .fd = ino, .events = POLLIN };
+            int left = (int)(timeoutms - ms) + 1;
+            if (poll(&pfd, 1, left > 0 ? left : 1) > 0) {
+                char buf[4096];
+                while (read(ino, buf, sizeof buf) > 0) {}
+            }
+        } else {
+            usleep(10000);
+        }
     }
 }
 nvmlReturn_t nvmlEventSetFree(void *set) {
