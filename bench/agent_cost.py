@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import secrets
 import socket
 import subprocess
@@ -56,13 +55,12 @@ def rss_mb(pid: int) -> tuple[float, float]:
 
 
 def child_cost(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
-    """CPU seconds and peak RSS (MB) of one child process run to its end, and its exit code."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    rc = subprocess.run(cmd, env=env, capture_output=True, timeout=120).returncode
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    # ru_maxrss of children is the largest child so far: run the small ones first
-    return cpu, after.ru_maxrss / 1024, rc
+    """CPU seconds and peak RSS (MB) of one child process run to its end, and its exit code
+    (wait4: that child's own rusage, as /usr/bin/time -v reports it)."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, p.returncode
 
 
 def main() -> int:

@@ -57,6 +57,7 @@ class Agent:
         self._due: dict[str, float] = {}
         self._running: dict[str, float] = {}  # check name -> when its current run started
         self._timed_out: set[str] = set()
+        self._go: dict[str, threading.Event] = {}  # wakes each check's worker thread
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.metrics = None
@@ -107,18 +108,29 @@ class Agent:
     # ---- checks
     def _store(self, check: Check, res: CheckResult) -> None:
         with self._lock:
-            was_critical = {
-                f.key for f in self.latest.get(check.name, []) if f.severity is Severity.CRITICAL
-            }
+            before = {f.key: f.severity for f in self.latest.get(check.name, [])}
             self.latest[check.name] = res.findings
             self.durations[check.name] = round(res.duration_s, 4)
-        # A polled check that just turned critical (GPU lost, DBE, IB port down) is reported
-        # now, not at the next report cycle: the node should stop taking jobs at once.
-        if any(f.severity is Severity.CRITICAL and f.key not in was_critical for f in res.findings):
+        # A polled signal that just got worse (GPU lost, DBE, IB port down; a PCIe link trained
+        # down) is reported now, not at the next report cycle: the node should stop taking jobs
+        # at once, and a degradation should not wait another interval to be seen.
+        if any(
+            f.severity >= Severity.WARNING and f.severity > before.get(f.key, Severity.OK)
+            for f in res.findings
+        ):
             self.shipper.submit(self.full_report())
 
+    def _worker(self, check: Check, go: threading.Event) -> None:
+        """One long-lived thread per check (starting a thread per run costs more than most
+        fast-tier runs); the main loop watches the clock (see _watch_timeouts)."""
+        while not self._stop.is_set():
+            go.wait()
+            go.clear()
+            if self._stop.is_set():
+                return
+            self._run_one(check)
+
     def _run_one(self, check: Check) -> None:
-        # one thread per run; the main loop watches the clock (see _watch_timeouts)
         try:
             res = execute(check)
             with self._lock:
@@ -155,9 +167,13 @@ class Agent:
             self._due[c.name] = now + c.effective_interval()
             with self._lock:
                 self._running[c.name] = time.monotonic()
-            threading.Thread(
-                target=self._run_one, args=(c,), name=f"check:{c.name}", daemon=True
-            ).start()
+            go = self._go.get(c.name)
+            if go is None:
+                go = self._go[c.name] = threading.Event()
+                threading.Thread(
+                    target=self._worker, args=(c, go), name=f"check:{c.name}", daemon=True
+                ).start()
+            go.set()
 
     def next_wake(self) -> float:
         """Seconds until a check is due or a running one times out (the loop sleeps till then)."""
@@ -219,6 +235,8 @@ class Agent:
             wake = min(self.next_wake(), next_report - now, (wd / 2) if wd else 5.0)
             self._stop.wait(max(0.01, wake))
         notify("STOPPING=1")
+        for go in self._go.values():
+            go.set()  # workers see the stop and end
         for s in self.sources:
             s.stop()
         self.shipper.stop()

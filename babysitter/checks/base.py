@@ -58,10 +58,16 @@ class Check:
         self._next_due: dict[str, float] = {}
         self._kept: dict[tuple[str, object], list[Finding]] = {}
         self.tier = "slow"  # of the last run: "fast" when it read only fast-tier signals
+        self._intervals: dict[str, float] | None = None
 
     # ---- signals and tiers
     def signal_intervals(self) -> dict[str, float]:
         """Interval of each signal this check reads (tiers table + config overrides)."""
+        if self._intervals is None:  # the config does not change while the check lives
+            self._intervals = self._signal_intervals()
+        return self._intervals
+
+    def _signal_intervals(self) -> dict[str, float]:
         cfg = self.ctx.check_config(self.section)
         forced = cfg.interval_s if cfg is not None and cfg.interval_s else None
         table = tiers.table(self.name)
