@@ -10,10 +10,12 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
+from babysitter.agent.sticky import StickyFindings, read_boot_id
 from babysitter.checks.base import (
     EVENT_SOURCES,
     TIER_STATS,
@@ -52,7 +54,10 @@ class Agent:
         self.checks: list[Check] = select_checks(self.ctx)
         self.sources: list[EventSource] = []
         self.latest: dict[str, list[Finding]] = {}
-        self.event_findings: dict[tuple[str, str, str], Finding] = {}
+        # event findings (XIDs, NVML events) last until the node reboots, across agent restarts
+        self.sticky = StickyFindings(
+            Path(f"{a.spool_path}.events.json"), read_boot_id(a.boot_id_path)
+        )
         self.durations: dict[str, float] = {}
         self._due: dict[str, float] = {}
         self._running: dict[str, float] = {}  # check name -> when its current run started
@@ -88,16 +93,15 @@ class Agent:
         }
 
     def emit_event(self, findings: list[Finding]) -> None:
-        """Event sources call this from their thread: ship at once, keep them in later reports."""
-        with self._lock:
-            for f in findings:
-                self.event_findings[f.key] = f
+        """Event sources call this from their thread: ship at once, keep them in later reports
+        (until the node reboots, or NVML shows the condition gone)."""
+        self.sticky.add([f for f in findings if f.severity >= Severity.WARNING])
         self.shipper.submit(self._report(findings, "event"))
 
     def full_report(self) -> dict[str, Any]:
         with self._lock:
             findings = [f for fs in self.latest.values() for f in fs]
-            findings += list(self.event_findings.values())
+        findings += self.sticky.values()
         report = self._report(findings, "full")
         if self.metrics is not None:
             m = report["metrics"]
@@ -132,10 +136,13 @@ class Agent:
 
     def _run_one(self, check: Check) -> None:
         try:
+            started = time.time()
             res = execute(check)
             with self._lock:
                 late = check.name in self._timed_out
             if not late:
+                if not res.unknown:
+                    self.sticky.clear_gone(check.name, res.findings, started)
                 self._store(check, res)
         finally:
             with self._lock:

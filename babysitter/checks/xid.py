@@ -110,10 +110,7 @@ class KmsgXidCheck(Check):
                     size = path.stat().st_size
                     if size < self._offset:  # rotated / truncated: start over
                         self._offset = 0
-                    fh.seek(self._offset)
-                    data = fh.read(8 * 1024 * 1024)
-                    self._offset += len(data)
-                    new = data.decode("utf-8", "replace").splitlines()
+                    new, self._offset = read_log_lines(fh, self._offset)
                 else:  # /dev/kmsg: non-blocking reads of whole records
                     new = _read_devkmsg(fh)
         except FileNotFoundError:
@@ -158,6 +155,41 @@ class KmsgXidCheck(Check):
         return list(self._open.values()) or [
             self.finding("host", Severity.OK, "xid.none", "no XIDs in the kernel log")
         ]
+
+
+CHUNK = 1024 * 1024
+MARKERS = (b"NVRM: Xid", b"GPU has fallen off the bus")
+
+
+def read_log_lines(fh: Any, offset: int, chunk: int = CHUNK) -> tuple[list[str], int]:
+    """The XID-related lines of a log file from `offset` to its last complete line, read in
+    chunks (memory bounded by one chunk and one line, whatever the log's size) without ever
+    splitting a line; returns them and the offset of the first incomplete line (read again
+    next time)."""
+    fh.seek(offset)
+    out: list[str] = []
+    carry = b""
+    carry_start = offset  # file offset where `carry` begins
+    while True:
+        data = fh.read(chunk)
+        if not data:
+            break
+        buf = carry + data
+        end = buf.rfind(b"\n")
+        if end < 0:
+            if len(buf) > MAX_LINE:  # longer than any XID line: drop its head, stay bounded
+                drop = len(buf) - MAX_LINE
+                carry, carry_start = buf[drop:], carry_start + drop
+            else:
+                carry = buf
+            continue
+        complete, carry = buf[: end + 1], buf[end + 1 :]
+        carry_start += end + 1
+        if any(m in complete for m in MARKERS):  # most chunks hold no XID: skip them whole
+            for line in complete.splitlines():
+                if any(m in line for m in MARKERS):
+                    out.append(line.decode("utf-8", "replace"))
+    return out, carry_start
 
 
 def _read_devkmsg(f: Any) -> list[str]:
