@@ -16,6 +16,7 @@ from typing import Any
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
 from babysitter.agent.sticky import StickyFindings, read_boot_id
+from babysitter.checks.all import select_checks
 from babysitter.checks.base import (
     EVENT_SOURCES,
     TIER_STATS,
@@ -26,7 +27,6 @@ from babysitter.checks.base import (
     execute,
     is_hung,
     mark_hung,
-    select_checks,
     timeout_result,
 )
 from babysitter.config import Config
