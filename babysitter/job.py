@@ -50,7 +50,8 @@ def parse_babysit_args(text: str) -> dict[str, Any]:
                 raise BabysitArgsError("--babysit: ckpt must be an absolute path")
             out[key] = val
         else:
-            if not val.isdigit():
+            # ASCII digits only: str.isdigit() also accepts "²" or "٣", which int() refuses
+            if not (val.isascii() and val.isdigit()) or len(val) > 8:
                 raise BabysitArgsError(f"--babysit: {key} must be a non-negative integer")
             n = int(val)
             if key == "hang_timeout" and n == 0:

@@ -29,7 +29,7 @@ from babysitter.config import Config
 from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.store import Store
-from babysitter.job import babysit_spec
+from babysitter.job import parse_babysit_args
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmJob, SlurmNode
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,17 @@ def decide_requeue(
 
 
 # ---- facts and execution
+
+
+def babysit_spec(j: SlurmJob) -> dict[str, Any] | None:
+    """The job's babysit arguments (AdminComment from the plugin, else the Comment fallback);
+    None when it did not opt in. Raises on an invalid spec, so the job's error can be shown
+    instead of the job being dropped silently."""
+    for text in (j.admin_comment, j.comment):
+        for token in (text or "").split():
+            if token == "babysit" or token.startswith("babysit="):
+                return parse_babysit_args(token)
+    return None
 
 
 def _clamp(text: str | None, n: int) -> str | None:
@@ -165,7 +176,7 @@ class JobTracker:
 
     def _scan_one(self, j: SlurmJob, down: set[str], now: datetime) -> None:
         try:
-            spec = babysit_spec(j.admin_comment, j.comment)
+            spec = babysit_spec(j)
         except Exception as exc:
             # a babysit spec this parser chokes on: the job opted in, so show why it is not
             # babysat rather than dropping it silently
@@ -207,7 +218,7 @@ class JobTracker:
             if node not in j.nodes or not (j.running or "COMPLETING" in j.states):
                 continue
             try:
-                if babysit_spec(j.admin_comment, j.comment) is not None:
+                if babysit_spec(j) is not None:
                     out.append(j.job_id)
             except Exception:  # its error is recorded by the scan
                 continue
@@ -287,7 +298,7 @@ class JobTracker:
         j = self.slurm.job(job_id)
         if not (j.running or "COMPLETING" in j.states):
             return "skipped", f"job {job_id} is {j.state or 'gone'}: nothing to requeue"
-        spec = babysit_spec(j.admin_comment, j.comment) or {}
+        spec = babysit_spec(j) or {}
         row = self._row(job_id) or {}
         history: list[dict[str, Any]] = list(row.get("history") or [])
         limit = max_requeues(spec)

@@ -162,9 +162,10 @@ class RemediationEngine:
         for f in self.store.findings(
             since=now - timedelta(hours=24), severity="critical", limit=10_000
         ):
-            if f["code"].startswith("xid.") and f["code"][4:].isdigit():
+            code = str(f["code"])
+            if code.startswith("xid.") and code[4:].isascii() and code[4:].isdigit():
                 xids.setdefault(f["node"], []).append(
-                    (f["component"], int(f["code"][4:]), f["observed_at"])
+                    (f["component"], int(code[4:12]), f["observed_at"])
                 )
         validations = summarise(actions)
         prefix = self.cfg.slurm.reason_prefix
