@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from babysitter.controller.jobs import decide_requeue, max_requeues
+from tests.fixtures.slurm import wait_for
 
 
 def test_requeue_until_the_limit_then_hold():
@@ -32,3 +33,40 @@ def test_max_requeues_default_and_values():
     assert max_requeues({}) == 3
     assert max_requeues({"max_requeues": 0}) == 0
     assert max_requeues({"max_requeues": "7"}) == 7
+
+
+def test_a_stuck_item_is_not_restarted_and_a_full_pool_fails_fast(tmp_path):
+    import threading
+
+    from babysitter.config import Config
+    from babysitter.controller.remediation import make_engine
+    from babysitter.controller.store import Store
+    from babysitter.slurm.cli import CliSlurmClient
+
+    store = Store(f"sqlite:///{tmp_path / 'b.db'}")
+    store.upgrade()
+    eng = make_engine(Config(), store, slurm=CliSlurmClient(slurm_conf=tmp_path / "none"))
+    release = threading.Event()
+    try:
+        with pytest.raises(TimeoutError, match="gave up"):
+            eng.bounded(lambda: release.wait(30), 0.1, key="job 1")
+        with pytest.raises(TimeoutError, match="still stuck"):
+            eng.bounded(lambda: 1, 5, key="job 1")
+        for k in (2, 3, 4):
+            with pytest.raises(TimeoutError, match="gave up"):
+                eng.bounded(lambda: release.wait(30), 0.1, key=f"job {k}")
+        with pytest.raises(TimeoutError, match="workers are stuck"):
+            eng.bounded(lambda: 1, 5, key="job 5")
+        release.set()
+
+        def runs_again() -> bool:
+            try:
+                return eng.bounded(lambda: 42, 5, key="job 1") == 42
+            except TimeoutError:  # its thread is finishing
+                return False
+
+        wait_for(runs_again, 10, "job 1 runs again once its thread is free")
+    finally:
+        release.set()
+        eng.close()
+        store.close()

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ CKPT_SETTLE_S = 10.0  # marker-less formats: files this fresh may still be being
 REQUEUE_RULE = "job_on_failed_node"
 HISTORY_MAX = 50  # entries kept per job (a job failing every tick must not grow a row forever)
 HELD_REASONS = ("JobHeldAdmin", "JobHeldUser")
+HEARTBEAT_MAX = 64 * 1024
 
 
 # ---- the pure job policy
@@ -96,7 +99,18 @@ def heartbeat_age(ckpt: str, job_id: int, now_ts: float) -> float | None:
     babysitter.job.heartbeat), else the newest file under its checkpoint directory."""
     hb = Path(ckpt) / ".babysitter" / f"heartbeat-{job_id}.json"
     try:
-        return now_ts - float(json.loads(hb.read_text())["time"])
+        # the job owns this path: no link followed, never block on a FIFO, a small regular
+        # file only
+        fd = os.open(hb, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError("heartbeat is not a regular file")
+            raw = os.read(fd, HEARTBEAT_MAX + 1)
+        finally:
+            os.close(fd)
+        if len(raw) > HEARTBEAT_MAX:
+            raise ValueError("heartbeat file too large")
+        return now_ts - float(json.loads(raw)["time"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
@@ -114,7 +128,7 @@ class JobTracker:
         slurm: SlurmClient,
         metrics: ControllerMetrics,
         router: AlertRouter,
-        bounded: Callable[[Callable[[], Any], float], Any] | None = None,
+        bounded: Callable[[Callable[[], Any], float, str], Any] | None = None,
         item_timeout_s: float = 30.0,
     ) -> None:
         self.cfg = cfg
@@ -123,7 +137,7 @@ class JobTracker:
         self.metrics = metrics
         self.router = router
         # runs one job's work with a time limit (the engine's worker pool); inline when None
-        self.bounded = bounded or (lambda fn, _t: fn())
+        self.bounded = bounded or (lambda fn, _t, _k: fn())
         self.item_timeout_s = item_timeout_s
         self._last_scan = 0.0
 
@@ -169,7 +183,9 @@ class JobTracker:
         down = {n for n, sn in slurm_nodes.items() if sn.down}
         for j in jobs:
             try:
-                self.bounded(partial(self._scan_one, j, down, now), self.item_timeout_s)
+                self.bounded(
+                    partial(self._scan_one, j, down, now), self.item_timeout_s, f"job {j.job_id}"
+                )
             except Exception as exc:
                 self.record_error(j.job_id, "scan", exc, now)
         self._resolve_requeue_limit_alerts({j.job_id: j for j in jobs})
