@@ -27,7 +27,7 @@ from babysitter.config import Config
 from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.store import Store
-from babysitter.job import babysit_spec
+from babysitter.job import parse_babysit_args
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmJob, SlurmNode
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ CKPT_SETTLE_S = 10.0  # marker-less formats: files this fresh may still be being
 REQUEUE_RULE = "job_on_failed_node"
 HISTORY_MAX = 50  # entries kept per job (a job failing every tick must not grow a row forever)
 HELD_REASONS = ("JobHeldAdmin", "JobHeldUser")
+HEARTBEAT_MAX = 64 * 1024
 
 
 # ---- the pure job policy
@@ -74,6 +75,17 @@ def decide_requeue(
 # ---- facts and execution
 
 
+def babysit_spec(j: SlurmJob) -> dict[str, Any] | None:
+    """The job's babysit arguments (AdminComment from the plugin, else the Comment fallback);
+    None when it did not opt in. Raises on an invalid spec, so the job's error can be shown
+    instead of the job being dropped silently."""
+    for text in (j.admin_comment, j.comment):
+        for token in (text or "").split():
+            if token == "babysit" or token.startswith("babysit="):
+                return parse_babysit_args(token)
+    return None
+
+
 def _clamp(text: str | None, n: int) -> str | None:
     return None if text is None else text[:n]
 
@@ -85,9 +97,6 @@ def heartbeat_age(ckpt: str, job_id: int, now_ts: float, user: str | None = None
     return ckpt_owner.heartbeat_age(ckpt, user, job_id, now_ts)
 
 
-_hb_read: dict[tuple[int, int], float] = {}  # (tracker, job) -> last heartbeat read
-
-
 class JobTracker:
     def __init__(
         self,
@@ -96,7 +105,7 @@ class JobTracker:
         slurm: SlurmClient,
         metrics: ControllerMetrics,
         router: AlertRouter,
-        bounded: Callable[[Callable[[], Any], float], Any] | None = None,
+        bounded: Callable[[Callable[[], Any], float, str], Any] | None = None,
         item_timeout_s: float = 30.0,
     ) -> None:
         self.cfg = cfg
@@ -105,9 +114,10 @@ class JobTracker:
         self.metrics = metrics
         self.router = router
         # runs one job's work with a time limit (the engine's worker pool); inline when None
-        self.bounded = bounded or (lambda fn, _t: fn())
+        self.bounded = bounded or (lambda fn, _t, _k: fn())
         self.item_timeout_s = item_timeout_s
         self._last_scan = 0.0
+        self._hb_read: dict[int, float] = {}  # job -> monotonic time of its last heartbeat read
 
     # -- recording history and errors on the job
     def _history(self, job_id: int) -> list[dict[str, Any]]:
@@ -151,14 +161,16 @@ class JobTracker:
         down = {n for n, sn in slurm_nodes.items() if sn.down}
         for j in jobs:
             try:
-                self.bounded(partial(self._scan_one, j, down, now), self.item_timeout_s)
+                self.bounded(
+                    partial(self._scan_one, j, down, now), self.item_timeout_s, f"job {j.job_id}"
+                )
             except Exception as exc:
                 self.record_error(j.job_id, "scan", exc, now)
         self._resolve_requeue_limit_alerts({j.job_id: j for j in jobs})
 
     def _scan_one(self, j: SlurmJob, down: set[str], now: datetime) -> None:
         try:
-            spec = babysit_spec(j.admin_comment, j.comment)
+            spec = babysit_spec(j)
         except Exception as exc:
             # a babysit spec this parser chokes on: the job opted in, so show why it is not
             # babysat rather than dropping it silently
@@ -200,7 +212,7 @@ class JobTracker:
             if node not in j.nodes or not (j.running or "COMPLETING" in j.states):
                 continue
             try:
-                if babysit_spec(j.admin_comment, j.comment) is not None:
+                if babysit_spec(j) is not None:
                     out.append(j.job_id)
             except Exception:  # its error is recorded by the scan
                 continue
@@ -237,12 +249,11 @@ class JobTracker:
 
     def _check_hang(self, j: SlurmJob, spec: dict[str, Any], now: datetime) -> None:
         # each read starts a helper process as the job's owner: at most every hang_timeout/10 s
-        key = (id(self), j.job_id)
-        if time.monotonic() - _hb_read.get(key, -1e9) < max(
+        if time.monotonic() - self._hb_read.get(j.job_id, -1e9) < max(
             SCAN_INTERVAL_S, spec["hang_timeout"] / 10
         ):
             return
-        _hb_read[key] = time.monotonic()
+        self._hb_read[j.job_id] = time.monotonic()
         age = heartbeat_age(spec["ckpt"], j.job_id, now.timestamp(), j.user)
         cond = f"job_hung_{j.job_id}"
         # no progress for hang_timeout AND its GPUs idle (when utilisation is known): a slow
@@ -287,7 +298,7 @@ class JobTracker:
         j = self.slurm.job(job_id)
         if not (j.running or "COMPLETING" in j.states):
             return "skipped", f"job {job_id} is {j.state or 'gone'}: nothing to requeue"
-        spec = babysit_spec(j.admin_comment, j.comment) or {}
+        spec = babysit_spec(j) or {}
         row = self._row(job_id) or {}
         history: list[dict[str, Any]] = list(row.get("history") or [])
         limit = max_requeues(spec)
