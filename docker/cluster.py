@@ -220,12 +220,12 @@ def build_wheel(out: Path) -> Path:
         ),
     )
     wheels = out / "wheels"
+    # pip's isolated build env: setuptools as pyproject.toml asks, not whatever the venv has
     run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(wheels), str(src)],
-        env=dict(env(), SOURCE_DATE_EPOCH="315532800"),  # same bytes: docker reuses its layers
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(src)],
         timeout=600,
-    )  # fmt: skip
+        env=dict(env(), SOURCE_DATE_EPOCH="315532800"),  # same bytes: docker reuses its layers
+    )
     (whl,) = wheels.glob("babysitter-*.whl")
     return whl
 
@@ -349,7 +349,8 @@ def main(argv: list[str]) -> int:
         started = daemon_up()
         print(f"dockerd {'started' if started else 'already running'} at {docker_host()}")
     elif cmd == "daemon-down":
-        down() if engine_ok() else None
+        if engine_ok():
+            down()
         daemon_down()
     elif cmd == "image":
         daemon_up()
