@@ -14,6 +14,7 @@ from typing import Any
 
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
+from babysitter.checks.all import select_checks
 from babysitter.checks.base import (
     EVENT_SOURCES,
     Check,
@@ -21,7 +22,6 @@ from babysitter.checks.base import (
     EventSource,
     is_hung,
     run_check,
-    select_checks,
 )
 from babysitter.config import Config
 from babysitter.errors import ConfigError

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from babysitter import __version__
 from babysitter.controller.auth import Authenticator, Principal
+from babysitter.controller.guard_api import add_guard_route
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.store import Report, Store
 from babysitter.finding import Finding
@@ -263,6 +264,8 @@ def create_app(
         aid = store.record_action("guard_reset", rule="manual", requested_by="admin")
         return {"action_id": aid, "status": "pending"}
 
+    add_guard_route(app, store, reader)
+
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
@@ -272,7 +275,9 @@ def create_app(
         ok = store.ping()
         body = {
             "database": "ok" if ok else "unreachable",
+            # leader: this controller holds the lock AND runs the remediation loop
             "leader": bool(runtime_state.get("leader", False)),
+            "remediation": bool(runtime_state.get("remediation", False)),
         }
         return JSONResponse(body, status_code=200 if ok else 503)
 

@@ -88,6 +88,7 @@ class SimCluster:
     webhook_url: str | None = None
     alertmanager_url: str | None = None
     policy: dict[str, Any] = field(default_factory=dict)
+    validation: dict[str, Any] = field(default_factory=dict)  # the [validation] section
     agent_interval_s: float = 1.0
     check_interval_s: float = 1.0
     extra_slurm_conf: list[str] = field(default_factory=list)
@@ -150,6 +151,7 @@ class SimCluster:
             "slurm": self.slurm_section(),
             "policy": {"max_drained_fraction": 0.5, "resume_after_clean_checks": 2, **self.policy},
             "alerts": alerts,
+            **({"validation": self.validation} if self.validation else {}),
         }
 
     def agent_config(self, node: str) -> dict[str, dict[str, Any]]:
