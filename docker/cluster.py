@@ -43,8 +43,6 @@ COMPOSE_FILE = HERE / "compose.yaml"
 IMAGE = "babysitter-testcluster"
 BASE_IMAGE = "babysitter-base"
 SLURM = "24.11"  # the Debian root (trixie) the image is built from
-# the checkout the wheel is built from (this one unless told otherwise)
-SRC = Path(os.environ.get("BABYSITTER_DOCKER_SRC") or REPO)
 STATE_DIR = Path(os.environ.get("BABYSITTER_DOCKER_DIR", "/var/tmp/babysitter-docker"))
 DOCKER_FILES = ("Dockerfile", "entrypoint.sh", "alertmanager.yml")
 HOST_CA = Path(os.environ.get("PIP_CERT") or "/etc/ssl/certs/ca-certificates.crt")
@@ -218,7 +216,7 @@ def build_wheel(out: Path) -> Path:
     """The project's wheel, built from a clean copy (no stale build/ of the checkout)."""
     src = out / "src"
     shutil.copytree(
-        SRC,
+        REPO,
         src,
         ignore=shutil.ignore_patterns(
             ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".make", "*.so"

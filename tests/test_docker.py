@@ -156,8 +156,10 @@ def test_failure_midway_leaves_nothing_behind(image: str):
     """The teardown path the tests use runs after a failure half-way through a bring-up."""
     with pytest.raises(RuntimeError, match="midway"):
         try:
-            tool.up(image, services=["controller"])  # and the three services it depends on
-            assert len(tool.containers()) == 4
+            # the first three services: enough containers and mounts to leave behind
+            tool.up(image, services=["postgres", "slurmctld", "alertmanager"])
+            assert len(tool.containers()) == 3
+            assert tool.leftover_mounts()  # their root file systems: what must not stay
             raise RuntimeError("failing midway")
         finally:
             tool.down()
