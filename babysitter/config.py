@@ -41,6 +41,13 @@ class AgentConfig(Section):
     )
     spool_max_reports: int = Field(10_000, ge=10, description="spool bound; oldest dropped")
     interval_s: float = Field(30.0, gt=0, description="report cycle; checks keep own intervals")
+    fast_interval_s: float = Field(
+        1.0, gt=0, description="fast-tier period: cheap reads of job-killing faults (GPU lost, DBE)"
+    )
+    boot_id_path: Path = Field(
+        Path("/proc/sys/kernel/random/boot_id"),
+        description="identifies this boot: event findings are kept until it changes",
+    )
     token_file: Path = Field(
         Path("/etc/babysitter/node.token"), description="this node's API token"
     )
@@ -50,6 +57,9 @@ class AgentConfig(Section):
     )
     enabled_checks: list[str] | None = Field(
         None, description="checks to run (default: every non-invasive check that is supported)"
+    )
+    ca_file: Path | None = Field(
+        None, description="CA bundle to verify an https controller with (agent and CLI)"
     )
 
 
@@ -73,6 +83,16 @@ class ControllerConfig(Section):
     remediation: bool = Field(
         True, description="run the policy/remediation loop here (false: ingest-only replica)"
     )
+    max_body_bytes: int = Field(
+        1 << 20, ge=4096, le=64 << 20, description="largest report body accepted (else 413)"
+    )
+    max_open_findings_per_node: int = Field(
+        256, ge=8, description="open findings kept per node; the rest fold into a count"
+    )
+    tls_cert_file: Path | None = Field(
+        None, description="serve HTTPS with this certificate (PEM, chain included)"
+    )
+    tls_key_file: Path | None = Field(None, description="private key of tls_cert_file (mode 0600)")
 
 
 class SlurmConfig(Section):
@@ -194,6 +214,10 @@ class CheckConfig(Section):
     enabled: bool = Field(True, description="run this check")
     interval_s: float | None = Field(None, gt=0, description="override the check's interval")
     timeout_s: float | None = Field(None, gt=0, description="override the check's timeout")
+    signal_intervals: dict[str, float | Literal["fast"]] = Field(
+        default_factory=dict,
+        description='per-signal interval overrides, {"gpu.memory/sbe_volatile" = 30 | "fast"}',
+    )
 
 
 class GpuCheckConfig(CheckConfig):
@@ -207,6 +231,9 @@ class GpuCheckConfig(CheckConfig):
 class XidCheckConfig(CheckConfig):
     actions: dict[int, str] = Field(
         default_factory=dict, description="XID -> action overrides of the NVIDIA catalog"
+    )
+    sbe_events_per_hour_warn: float = Field(
+        100.0, gt=0, description="corrected-ECC events per GPU per hour that make a warning"
     )
 
 

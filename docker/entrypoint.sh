@@ -50,7 +50,9 @@ node)
     start_munge
     D="/var/lib/babysitter/$NODE"
     mkdir -p "$CLUSTER/spool/$NODE" "$D/sysfs"
-    # every (re)start of the container is a reboot of the node: healthy GPUs, empty kernel log
+    # every (re)start of the container is a reboot of the node: a new boot id (the agent keeps
+    # event findings such as XID 79 until the node reboots), healthy GPUs, empty kernel log
+    cat /proc/sys/kernel/random/uuid >"$D/boot_id"
     : >"$D/kmsg"
     export FAKE_NVML_STATE="$D/nvml-state"
     python -c "from babysitter.devcluster.fakenvml import FakeGpus; from pathlib import Path; \

@@ -21,6 +21,7 @@ from typing import Any
 from babysitter.controller.auth import node_token
 from babysitter.devcluster import config as conf
 from babysitter.devcluster.sim import _toml
+from babysitter.secretfile import write_private
 
 NODES = ["node1", "node2", "node3"]
 PORTS = {
@@ -80,6 +81,8 @@ def agent_config(out: Path, node: str) -> dict[str, dict[str, Any]]:
             "interval_s": 2,
             "request_timeout_s": 2,
             "sysfs_root": f"{d}/sysfs",  # no InfiniBand fabric in the containers
+            # the containers share the host's kernel: each container start writes a new boot id
+            "boot_id_path": f"{d}/boot_id",
         },
         "slurm": {"slurm_conf": str(out / "etc" / "slurm.conf")},
         "checks.gpu": {"expected_count": conf.GPUS_PER_NODE, "interval_s": 1},
@@ -102,10 +105,8 @@ def render(out: Path) -> None:
     conf.write_all(s, lines)
     secret = out / "cluster.secret"
     if not secret.exists():
-        secret.write_text(secrets.token_hex(32))
-        (out / "admin.token").write_text(secrets.token_hex(16))
-    for p in (secret, out / "admin.token"):
-        p.chmod(0o600)
+        write_private(secret, secrets.token_hex(32))
+        write_private(out / "admin.token", secrets.token_hex(16))
     key = out / "munge.key"
     if not key.exists():
         key.write_bytes(os.urandom(1024))
@@ -113,7 +114,7 @@ def render(out: Path) -> None:
     (out / "controller.toml").write_text(_toml(controller_config(out)))
     for node in NODES:
         (out / f"agent-{node}.toml").write_text(_toml(agent_config(out, node)))
-        (out / f"{node}.token").write_text(node_token(secret.read_bytes().strip(), node))
+        write_private(out / f"{node}.token", node_token(secret.read_bytes().strip(), node))
 
 
 if __name__ == "__main__":
