@@ -311,7 +311,7 @@ class DevCluster:
         info.extra["jwt_token_file"] = str(token)
         self._p(STATE_FILE).write_text(json.dumps(asdict(info), indent=2))
         sock = Path(info.restd_socket)
-        args, extra_env = source.prepare_restd(sock)
+        args, extra_env = source.prepare_restd(sock, Path(info.slurm_conf))
         env = {**self._env(info), **extra_env}
         argv = self.install.argv("slurmrestd", *args, "-s", "openapi/slurmctld", f"unix:{sock}")
         logf = open(self._p("log", "slurmrestd.log"), "ab")  # noqa: SIM115 - handed to child

@@ -221,8 +221,9 @@ def restd_socket(cluster_name: str) -> Path:
     return Path("/tmp") / f"babysitter-restd-{cluster_name}" / "slurmrestd.socket"
 
 
-def prepare_restd(sock: Path) -> tuple[list[str], dict[str, str]]:
-    """The socket dir owned by the restd user; (extra argv, extra env) for slurmrestd."""
+def prepare_restd(sock: Path, slurm_conf: Path) -> tuple[list[str], dict[str, str]]:
+    """The socket dir owned by the restd user, with a copy of slurm.conf it can read (it reads
+    the config after dropping root); (extra argv, extra env) for slurmrestd."""
     import pwd
 
     try:
@@ -235,7 +236,11 @@ def prepare_restd(sock: Path) -> tuple[list[str], dict[str, str]]:
     sock.parent.mkdir(mode=0o755, exist_ok=True)
     os.chown(sock.parent, pw.pw_uid, pw.pw_gid)
     sock.unlink(missing_ok=True)
-    return ["-u", RESTD_USER, "-g", RESTD_USER, "-a", "rest_auth/jwt"], {"SLURM_JWT": "daemon"}
+    conf = sock.parent / "slurm.conf"
+    shutil.copy(slurm_conf, conf)
+    conf.chmod(0o644)
+    env = {"SLURM_JWT": "daemon", "SLURM_CONF": str(conf)}
+    return ["-u", RESTD_USER, "-g", RESTD_USER, "-a", "rest_auth/jwt"], env
 
 
 def write_root_token(scontrol: list[str], env: dict[str, str], out: Path) -> Path:
