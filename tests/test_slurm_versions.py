@@ -181,6 +181,13 @@ def _babysat_requeue(tmp_path: Path, version: str, backend: str) -> None:
         cl = client(info)
         wait_for(lambda: out.exists() and "writing step 4" in out.read_text(), 60, "step 4")
         node = cl.job(job).nodes[0]
+        # an XID event from before an agent watches NVML is not news to it: on 25.11 (no
+        # chroot) the job reaches step 4 before the agents are up
+        wait_for(
+            lambda: len([n for n in sim.api("/api/v1/nodes") if n["verdict"] == "healthy"]) == 3,
+            60,
+            "3 healthy nodes",
+        )
         sim.inject_xid(node, 1, 79)
         wait_for(lambda: cl.job(job).restart_count == 1, 30, "requeued")
         assert node in cl.job(job).excluded_nodes
