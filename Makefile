@@ -50,6 +50,7 @@ lint: venv
 	$(VENV)/bin/ruff check babysitter tests bench
 	$(VENV)/bin/ruff format --check babysitter tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 fmt: venv
 	$(VENV)/bin/ruff format babysitter tests bench

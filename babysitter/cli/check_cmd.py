@@ -1,19 +1,22 @@
 """`babysitter check`: run the checks once, like NHC. Nagios exit codes; `--slurm-drain` makes
 it a Slurm HealthCheckProgram (drain own node on critical, resume it when clean, only if the
-drain was babysitter's)."""
+drain was this mode's own: reason `<prefix> [healthcheck] …`). Drains the controller made
+(SDC, NVML events, NCCL — checks this one-shot run never repeats) are the controller's to
+resume."""
 
 from __future__ import annotations
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from babysitter.checks.base import CheckContext, run_checks, select_checks
+from babysitter.checks.all import select_checks
+from babysitter.checks.base import CheckContext, run_checks
 from babysitter.cli.common import State, echo_json, pass_state
+from babysitter.controller.policy import HEALTHCHECK_MARK
 from babysitter.errors import UsageError
 from babysitter.finding import Finding, Severity, exit_code, worst
-from babysitter.slurm.client import SlurmError, SlurmNotOwned
 
+# As a HealthCheckProgram this runs every few minutes on every node: rich (tables) and the Slurm
+# client are imported only when used.
 _STYLE = {
     Severity.CRITICAL: "bold red",
     Severity.WARNING: "yellow",
@@ -60,6 +63,9 @@ def check(state: State, only: str, as_json: bool, slurm_drain: bool) -> int:
 
 
 def _print_table(findings: list[Finding]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     con = Console()
     problems = [f for f in findings if f.severity is not Severity.OK]
     healthy = {(f.check, f.component) for f in findings if f.severity is Severity.OK}
@@ -77,16 +83,30 @@ def _print_table(findings: list[Finding]) -> None:
 
 
 def _slurm_drain(state: State, node: str, findings: list[Finding]) -> None:
+    from rich.console import Console
+
+    from babysitter.slurm.client import SlurmError, SlurmNotOwned
     from babysitter.slurm.factory import make_client
 
     err = Console(stderr=True)
     client = make_client(state.config)
+    mine = f"{state.config.slurm.reason_prefix} {HEALTHCHECK_MARK}"
     try:
+        current = client.node(node)
+        held = current.drained_or_draining or current.down
         if worst(findings) is Severity.CRITICAL:
-            client.drain(node, drain_summary(findings))
+            controllers = current.reason.startswith(state.config.slurm.reason_prefix)
+            if held and controllers and not current.reason.startswith(mine):
+                # the controller's drain stays the controller's (never rewritten as ours)
+                err.print(f"left {node} alone: drained by the babysitter controller")
+                return
+            client.drain(node, f"{HEALTHCHECK_MARK} {drain_summary(findings)}")
             err.print(f"drained {node}")
-        else:
+        elif held and current.reason.startswith(mine):
             client.resume(node)
+            err.print(f"resumed {node}")
+        elif held and current.reason:
+            err.print(f"left {node} alone: not drained by this check ({current.reason!r})")
     except SlurmNotOwned as exc:
         err.print(f"left {node} alone: {exc}")
     except SlurmError as exc:

@@ -207,7 +207,7 @@ class DevCluster:
         return info
 
     def _plugin_lines(self) -> list[str]:
-        # slurm-plugins/ (SPANK + job_submit.lua) are installed when their module is present
+        # slurm_plugins/ (SPANK + job_submit.lua) are installed when their module is present
         try:
             plugins = importlib.import_module("babysitter.devcluster.plugins")
         except ImportError:

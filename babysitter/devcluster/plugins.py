@@ -1,16 +1,17 @@
-"""Install slurm-plugins/ (the babysit SPANK plugin and job_submit.lua) into a devcluster, so
-tests and the demo use the real plugin. The plugin is built against the Slurm headers of the
-cluster's installation (`include_dir`; a chroot's own headers for newer versions)."""
+"""Install babysitter/slurm_plugins/ (the babysit SPANK plugin and job_submit.lua) into a
+devcluster, so tests and the demo use the real plugin. The plugin is built against the Slurm
+headers of the cluster's installation (`include_dir`; a chroot's own headers for newer versions)."""
 
 from __future__ import annotations
 
 import hashlib
 import shutil
 import subprocess
+from importlib.resources import files
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-PLUGIN_DIR = REPO / "slurm-plugins"
+# Package data: admins build the plugin from an installed wheel, the devcluster does the same.
+PLUGIN_DIR = Path(str(files("babysitter") / "slurm_plugins"))
 SOURCE = PLUGIN_DIR / "babysit_spank.c"
 LUA = PLUGIN_DIR / "job_submit.lua"
 

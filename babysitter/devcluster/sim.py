@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from babysitter.controller.auth import node_token
 from babysitter.devcluster import simib
 from babysitter.devcluster.cluster import ClusterInfo, DevCluster
 from babysitter.devcluster.fakenvml import FakeGpus, build
+from babysitter.secretfile import write_private
 
 
 def _free_port() -> int:
@@ -88,6 +90,7 @@ class SimCluster:
     webhook_url: str | None = None
     alertmanager_url: str | None = None
     policy: dict[str, Any] = field(default_factory=dict)
+    validation: dict[str, Any] = field(default_factory=dict)  # the [validation] section
     agent_interval_s: float = 1.0
     check_interval_s: float = 1.0
     extra_slurm_conf: list[str] = field(default_factory=list)
@@ -151,6 +154,7 @@ class SimCluster:
             "slurm": self.slurm_section(),
             "policy": {"max_drained_fraction": 0.5, "resume_after_clean_checks": 2, **self.policy},
             "alerts": alerts,
+            **({"validation": self.validation} if self.validation else {}),
         }
 
     def agent_config(self, node: str) -> dict[str, dict[str, Any]]:
@@ -166,6 +170,8 @@ class SimCluster:
                 "interval_s": self.agent_interval_s,
                 "request_timeout_s": 2,
                 "sysfs_root": str(d / "sysfs"),
+                # a simulated reboot writes a new boot id: the agent forgets event findings
+                "boot_id_path": str(d / "boot_id"),
             },
             "slurm": self.slurm_section(),
             "checks.gpu": {"expected_count": 8, "interval_s": self.check_interval_s},
@@ -210,9 +216,10 @@ class SimCluster:
         d = self.base / "nodes" / node
         d.mkdir(parents=True, exist_ok=True)
         secret = (self.base / "etc" / "cluster.secret").read_bytes().strip()
-        (d / "node.token").write_text(node_token(secret, node))
+        write_private(d / "node.token", node_token(secret, node))
         kmsg = d / "kmsg"
         kmsg.touch()
+        (d / "boot_id").write_text(str(uuid.uuid4()))
         cfg = d / "agent.toml"
         cfg.write_text(_toml(self.agent_config(node)))
         gpus = FakeGpus(d / "nvml-state", count=8)
@@ -237,6 +244,7 @@ class SimCluster:
         sim = self.nodes[node]
         sim.gpus.reset(8)
         sim.kmsg.write_text("")
+        (sim.config.parent / "boot_id").write_text(str(uuid.uuid4()))
         if self.ib_ports:
             simib.make_tree(sim.config.parent / "sysfs", devices=self.ib_ports)
         self.start_agent(node)
