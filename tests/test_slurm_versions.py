@@ -6,6 +6,7 @@ samples without daemons."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -268,3 +269,20 @@ def test_json_samples_parse(version):
     requeued = jobs[1]
     assert requeued.restart_count == 1 and requeued.excluded_nodes == ("node2",)
     assert requeued.admin_comment.startswith("babysit=ckpt=")
+
+
+def test_without_the_source_one_line_says_where_to_put_it(tmp_path):
+    env = dict(os.environ)
+    env["BABYSITTER_ROOTS_CACHE"] = str(tmp_path / "cache")  # nothing built here
+    env["BABYSITTER_SLURM_SOURCE"] = str(tmp_path / "vendor")  # and no tarball
+    up = ["devcluster", "up", "--slurm", "25.11", "--base", str(tmp_path / "c")]
+    r = subprocess.run(
+        [sys.executable, "-m", "babysitter.cli.main", *up],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "put slurm-25.11.7.tar.gz" in r.stderr and str(tmp_path / "vendor") in r.stderr
+    assert not (tmp_path / "c" / "cluster.json").exists()

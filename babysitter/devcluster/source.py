@@ -69,12 +69,11 @@ def _main_checkout() -> Path:
 
 def source_dirs() -> list[Path]:
     """Where the tarball is looked for, in order (env first)."""
-    dirs = []
     env = os.environ.get(ENV_SOURCE)
-    if env:
+    if env:  # an explicit place is the only place
         p = Path(env)
-        dirs.append(p.parent if p.suffix == ".gz" else p)
-    dirs.append(REPO.parent / "shared" / "vendor")
+        return [p.parent if p.suffix == ".gz" else p]
+    dirs = [REPO.parent / "shared" / "vendor"]
     main = _main_checkout()
     if main != REPO:
         dirs.append(main.parent / "shared" / "vendor")
