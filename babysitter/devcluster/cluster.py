@@ -424,6 +424,9 @@ class DevCluster:
                 pids.add(p)
         if self._p("spool").exists():
             pids.update(cwd_pids(self._p("spool")))
+        if self._p("log").exists():
+            # a source-built 25.11 slurmstepd runs in the slurmd log dir with a cleared env
+            pids.update(cwd_pids(self._p("log")))
         root = self.chroot()
         if root is not None:
             # 24.11+ slurmstepd clears its environment and, daemonized, is no child of
