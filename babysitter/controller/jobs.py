@@ -14,19 +14,15 @@ others."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-from babysitter.checkpoints import find_latest_complete, write_resume_json
+from babysitter.checkpoints import owner as ckpt_owner
 from babysitter.config import Config
 from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.metrics import ControllerMetrics
@@ -94,30 +90,11 @@ def _clamp(text: str | None, n: int) -> str | None:
     return None if text is None else text[:n]
 
 
-def heartbeat_age(ckpt: str, job_id: int, now_ts: float) -> float | None:
+def heartbeat_age(ckpt: str, job_id: int, now_ts: float, user: str | None = None) -> float | None:
     """Seconds since the job's last progress signal: its heartbeat file (written by
-    babysitter.job.heartbeat), else the newest file under its checkpoint directory."""
-    hb = Path(ckpt) / ".babysitter" / f"heartbeat-{job_id}.json"
-    try:
-        # the job owns this path: no link followed, never block on a FIFO, a small regular
-        # file only
-        fd = os.open(hb, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ValueError("heartbeat is not a regular file")
-            raw = os.read(fd, HEARTBEAT_MAX + 1)
-        finally:
-            os.close(fd)
-        if len(raw) > HEARTBEAT_MAX:
-            raise ValueError("heartbeat file too large")
-        return now_ts - float(json.loads(raw)["time"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    try:
-        newest = max((p.stat().st_mtime for p in Path(ckpt).rglob("*")), default=None)
-    except OSError:
-        return None
-    return None if newest is None else now_ts - newest
+    babysitter.job.heartbeat), else the newest file under its checkpoint directory. Read as
+    the job's owner `user` (None: as this process), see babysitter.checkpoints.owner."""
+    return ckpt_owner.heartbeat_age(ckpt, user, job_id, now_ts)
 
 
 class JobTracker:
@@ -140,6 +117,7 @@ class JobTracker:
         self.bounded = bounded or (lambda fn, _t, _k: fn())
         self.item_timeout_s = item_timeout_s
         self._last_scan = 0.0
+        self._hb_read: dict[int, float] = {}  # job -> monotonic time of its last heartbeat read
 
     # -- recording history and errors on the job
     def _history(self, job_id: int) -> list[dict[str, Any]]:
@@ -270,7 +248,13 @@ class JobTracker:
         return True if seen else None
 
     def _check_hang(self, j: SlurmJob, spec: dict[str, Any], now: datetime) -> None:
-        age = heartbeat_age(spec["ckpt"], j.job_id, now.timestamp())
+        # each read starts a helper process as the job's owner: at most every hang_timeout/10 s
+        if time.monotonic() - self._hb_read.get(j.job_id, -1e9) < max(
+            SCAN_INTERVAL_S, spec["hang_timeout"] / 10
+        ):
+            return
+        self._hb_read[j.job_id] = time.monotonic()
+        age = heartbeat_age(spec["ckpt"], j.job_id, now.timestamp(), j.user)
         cond = f"job_hung_{j.job_id}"
         # no progress for hang_timeout AND its GPUs idle (when utilisation is known): a slow
         # step that keeps the GPUs busy is not a hang
@@ -327,16 +311,11 @@ class JobTracker:
         ckpt = spec.get("ckpt")
         explanation = "no checkpoint directory given: restarts from scratch"
         if ckpt:
-            try:
-                choice = find_latest_complete(ckpt, settle_s=CKPT_SETTLE_S)
-                if choice is not None:
-                    write_resume_json(ckpt, choice, j.job_id, j.restart_count + 1)
-                    resume_point = str(choice.path)
-                    explanation = choice.explanation
-                else:
-                    explanation = "no complete checkpoint yet: restarts from scratch"
-            except OSError as exc:
-                explanation = f"cannot read checkpoints in {ckpt}: {exc}"
+            # as the job's owner, in a bounded helper process: never raises
+            outcome = ckpt_owner.prepare_resume(
+                ckpt, j.user, j.job_id, j.restart_count + 1, settle_s=CKPT_SETTLE_S
+            )
+            resume_point, explanation = outcome.resume_point, outcome.explanation
         exclude = self._exclude(j, bad_nodes)
         self.slurm.requeue(j.job_id, exclude=exclude)
         self.metrics.requeues.labels("done").inc()
