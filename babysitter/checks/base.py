@@ -90,7 +90,7 @@ class Check:
         now = time.monotonic() if now is None else now
         intervals = self.signal_intervals()
         # a little slack so a signal on a multiple of the run interval is not skipped by jitter
-        slack = 0.25 * min(intervals.values())
+        slack = 0.5 * min(intervals.values())
         due = {s for s in intervals if now + slack >= self._next_due.get(s, 0.0)}
         for s in due:
             self._next_due[s] = now + intervals[s]
