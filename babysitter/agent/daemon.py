@@ -5,6 +5,7 @@ it is alive."""
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -174,7 +175,9 @@ class Agent:
         for c in self.checks:
             if now < self._due.get(c.name, 0) or c.name in self._running or is_hung(c):
                 continue
-            self._due[c.name] = now + c.effective_interval()
+            # on a grid of the interval: checks with the same interval run in the same wake-up
+            interval = c.effective_interval()
+            self._due[c.name] = (math.floor(now / interval) + 1) * interval
             with self._lock:
                 self._running[c.name] = time.monotonic()
             go = self._go.get(c.name)

@@ -167,7 +167,7 @@ class InfinibandCheck(Check):
             out.extend(
                 self.kept(comp)
                 or [
-                    self.finding(comp, Severity.OK, "ib.ok", f"{comp} ACTIVE at {rate or '?'} Gb/s")
+                    self.steady_ok(comp, "ib.ok", f"{comp} ACTIVE at {rate or '?'} Gb/s")
                 ]
             )
         if want_ports and active < want_ports:
