@@ -156,9 +156,7 @@ class GpuPresenceCheck(Check):
                 )
             )
         for d in devs:
-            out.append(
-                self.steady_ok(d.component, "gpu.present", f"{d.label}: present", **d.ids())
-            )
+            out.append(self.steady_ok(d.component, "gpu.present", f"{d.label}: present", **d.ids()))
         if not devs and not lost and cfg.expected_count is None:
             out.append(self.finding("host", Severity.OK, "gpu.none", "no NVIDIA GPUs on this node"))
         return out
