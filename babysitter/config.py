@@ -58,6 +58,9 @@ class AgentConfig(Section):
     enabled_checks: list[str] | None = Field(
         None, description="checks to run (default: every non-invasive check that is supported)"
     )
+    ca_file: Path | None = Field(
+        None, description="CA bundle to verify an https controller with (agent and CLI)"
+    )
 
 
 class ControllerConfig(Section):
@@ -80,6 +83,16 @@ class ControllerConfig(Section):
     remediation: bool = Field(
         True, description="run the policy/remediation loop here (false: ingest-only replica)"
     )
+    max_body_bytes: int = Field(
+        1 << 20, ge=4096, le=64 << 20, description="largest report body accepted (else 413)"
+    )
+    max_open_findings_per_node: int = Field(
+        256, ge=8, description="open findings kept per node; the rest fold into a count"
+    )
+    tls_cert_file: Path | None = Field(
+        None, description="serve HTTPS with this certificate (PEM, chain included)"
+    )
+    tls_key_file: Path | None = Field(None, description="private key of tls_cert_file (mode 0600)")
 
 
 class SlurmConfig(Section):

@@ -40,7 +40,7 @@ def post_fault(ctl: ControllerProcess, secrets, node: str) -> None:
         ctl.url + "/api/v1/reports",
         json=body,
         timeout=10,
-        headers={"Authorization": f"Bearer {secrets.node(node)}"},
+        headers=secrets.headers(node),
     )
     assert r.status_code == 202
 

@@ -35,6 +35,12 @@ class AgentMetrics:
             "Reports dropped from the full spool since it was created.",
             registry=r,
         )
+        self.refused = Gauge(
+            "babysitter_agent_reports_refused",
+            "Reports the controller refused with a 4xx (dropped, not retried) since the spool "
+            "was created.",
+            registry=r,
+        )
         # per polling tier (fast / slow): what the checks cost, so the cost on a real GPU can be
         # estimated from rate(nvml calls) x the driver's cost per call
         self.tier_cpu = Counter(

@@ -25,10 +25,13 @@ def _client(state: State, url: str | None, token: str | None) -> httpx.Client:
             token = cfg.controller.admin_token_file.read_text().strip()
         except OSError:
             token = os.environ.get("BABYSITTER_TOKEN", "")
+    from babysitter.agent.shipper import tls_verify
+
     return httpx.Client(
         base_url=(url or cfg.agent.controller_url).rstrip("/"),
         timeout=10,
         headers={"Authorization": f"Bearer {token}"},
+        verify=tls_verify(cfg.agent.ca_file),
     )
 
 

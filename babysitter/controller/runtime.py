@@ -14,12 +14,14 @@ from sqlalchemy import text
 
 from babysitter.config import Config
 from babysitter.controller.api import create_app
-from babysitter.controller.auth import Authenticator, read_secret
+from babysitter.controller.auth import Authenticator
 from babysitter.controller.fastpath import with_fast_ingest
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.remediation import RemediationEngine, make_engine
 from babysitter.controller.store import Store
+from babysitter.errors import ConfigError
 from babysitter.sdnotify import notify, watchdog_interval_s
+from babysitter.secretfile import check_private, read_secret
 
 log = logging.getLogger(__name__)
 LEADER_LOCK_KEY = 0x6261627973697474  # "babysitt"
@@ -77,7 +79,11 @@ class Controller:
         admin = read_secret(c.admin_token_file, "admin token").decode()
         read = read_secret(c.read_token_file, "read token").decode() if c.read_token_file else None
         self.auth = Authenticator(secret, admin, read)
-        self.store = Store(c.database_url)
+        if bool(c.tls_cert_file) != bool(c.tls_key_file):
+            raise ConfigError("controller.tls_cert_file and tls_key_file go together")
+        if c.tls_key_file:
+            check_private(c.tls_key_file, "controller.tls_key_file")
+        self.store = Store(c.database_url, max_open_findings=c.max_open_findings_per_node)
         self.metrics = ControllerMetrics()
         self.state: dict[str, Any] = {
             "heartbeat_timeout_s": c.heartbeat_timeout_s,
@@ -99,6 +105,8 @@ class Controller:
     def setup(self) -> None:
         self.store.upgrade()
         self.store.start()
+        # tokens of known nodes are recognised without the node header (older agents)
+        self.auth.learn({n["name"] for n in self.store.node_rows()})
         if self.cfg.controller.remediation:
             self.engine = make_engine(self.cfg, self.store, self.metrics)
             self.add_loop("remediation", self.engine.tick)
@@ -139,7 +147,15 @@ class Controller:
         return time.monotonic() - self.last_progress <= limit
 
     def app(self) -> Any:
-        return with_fast_ingest(create_app(self.store, self.auth, self.metrics, self.state))
+        return with_fast_ingest(
+            create_app(
+                self.store,
+                self.auth,
+                self.metrics,
+                self.state,
+                max_body=self.cfg.controller.max_body_bytes,
+            )
+        )
 
     def serve(self) -> None:
         import uvicorn
@@ -154,6 +170,8 @@ class Controller:
                 port=int(port),
                 log_level="warning",
                 access_log=False,
+                ssl_certfile=self.cfg.controller.tls_cert_file,
+                ssl_keyfile=self.cfg.controller.tls_key_file,
             )
         )
         wd = watchdog_interval_s()

@@ -46,10 +46,13 @@ def build_plugin(
     return so
 
 
-def configure(base: Path, etc_dir: Path, root: Path | None = None) -> list[str]:
+def configure(
+    base: Path, etc_dir: Path, root: Path | None = None, prefix: Path | None = None
+) -> list[str]:
     """Called by DevCluster.up(): write plugstack.conf and job_submit.lua, return the
     slurm.conf lines that enable them. With a Debian root (newer Slurm), the plugin is built
-    inside it against that version's headers (the base dir is bind-mounted there)."""
+    inside it against that version's headers (the base dir is bind-mounted there); with a
+    source-built prefix (25.11), against the prefix's headers."""
     if root is not None:
         src = base / "plugins" / "babysit_spank.c"
         src.parent.mkdir(parents=True, exist_ok=True)
@@ -72,6 +75,8 @@ def configure(base: Path, etc_dir: Path, root: Path | None = None) -> list[str]:
             capture_output=True,
             timeout=120,
         )
+    elif prefix is not None:  # Slurm built from source: its own headers
+        so = build_plugin(base / "plugins", include_dir=prefix / "include")
     elif not (Path("/usr/include/slurm/spank.h")).exists() or shutil.which("gcc") is None:
         return []  # no libslurm-dev / compiler: the --comment fallback still works
     else:
