@@ -42,6 +42,7 @@ def test_a_gpu_without_ecc_events_gets_its_dbe_through_the_fast_tier(gpus, faken
     gpus.supported_events(2, EVENT_XID)
     token = tmp_path / "node.token"
     token.write_text("t")
+    token.chmod(0o600)  # the agent refuses a token others can read
     spool = tmp_path / "spool.db"
     env = babysitter_env(
         gpus,
@@ -137,6 +138,7 @@ def test_the_loop_wakes_for_the_next_run_of_a_check_that_is_still_running(tmp_pa
 
     token = tmp_path / "token"
     token.write_text("t")
+    token.chmod(0o600)  # the agent refuses a token others can read
     cfg = Config.model_validate(
         {
             "agent": {
