@@ -73,7 +73,7 @@ class ClusterInfo:
         return env
 
     def public(self) -> dict[str, Any]:
-        d = {"slurm_conf": self.slurm_conf, "base": self.base, "nodes": self.nodes}
+        d: dict[str, Any] = {"slurm_conf": self.slurm_conf, "base": self.base, "nodes": self.nodes}
         d["restd_socket"] = self.restd_socket
         d["slurm_version"] = self.slurm_version
         if self.bin:
