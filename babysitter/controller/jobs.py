@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_REQUEUES = 3
-SCAN_INTERVAL_S = 2.0
 CKPT_SETTLE_S = 10.0  # marker-less formats: files this fresh may still be being written
 _last_scan: dict[int, float] = {}
 
@@ -40,7 +39,7 @@ def _babysat(jobs: list[SlurmJob]) -> list[tuple[SlurmJob, dict[str, Any]]]:
 def tick(engine: RemediationEngine, now: datetime) -> None:
     """Refresh the jobs table; requeue babysat jobs stranded on nodes Slurm marked DOWN."""
     key = id(engine)
-    if time.monotonic() - _last_scan.get(key, 0.0) < SCAN_INTERVAL_S:
+    if time.monotonic() - _last_scan.get(key, 0.0) < engine.cfg.slurm.job_scan_s:
         return
     _last_scan[key] = time.monotonic()
     try:
@@ -152,10 +151,17 @@ def _check_hang(
         engine.router.process([], [(None, cond)], now)
 
 
-def on_drain(engine: RemediationEngine, node: str, reason: str, now: datetime) -> None:
-    """A node was just drained for a fault: requeue the babysat jobs running on it."""
+def on_drain(
+    engine: RemediationEngine,
+    node: str,
+    reason: str,
+    now: datetime,
+    jobs: list[SlurmJob] | None = None,
+) -> None:
+    """A node was just drained for a fault: requeue the babysat jobs running on it. `jobs`:
+    a listing shared by every node drained in the same batch (one Slurm call for all)."""
     try:
-        jobs = engine.slurm.jobs()
+        jobs = engine.slurm.jobs_on([node]) if jobs is None else jobs
     except SlurmError as exc:
         log.warning("drained %s but cannot list its jobs: %s", node, exc)
         return
