@@ -78,7 +78,7 @@ class Controller:
         self.leadership = Leadership(self.store)
         self.loops: list[tuple[str, Callable[[], None]]] = []
         self._stop = threading.Event()
-        self._last_prune = 0.0
+        self.retention: Any = None
 
     def add_loop(self, name: str, fn: Callable[[], None]) -> None:
         self.loops.append((name, fn))
@@ -93,14 +93,13 @@ class Controller:
         if remediation is not None and self.cfg.controller.remediation:
             engine = remediation.make_engine(self.cfg, self.store, self.metrics)
             self.add_loop("remediation", engine.tick)
-        self.add_loop("retention", self._prune)
+        # its own thread: a prune never delays a policy tick
+        from babysitter.controller.retention import Retention
 
-    def _prune(self) -> None:
-        if time.monotonic() - self._last_prune > 3600:
-            self._last_prune = time.monotonic()
-            n = self.store.prune(self.cfg.controller.retention_days)
-            if n:
-                log.info("pruned %d old reports", n)
+        self.retention = Retention(
+            self.store, self.cfg.controller, lambda: bool(self.state["leader"])
+        )
+        self.retention.start()
 
     def loop_forever(self) -> None:
         interval = self.cfg.controller.loop_interval_s
@@ -154,6 +153,8 @@ class Controller:
             server.run()
         finally:
             self._stop.set()
+            if self.retention is not None:
+                self.retention.stop()
             self.store.close()
 
 
