@@ -72,3 +72,19 @@ def test_tick_slurm_calls_do_not_grow_with_cluster_size(tmp_path):
     # 4 or 32 nodes failing alike: one batched drain and one job listing for all of them
     assert small_fail == big_fail
     assert big_fail["drain_many"] == 1 and big_fail["drain"] == 0
+
+
+def test_fast_node_line_parse_matches_the_general_one():
+    """cli's node_line reads only the keys it needs; same nodes as parse.node_from_scontrol."""
+    from babysitter.slurm import parse
+    from babysitter.slurm.cli import node_line
+
+    data = Path(__file__).parent / "data" / "slurm" / "22.05" / "scontrol_show_node.txt"
+    lines = [x for x in data.read_text().splitlines() if x.startswith("NodeName=")]
+    assert lines
+    extra = [
+        lines[0].replace("State=IDLE", "State=IDLE+DRAIN") + " Reason=babysitter: a b [root@t]",
+        lines[0].replace("State=IDLE", "State=DOWN*") + " Reason=Not responding [slurm@t]",
+    ]
+    for line in lines + extra:
+        assert node_line(line) == parse.node_from_scontrol(line)
