@@ -37,6 +37,7 @@ N_FAKE = 10_000
 RATE = 2000.0  # reports/s: 10,000 nodes every 5 s
 POOL = 128  # keep-alive connections of the open-loop generator
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+PLACEHOLDER = "00000000-0000-4000-8000-000000000000"
 SDIAG_SELF = "REQUEST_STATS_INFO"  # sdiag's own RPC: left out of every count
 
 
@@ -352,56 +353,72 @@ class Load:
         out, self.lat = self.lat, []
         return out
 
+    def _templates(self, host: str, tokens: dict[str, str]) -> dict[tuple[str, bool], bytes]:
+        """Encoded requests per node (clean and with a warning) with a placeholder report id:
+        encoding each report afresh would make the generator the bottleneck here."""
+        out = {}
+        for n in self.nodes:
+            for warn in (False, True):
+                body = json.dumps(report(n, [PCIE_WARN] if warn else None))
+                body = re.sub(r'"report_id": "[^"]+"', f'"report_id": "{PLACEHOLDER}"', body)
+                data = body.encode()
+                out[(n, warn)] = (
+                    f"POST /api/v1/reports HTTP/1.1\r\nHost: {host}\r\n"
+                    f"Authorization: Bearer {tokens[n]}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(data)}\r\n\r\n".encode()
+                    + data
+                )
+        return out
+
     async def _run(self) -> None:
         host, port = self.ctl.url.split("://", 1)[1].split(":")
         tokens = {n: node_token(self.ctl.secret, n) for n in self.nodes}
-        pool: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
-        for _ in range(POOL):
-            pool.put_nowait(await asyncio.open_connection(host, int(port)))
-        tasks: set[asyncio.Task[None]] = set()
-
-        async def one(node: str, warn: bool, scheduled: float) -> None:
-            body = json.dumps(report(node, [PCIE_WARN] if warn else None)).encode()
-            req = (
-                f"POST /api/v1/reports HTTP/1.1\r\nHost: {host}\r\n"
-                f"Authorization: Bearer {tokens[node]}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-            reader, writer = await pool.get()
-            try:
-                writer.write(req)
-                await writer.drain()
-                head = await reader.readuntil(b"\r\n\r\n")
-                status = int(head.split(b" ", 2)[1])
-                m = re.search(rb"(?i)content-length: *(\d+)", head)
-                if m:
-                    await reader.readexactly(int(m.group(1)))
-            except (OSError, asyncio.IncompleteReadError):
-                self.errors += 1
-                pool.put_nowait(await asyncio.open_connection(host, int(port)))
-                return
-            pool.put_nowait((reader, writer))
-            if status in (200, 202):
-                self.lat.append(time.perf_counter() - scheduled)
-            else:
-                self.errors += 1
-
+        templates = self._templates(host, tokens)
+        built = time.monotonic()
+        placeholder = PLACEHOLDER.encode()
         self.started = time.monotonic()
         start = time.perf_counter()
-        i = 0
-        while not self._stop.is_set():
-            now = time.perf_counter()
-            while start + i / self.rate <= now:
+        counter = iter(range(1 << 62))
+
+        async def worker() -> None:
+            # one keep-alive connection each; a request waits for a free worker, and its
+            # latency counts from its scheduled time (no coordinated omission)
+            nonlocal templates, built
+            reader, writer = await asyncio.open_connection(host, int(port))
+            while not self._stop.is_set():
+                i = next(counter)
                 node = self.nodes[i % len(self.nodes)]
-                if node not in self.skip:
-                    t = asyncio.create_task(one(node, i % 100 == 7, start + i / self.rate))
-                    tasks.add(t)
-                    t.add_done_callback(tasks.discard)
-                    self.sent += 1
-                i += 1
-            await asyncio.sleep(max(0.0, start + i / self.rate - time.perf_counter()))
-        await asyncio.gather(*tasks)
+                scheduled = start + i / self.rate
+                delay = scheduled - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if node in self.skip:
+                    continue
+                if time.monotonic() - built > 60:  # keep timestamps recent
+                    templates, built = self._templates(host, tokens), time.monotonic()
+                req = templates[(node, i % 100 == 7)].replace(
+                    placeholder, str(uuid.uuid4()).encode(), 1
+                )
+                self.sent += 1
+                try:
+                    writer.write(req)
+                    await writer.drain()
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    status = int(head.split(b" ", 2)[1])
+                    m = re.search(rb"(?i)content-length: *(\d+)", head)
+                    if m:
+                        await reader.readexactly(int(m.group(1)))
+                except (OSError, asyncio.IncompleteReadError):
+                    self.errors += 1
+                    reader, writer = await asyncio.open_connection(host, int(port))
+                    continue
+                if status in (200, 202):
+                    self.lat.append(time.perf_counter() - scheduled)
+                else:
+                    self.errors += 1
+            writer.close()
+
+        await asyncio.gather(*(worker() for _ in range(POOL)))
 
 
 def tick_stats(ticks: list[tuple[str, float, float]], name: str = "remediation") -> dict[str, Any]:

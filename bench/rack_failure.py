@@ -8,6 +8,7 @@ Run: python -m bench.rack_failure [cli|rest ...]"""
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import threading
@@ -165,7 +166,13 @@ def main(argv: list[str]) -> int:
     write_result(
         "rack_failure",
         figs,
-        {"nodes": 4 + 10_000, "rack": 32, "slurm": "real slurmctld 22.05", **details},
+        {
+            "nodes": 4 + 10_000,
+            "rack": 32,
+            "slurm": "real slurmctld 22.05",
+            "loadavg_at_end": os.getloadavg(),  # the 2-core machine is shared
+            **details,
+        },
         duration_s=round(time.monotonic() - t0, 1),
     )
     for f in figs:
