@@ -8,13 +8,16 @@ PYTEST_ARGS ?=
 DEB_PACKAGES := slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin \
 	slurm-wlm-basic-plugins munge libslurm-dev gcc libc6-dev make lua5.3 \
 	prometheus-alertmanager prometheus shellcheck systemd debootstrap zstd \
-	postgresql util-linux procps
+	postgresql util-linux procps \
+	libmunge-dev libjson-c-dev libhttp-parser-dev libyaml-dev libjwt-dev liblua5.3-dev \
+	pkg-config python3-dev
+# ^ the last two lines: build deps of Slurm 25.11 from source (devcluster --slurm 25.11, pyslurm)
 # torch CPU build: this exact version is on local disk here; an unpinned torch pulls CUDA (GBs).
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup system-packages venv test lint fmt demo bench reliability clean
+.PHONY: setup system-packages venv pyslurm test lint fmt demo bench reliability clean
 
-setup: system-packages venv
+setup: system-packages venv pyslurm
 
 system-packages: .make/system-packages
 .make/system-packages: Makefile
@@ -37,10 +40,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q '$(TORCH_CPU)' || echo "warning: torch CPU build not installed; SDC torch backend untested"
 	@touch $@
 
+# Slurm 25.11 built from ../shared/vendor's source (once per machine, cached by its sha256) and
+# the real pyslurm built against it into the venv (cached wheel). Without the source: one line
+# saying where to put it, and the 25.11 tests skip with that line.
+pyslurm: system-packages venv
+	@$(PY) -m babysitter.devcluster.source --pyslurm || true
+
 lint: venv
 	$(VENV)/bin/ruff check babysitter tests bench
 	$(VENV)/bin/ruff format --check babysitter tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 fmt: venv
 	$(VENV)/bin/ruff format babysitter tests bench

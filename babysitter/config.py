@@ -51,6 +51,9 @@ class AgentConfig(Section):
     enabled_checks: list[str] | None = Field(
         None, description="checks to run (default: every non-invasive check that is supported)"
     )
+    ca_file: Path | None = Field(
+        None, description="CA bundle to verify an https controller with (agent and CLI)"
+    )
 
 
 class ControllerConfig(Section):
@@ -85,6 +88,16 @@ class ControllerConfig(Section):
     remediation: bool = Field(
         True, description="run the policy/remediation loop here (false: ingest-only replica)"
     )
+    max_body_bytes: int = Field(
+        1 << 20, ge=4096, le=64 << 20, description="largest report body accepted (else 413)"
+    )
+    max_open_findings_per_node: int = Field(
+        256, ge=8, description="open findings kept per node; the rest fold into a count"
+    )
+    tls_cert_file: Path | None = Field(
+        None, description="serve HTTPS with this certificate (PEM, chain included)"
+    )
+    tls_key_file: Path | None = Field(None, description="private key of tls_cert_file (mode 0600)")
 
 
 class SlurmConfig(Section):
@@ -113,6 +126,9 @@ class PolicyConfig(Section):
     max_drained_fraction: float = Field(
         0.1, gt=0, le=1, description="never drain more of a partition than this"
     )
+    min_drainable: int = Field(
+        1, ge=0, description="nodes per partition always drainable, whatever the fraction"
+    )
     max_drains_per_hour: int = Field(20, ge=0, description="drain budget per rolling hour")
     resume_after_clean_checks: int = Field(
         3, ge=1, description="consecutive clean reports before an auto-resume"
@@ -123,6 +139,55 @@ class PolicyConfig(Section):
     idle_gpu_util_percent: float = Field(
         5.0, ge=0, le=100, description="GPU utilisation below this counts as idle"
     )
+    straggler_threshold: float = Field(
+        0.10, gt=0, lt=1, description="slow: this far below the fleet median of its GPU model"
+    )
+    straggler_consecutive: int = Field(
+        3, ge=1, description="slow measurements in a row before node_slow is raised"
+    )
+    straggler_action: Literal["alert", "drain"] = Field(
+        "alert", description="node_slow only alerts (warning), or also drains"
+    )
+    validate_before_resume: bool | None = Field(
+        None,
+        description="run a validation job on a node before it returns "
+        "(default: on when [validation] partition is set)",
+    )
+
+
+class ValidationConfig(Section):
+    """The validation job a node passes before it returns to service ([policy]
+    validate_before_resume). It runs inside a MAINT reservation babysitter creates on the node,
+    so no user job can land there before the verdict."""
+
+    partition: str | None = Field(None, description="partition for validation jobs")
+    user: str = Field("root", description="reservation user (the controller submits as itself)")
+    command: list[str] = Field(
+        default_factory=lambda: ["babysitter", "validate", "--json"],
+        description="the job's command ({node} is replaced by the node name)",
+    )
+    sbatch_args: list[str] = Field(
+        default_factory=list,
+        description="extra sbatch arguments, e.g. --qos=maint ({node} is replaced)",
+    )
+    time_limit_min: int = Field(20, ge=1, description="the job's time limit (minutes)")
+    output_dir: Path = Field(
+        Path("/var/lib/babysitter/validation"),
+        description="job output files (shared with the nodes, or the verdict is the exit code)",
+    )
+    max_attempts: int = Field(
+        3, ge=1, description="failed validations of a node before it waits for an admin"
+    )
+    stress_s: float = Field(60.0, ge=0, description="`babysitter validate`: sustained matmul")
+    nccl_command: list[str] | None = Field(
+        None, description="`babysitter validate`: NCCL test to run (e.g. all_reduce_perf ...)"
+    )
+    min_busbw_gbps: float = Field(0.0, ge=0, description="fail below this NCCL bus bandwidth")
+
+    def enabled(self, policy: PolicyConfig) -> bool:
+        if policy.validate_before_resume is not None:
+            return policy.validate_before_resume
+        return self.partition is not None
 
 
 Severity_ = Literal["info", "warning", "critical"]
@@ -146,6 +211,14 @@ class AlertsConfig(Section):
     )
     group_threshold: int = Field(
         3, ge=1, description="more new alerts of one condition per round become one grouped alert"
+    )
+    alertmanager_resend_s: float = Field(
+        60.0,
+        gt=0,
+        description="re-send firing alerts to Alertmanager this often (endsAt = 4x ahead)",
+    )
+    queue_size: int = Field(
+        1000, ge=1, description="alert deliveries waiting for the sender; more are dropped"
     )
 
 
@@ -234,6 +307,7 @@ class Config(BaseSettings):
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
 
     @classmethod

@@ -24,7 +24,9 @@ from babysitter.devcluster.receiver import Receiver
 from babysitter.devcluster.sim import SimCluster
 from babysitter.slurm.cli import CliSlurmClient
 
-REPO = Path(__file__).resolve().parents[1]
+# The directory `babysitter` is imported from (the checkout, or site-packages for a wheel): the
+# job script runs under another interpreter and must import the same package.
+IMPORT_ROOT = Path(__file__).resolve().parents[1]
 
 TRAIN = """
 import os, sys, time
@@ -112,7 +114,7 @@ def run(base: Path | None = None, keep: bool = False) -> int:
 
             ckpt = base / "ckpt"
             ckpt.mkdir()
-            (base / "train.py").write_text(TRAIN.format(repo=str(REPO)))
+            (base / "train.py").write_text(TRAIN.format(repo=str(IMPORT_ROOT)))
             out = base / "train.out"
             env = sim.info.env()
             r = subprocess.run(

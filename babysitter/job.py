@@ -22,6 +22,11 @@ from babysitter.checkpoints.resume import STATE_DIR, read_resume_json
 ENV_RESUME = "BABYSIT_RESUME_FROM"
 ENV_CKPT = "BABYSIT_CKPT"
 KEYS = ("ckpt", "max_requeues", "hang_timeout")
+# AdminComment/Comment are the job owner's text: bounded before anything is parsed
+MAX_SPEC_CHARS = 8192
+MAX_SCAN_CHARS = 64 * 1024
+MAX_PATH_CHARS = 4096  # PATH_MAX
+MAX_NUMBER = 10**7
 
 
 class BabysitArgsError(ValueError):
@@ -31,6 +36,8 @@ class BabysitArgsError(ValueError):
 def parse_babysit_args(text: str) -> dict[str, Any]:
     """`ckpt=/abs/dir,max_requeues=3,hang_timeout=1800` (optionally prefixed `babysit=`), the
     value of `--babysit` and of AdminComment/Comment. Same rules as the SPANK plugin."""
+    if len(text) > MAX_SPEC_CHARS:
+        raise BabysitArgsError(f"--babysit: longer than {MAX_SPEC_CHARS} characters")
     text = text.strip()
     if text.startswith("babysit="):
         text = text[len("babysit=") :]
@@ -48,14 +55,20 @@ def parse_babysit_args(text: str) -> dict[str, Any]:
         if key == "ckpt":
             if not val.startswith("/"):
                 raise BabysitArgsError("--babysit: ckpt must be an absolute path")
+            if len(val) > MAX_PATH_CHARS or "\x00" in val:
+                raise BabysitArgsError("--babysit: ckpt is not a usable path")
             out[key] = val
         else:
-            if not val.isdigit():
-                raise BabysitArgsError(f"--babysit: {key} must be a non-negative integer")
+            # ASCII digits only: str.isdigit() is also true for '²' or '٣', which int()
+            # refuses or reads as another number; a handful of digits bounds int()'s work
+            if not (val.isascii() and val.isdigit()) or len(val) > 8:
+                raise BabysitArgsError(
+                    f"--babysit: {key} must be an integer from 0 to {MAX_NUMBER}"
+                )
             n = int(val)
             if key == "hang_timeout" and n == 0:
                 raise BabysitArgsError("--babysit: hang_timeout must be > 0")
-            if n > 10**7:
+            if n > MAX_NUMBER:
                 raise BabysitArgsError(f"--babysit: {key} is too large")
             out[key] = n
     return out
@@ -65,7 +78,7 @@ def babysit_spec(admin_comment: str, comment: str = "") -> dict[str, Any] | None
     """The job's babysit arguments from AdminComment (plugin) or Comment (fallback); None when
     the job did not opt in or its arguments are invalid."""
     for text in (admin_comment, comment):
-        for token in (text or "").split():
+        for token in (text or "")[:MAX_SCAN_CHARS].split():
             if token == "babysit" or token.startswith("babysit="):
                 try:
                     return parse_babysit_args(token)

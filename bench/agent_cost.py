@@ -22,7 +22,8 @@ CYCLES = 30
 PROBE = r"""
 import json, resource, sys, time
 from babysitter.config import load_config
-from babysitter.checks.base import CheckContext, run_check, select_checks
+from babysitter.checks.all import select_checks
+from babysitter.checks.base import CheckContext, run_check
 cfg = load_config()
 checks = select_checks(CheckContext(cfg, "n1"))
 for c in checks:  # warm-up: NVML init, imports

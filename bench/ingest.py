@@ -182,6 +182,7 @@ def encode_requests(url: str, secret: bytes, n: int, offset: int) -> list[bytes]
         out.append(
             f"POST /api/v1/reports HTTP/1.1\r\nHost: {host}\r\n"
             f"Authorization: Bearer {node_token(secret, node)}\r\n"
+            f"X-Babysitter-Node: {node}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
@@ -213,6 +214,8 @@ def run_controller(db_url: str, workdir: Path) -> tuple[subprocess.Popen[bytes],
     secret = secrets.token_hex(32).encode()
     (workdir / "secret").write_bytes(secret)
     (workdir / "admin").write_text(secrets.token_hex(16))
+    for f in ("secret", "admin"):
+        (workdir / f).chmod(0o600)  # the controller refuses secrets others can read
     port = free_port()
     env = dict(
         os.environ,

@@ -17,9 +17,23 @@ BENCHMARKS: list[tuple[str, int]] = [
     # real 10,000-node slurmctld (devcluster) with ingest at 2,000 reports/s
     ("bench.rack_failure", 900),
     ("bench.slurm_load", 1200),
+    ("bench.alert_blackhole", 300),
     ("bench.ingest", 300),
     ("bench.fault_drain", 900),
+    # last: it reads the latencies fault_drain just measured
+    ("bench.ettr", 600),
 ]
+
+
+def append_sections() -> None:
+    """Benchmarks whose result is more than one table (the ETTR simulation) write a Markdown
+    section to bench/results/<name>.md; it goes under the main table of RESULTS.md."""
+    path = REPO / "bench" / "RESULTS.md"
+    for name in ("ettr",):
+        section = REPO / "bench" / "results" / f"{name}.md"
+        if section.exists() and path.exists():
+            with path.open("a") as f:
+                f.write("\n" + section.read_text())
 
 
 def main(argv: list[str]) -> int:
@@ -40,6 +54,7 @@ def main(argv: list[str]) -> int:
         if not ok:
             failed.append(mod)
     report.main()
+    append_sections()
     if failed:
         print("benchmarks that failed to run: " + ", ".join(failed), file=sys.stderr)
         return 1

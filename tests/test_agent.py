@@ -108,10 +108,9 @@ def test_kill9_of_the_controller_loses_no_acknowledged_report(secrets, tmp_path)
     ctl = ControllerProcess(cfg, log=tmp_path / "ctl.log").start()
     acked: list[str] = []
     stop = threading.Event()
-    token = secrets.node("node1")
 
     def load() -> None:
-        with httpx.Client(timeout=2, headers={"Authorization": f"Bearer {token}"}) as c:
+        with httpx.Client(timeout=2, headers=secrets.headers("node1")) as c:
             while not stop.is_set():
                 rid = str(uuid.uuid4())
                 body = {

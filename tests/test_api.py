@@ -54,7 +54,7 @@ def auth(token: str) -> dict[str, str]:
 
 def test_report_is_accepted_and_visible(client, secrets):
     r = client.post(
-        "/api/v1/reports", json=report("node1", [DBE]), headers=auth(secrets.node("node1"))
+        "/api/v1/reports", json=report("node1", [DBE]), headers=secrets.headers("node1")
     )
     assert r.status_code == 202
     n = client.get("/api/v1/nodes/node1", headers=auth(secrets.admin)).json()
@@ -68,7 +68,7 @@ def test_report_is_accepted_and_visible(client, secrets):
 
 def test_same_report_id_twice_is_stored_once(client, secrets, ctl):
     body = report("node1", [DBE])
-    h = auth(secrets.node("node1"))
+    h = secrets.headers("node1")
     assert client.post("/api/v1/reports", json=body, headers=h).status_code == 202
     r2 = client.post("/api/v1/reports", json=body, headers=h)
     assert r2.status_code == 200 and r2.json()["stored"] is False
@@ -80,7 +80,7 @@ def test_auth_rules(client, secrets):
     body = report("node2")
     assert client.post("/api/v1/reports", json=body).status_code == 401
     assert (
-        client.post("/api/v1/reports", json=body, headers=auth(secrets.node("node1"))).status_code
+        client.post("/api/v1/reports", json=body, headers=secrets.headers("node1")).status_code
         == 403
     )
     assert client.post("/api/v1/reports", json=body, headers=auth("garbage")).status_code == 403
@@ -89,10 +89,10 @@ def test_auth_rules(client, secrets):
     assert client.post("/api/v1/reports", json=body, headers=odd).status_code == 403
     assert client.get("/api/v1/nodes", headers=odd).status_code == 403
     # admin endpoints refuse node tokens
-    assert client.get("/api/v1/nodes", headers=auth(secrets.node("node1"))).status_code == 403
+    assert client.get("/api/v1/nodes", headers=secrets.headers("node1")).status_code == 403
     assert (
         client.post(
-            "/api/v1/nodes/node1/drain", json={"reason": "x"}, headers=auth(secrets.node("node1"))
+            "/api/v1/nodes/node1/drain", json={"reason": "x"}, headers=secrets.headers("node1")
         ).status_code
         == 403
     )
@@ -114,14 +114,14 @@ def test_auth_rules(client, secrets):
 def test_malformed_body_is_422_naming_the_field(client, secrets, mutate, field):
     body = report("node1")
     mutate(body)
-    r = client.post("/api/v1/reports", json=body, headers=auth(secrets.node("node1")))
+    r = client.post("/api/v1/reports", json=body, headers=secrets.headers("node1"))
     assert r.status_code == 422
     locs = [".".join(map(str, e["loc"])) for e in r.json()["detail"]]
     assert any(field in loc for loc in locs), locs
 
 
 def test_clean_report_clears_open_findings_and_counts_clean_reports(client, secrets):
-    h = auth(secrets.node("node1"))
+    h = secrets.headers("node1")
     client.post("/api/v1/reports", json=report("node1", [DBE]), headers=h)
     for _ in range(3):
         client.post("/api/v1/reports", json=report("node1"), headers=h)
@@ -131,7 +131,7 @@ def test_clean_report_clears_open_findings_and_counts_clean_reports(client, secr
 
 
 def test_event_report_merges_into_open_findings(client, secrets):
-    h = auth(secrets.node("node1"))
+    h = secrets.headers("node1")
     warn = {**DBE, "severity": "warning", "code": "pcie.width_degraded", "component": "gpu2"}
     client.post("/api/v1/reports", json=report("node1", [warn]), headers=h)
     ev = {**report("node1", [{**DBE, "code": "xid.79", "check": "xid.nvml"}]), "kind": "event"}

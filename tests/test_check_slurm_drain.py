@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from babysitter.slurm.cli import CliSlurmClient
 from tests.fixtures.gpu import babysitter_env, run_babysitter
 from tests.fixtures.slurm import node_state, slurm
 
@@ -17,7 +20,7 @@ def test_drains_on_critical_resumes_when_clean_and_leaves_admin_drains(
     assert r.returncode == 2
     state, reason = node_state(clean_cluster, "node2")
     assert state == "drain"
-    assert reason.startswith("babysitter: gpu.memory: GPU 3")
+    assert reason.startswith("babysitter: [healthcheck] gpu.memory: GPU 3")
 
     gpus.set(3, dbe_volatile=0)
     r = run_babysitter(env, "check", "--slurm-drain", "--only", "gpu")
@@ -43,3 +46,23 @@ def test_drains_on_critical_resumes_when_clean_and_leaves_admin_drains(
     r = run_babysitter(env, "check", "--slurm-drain", "--only", "gpu")
     assert r.returncode == 0
     assert node_state(clean_cluster, "node3") == ("drain", "admin maintenance")
+
+
+def test_check_never_resumes_a_controller_drain(clean_cluster, gpus, fakenvml_lib, tmp_path):
+    """The controller drained node2 for an NVML event (an XID the one-shot check never sees):
+    a clean `check --slurm-drain` run leaves it drained; only the controller resumes it."""
+    env = babysitter_env(gpus, fakenvml_lib, tmp_path, agent__node_name="node2")
+    env["SLURM_CONF"] = clean_cluster.slurm_conf
+    reason = "xid.nvml: XID 79 on GPU 3 (reboot: node fault)"
+    CliSlurmClient(slurm_conf=Path(clean_cluster.slurm_conf)).drain("node2", reason)
+    r = run_babysitter(env, "check", "--slurm-drain", "--only", "gpu")
+    assert r.returncode == 0  # every one-shot check is clean
+    assert "left node2 alone" in r.stderr
+    assert node_state(clean_cluster, "node2") == ("drain", f"babysitter: {reason}")
+    # a critical finding now does not rewrite the controller's reason as the check's own
+    gpus.set(3, dbe_volatile=1)
+    r = run_babysitter(env, "check", "--slurm-drain", "--only", "gpu")
+    assert r.returncode == 2 and "drained by the babysitter controller" in r.stderr
+    gpus.set(3, dbe_volatile=0)
+    r = run_babysitter(env, "check", "--slurm-drain", "--only", "gpu")
+    assert node_state(clean_cluster, "node2") == ("drain", f"babysitter: {reason}")

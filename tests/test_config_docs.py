@@ -1,6 +1,10 @@
 """The README's configuration reference is generated from the pydantic models; keep it in sync."""
 
-from babysitter.config_docs import README, splice
+from pathlib import Path
+
+from babysitter.config_docs import splice
+
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_readme_config_reference_matches_models():

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from babysitter.controller.api import create_app
+from babysitter.controller.api import Refused, create_app
+from babysitter.controller.auth import Principal
 from babysitter.controller.fastpath import IngestFastPath
 from babysitter.controller.runtime import Controller
 from tests.fixtures.controller import Secrets, controller_config
@@ -51,7 +52,7 @@ WARN = {
 def test_fast_path_and_route_give_the_same_answers(ctl, secrets):
     fast = TestClient(ctl.app())
     plain = TestClient(create_app(ctl.store, ctl.auth, ctl.metrics, ctl.state))
-    h = {"Authorization": f"Bearer {secrets.node('node1')}"}
+    h = secrets.headers("node1")
     for client in (fast, plain):
         b = body("node1", [WARN])
         first, again = (client.post("/api/v1/reports", json=b, headers=h) for _ in range(2))
@@ -116,14 +117,26 @@ class RecordingApp:
         await send({"type": "http.response.body", "body": b""})
 
 
-class NoIngest:
-    def refusal(self, token: str, body: Any) -> str | None:
+class StubIngest:
+    """Stands in for Ingest where only the fast path's hand-over is under test: a sender that
+    is accepted or refused from the headers, and a body limit."""
+
+    def __init__(self, max_body: int = 1 << 20, refuse: bool = False) -> None:
+        self.max_body = max_body
+        self.refuse = refuse
+
+    def sender(self, *headers: Any) -> Principal:
+        if self.refuse:
+            raise Refused(403, "no")
+        return Principal("admin")
+
+    def refusal(self, sender: Any, body: Any) -> str | None:
         raise AssertionError("not reached for bodies the fast path hands on")
 
 
-def test_streamed_body_over_the_limit_reaches_the_app_whole():
+def test_streamed_body_over_the_limit_reaches_the_app_from_where_it_stopped():
     app = RecordingApp()
-    fast = IngestFastPath(app, NoIngest(), max_body=8)  # type: ignore[arg-type]
+    fast = IngestFastPath(app, StubIngest(max_body=8))  # type: ignore[arg-type]
     parts = [b'{"node": ', b'"n1", "findings": ', b"[], ", b'"x": 1}']
     msgs = [{"type": "http.request", "body": p, "more_body": i < 3} for i, p in enumerate(parts)]
     sent = run_asgi(fast, msgs)
@@ -131,9 +144,24 @@ def test_streamed_body_over_the_limit_reaches_the_app_whole():
     assert sent[0]["status"] == 299
 
 
+def test_a_refused_sender_reaches_the_app_with_the_body_unread():
+    app = RecordingApp()
+    fast = IngestFastPath(app, StubIngest(refuse=True))  # type: ignore[arg-type]
+    msgs = [{"type": "http.request", "body": b"x" * 10, "more_body": True} for _ in range(3)]
+    read_by_fast_path: list[int] = []
+
+    async def spy(scope: dict, receive: Any, send: Any) -> None:
+        read_by_fast_path.append(3 - len(msgs))
+        await app(scope, receive, send)
+
+    fast.app = spy
+    run_asgi(fast, msgs)
+    assert read_by_fast_path == [0]
+
+
 def test_invalid_body_and_other_paths_are_handed_on_unchanged():
     app = RecordingApp()
-    fast = IngestFastPath(app, NoIngest())  # type: ignore[arg-type]
+    fast = IngestFastPath(app, StubIngest())  # type: ignore[arg-type]
     garbage = b'{"node": "n1", "findings": 3}'
     run_asgi(fast, [{"type": "http.request", "body": garbage, "more_body": False}])
     other = json.dumps({"reason": "x"}).encode()
@@ -162,7 +190,11 @@ def test_garbage_bodies_and_tokens_never_crash_the_ingest(ctl, secrets):
     @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
     @given(raw=bodies, token=tokens)
     def check(raw: bytes, token: bytes) -> None:
-        headers = {"Authorization": b"Bearer " + token, "Content-Type": "application/json"}
+        headers = {
+            "Authorization": b"Bearer " + token,
+            "Content-Type": "application/json",
+            "X-Babysitter-Node": "node1",
+        }
         r = client.post("/api/v1/reports", content=raw, headers=headers)
         assert r.status_code < 500, (r.status_code, r.text)
 

@@ -66,8 +66,10 @@ def _tick(cluster, tmp_path, receiver, job, cl, util: int, **policy):
         {"alerts": {"webhook_url": receiver.url + "/hook"}, "policy": policy}
     )
     engine = make_engine(cfg, store, slurm=cl)
-    jobs._last_scan.clear()
-    engine.tick()
+    engine.tick()  # the scan: alert, and a requeue action when configured
+    engine.tick()  # the pending requeue runs
+    engine.sender.flush()
+    engine.close()
     store.close()
     return [b for b in receiver.bodies("/hook") if b["condition"] == f"job_hung_{job}"]
 

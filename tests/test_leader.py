@@ -40,7 +40,7 @@ def post_fault(ctl: ControllerProcess, secrets, node: str) -> None:
         ctl.url + "/api/v1/reports",
         json=body,
         timeout=10,
-        headers={"Authorization": f"Bearer {secrets.node(node)}"},
+        headers=secrets.headers(node),
     )
     assert r.status_code == 202
 
@@ -81,3 +81,33 @@ def test_one_leader_acts_and_the_other_takes_over(clean_cluster, secrets, pg_url
     finally:
         a.stop()
         b.stop()
+
+
+def test_ingest_only_replica_never_leads(clean_cluster, secrets, pg_url, tmp_path):
+    """The replica with remediation = false starts first and never takes the advisory lock:
+    the remediating controller started after it leads and drains; /readyz says so."""
+    env = {
+        "BABYSITTER_SLURM__SLURM_CONF": clean_cluster.slurm_conf,
+        "BABYSITTER_POLICY__MAX_DRAINED_FRACTION": "1.0",
+    }
+    replica = ControllerProcess(
+        controller_config(secrets, pg_url, port=free_port(), controller={"remediation": False}),
+        env=env,
+        log=tmp_path / "replica.log",
+    ).start()
+    try:
+        r = httpx.get(replica.url + "/readyz", timeout=2).json()
+        assert r == {"database": "ok", "leader": False, "remediation": False}
+        actor = ControllerProcess(
+            controller_config(secrets, pg_url, port=free_port()), env=env, log=tmp_path / "a.log"
+        ).start()
+        try:
+            wait_for(lambda: leader(actor), 20, "the remediating controller leads")
+            assert not leader(replica)
+            post_fault(replica, secrets, "node2")
+            wait_for(lambda: drained(clean_cluster, "node2"), 30, "node2 drained by the leader")
+            assert httpx.get(actor.url + "/readyz", timeout=2).json()["remediation"] is True
+        finally:
+            actor.stop()
+    finally:
+        replica.stop()

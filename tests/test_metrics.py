@@ -24,9 +24,7 @@ def test_metrics_pass_promtool(secrets, tmp_path):
             "findings": [],
             "metrics": {},
         }
-        client.post(
-            "/api/v1/reports", json=body, headers={"Authorization": f"Bearer {secrets.node('n1')}"}
-        )
+        client.post("/api/v1/reports", json=body, headers=secrets.headers("n1"))
         text = client.get("/metrics").text
     finally:
         c.store.close()

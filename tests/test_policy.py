@@ -130,3 +130,63 @@ def test_rack_failure_in_a_10k_node_cluster_respects_the_guard():
     s2 = PolicySettings(max_drained_fraction=0.002, max_drains_per_hour=50)
     res2 = decide(nodes, cluster(10_000), s2, NOW)
     assert len(kinds(res2, "drain")) == 20 and kinds(res2, "guard_tripped")
+
+
+DEFAULT = PolicySettings()  # the shipped defaults: fraction 0.1, min_drainable 1
+
+
+def test_default_policy_drains_the_first_fault_of_a_small_partition():
+    res = decide([node("node2", [DBE]), node("node1")], cluster(4), DEFAULT, NOW)
+    assert [d.node for d in kinds(res, "drain")] == ["node2"] and not res.guard_tripped
+
+
+def test_default_policy_second_concurrent_fault_in_4_nodes_trips_the_guard():
+    """Documented behaviour: a 4-node partition may hold max(1, 10 % x 4) = 1 node drained;
+    a second concurrent fault is held back and the breaker trips (an admin resets it)."""
+    res = decide([node("node2", [DBE]), node("node3", [DBE])], cluster(4), DEFAULT, NOW)
+    assert [d.node for d in kinds(res, "drain")] == ["node2"]
+    [g] = kinds(res, "guard_tripped")
+    assert g.rule == "guard_fraction" and g.details["blocked"] == ["node3"]
+    # one already drained by babysitter, a new fault: held back
+    res = decide([node("node3", [DBE])], cluster(4, drained_by_us={"gpu": 1}), DEFAULT, NOW)
+    assert not kinds(res, "drain") and res.guard_tripped
+
+
+def test_min_drainable_raises_the_floor():
+    s = PolicySettings(min_drainable=2)
+    res = decide([node("node2", [DBE]), node("node3", [DBE])], cluster(4), s, NOW)
+    assert len(kinds(res, "drain")) == 2 and not res.guard_tripped
+
+
+def test_unknown_partition_sizes_decide_no_drain_and_alert_without_tripping():
+    res = decide([node("node2", [DBE])], ClusterFacts(), DEFAULT, NOW)
+    assert not kinds(res, "drain") and not kinds(res, "guard_tripped")
+    assert not res.guard_tripped
+    [a] = [d for d in kinds(res, "alert") if d.rule == "guard_unknown"]
+    assert a.condition == "guard_sizes_unknown" and "node2" in a.reason
+    # sizes known again: drained, and the alert resolves
+    res = decide([node("node2", [DBE])], cluster(4), DEFAULT, NOW)
+    assert kinds(res, "drain")
+    assert any(d.condition == "guard_sizes_unknown" for d in kinds(res, "resolve_alert"))
+
+
+NCCL_JOBLOG = {
+    "check": "nccl.logs",
+    "component": "job:4242",
+    "severity": "critical",
+    "code": "nccl.watchdog_timeout",
+    "message": "job 4242 on node2: [Rank 0] Watchdog caught collective operation timeout",
+    "action": "requeue_job",
+    "details": {"node": "node2", "job_id": "4242"},
+}
+
+
+def test_job_log_finding_alone_never_drains_and_alerts_naming_the_job():
+    res = decide([node("node2", [NCCL_JOBLOG])], cluster(4), DEFAULT, NOW)
+    assert not kinds(res, "drain") and res.verdicts["node2"] == "healthy"
+    [a] = [d for d in kinds(res, "alert") if d.rule == "job_owned_finding"]
+    assert a.condition == "job_log_4242" and "job 4242" in a.reason and a.node == "node2"
+    # with a node-level finding beside it, the node drains for the node finding
+    res = decide([node("node2", [NCCL_JOBLOG, DBE])], cluster(4), DEFAULT, NOW)
+    [d] = kinds(res, "drain")
+    assert d.reason.startswith("gpu.memory")

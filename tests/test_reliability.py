@@ -84,7 +84,7 @@ def test_agent_spool_with_controller_down_for_ten_simulated_minutes(secrets, tmp
     spool = Spool(tmp_path / "spool.db", max_reports=100)
     port = free_port()
     token = secrets.node("node1")
-    ship = Shipper(f"http://127.0.0.1:{port}", token, spool, timeout_s=0.5, retries=0)
+    ship = Shipper(f"http://127.0.0.1:{port}", token, spool, timeout_s=0.5, retries=0, node="node1")
     ids = []
     for i in range(600):  # the controller is down: every report is spooled
         body = {
@@ -202,13 +202,12 @@ def test_controller_survives_a_postgres_restart(secrets, pg_admin_dsn, tmp_path)
         env={"BABYSITTER_SLURM__SLURM_CONF": "/nonexistent"},
         log=tmp_path / "ctl.log",
     ).start()
-    token = secrets.node("node1")
     acked: list[str] = []
     errors: list[float] = []
     stop = threading.Event()
 
     def load() -> None:
-        with httpx.Client(timeout=5, headers={"Authorization": f"Bearer {token}"}) as c:
+        with httpx.Client(timeout=5, headers=secrets.headers("node1")) as c:
             while not stop.is_set():
                 rid = str(uuid.uuid4())
                 try:
@@ -256,3 +255,60 @@ def test_controller_survives_a_postgres_restart(secrets, pg_admin_dsn, tmp_path)
         f"{set(acked) <= stored}"
     )
     assert set(acked) <= stored
+
+
+def _vm(pid: int, key: str) -> int:
+    """A /proc/PID/status figure in MB (VmRSS now, VmHWM the peak)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError(f"no {key}")
+
+
+@pytest.mark.timeout(1500)  # two schemathesis runs on a loaded 2-core machine
+def test_hostile_input_with_a_node_token_and_with_none(secrets, tmp_path):
+    """Schemathesis' positive and negative cases against every operation, sent with a node's
+    token (and its node header) and with no token at all: never a 5xx, and the controller's
+    peak memory stays that of an idle one."""
+    cfg = controller_config(secrets, f"sqlite:///{tmp_path / 'h.db'}", port=free_port())
+    ctl = ControllerProcess(
+        cfg, env={"BABYSITTER_SLURM__SLURM_CONF": "/nonexistent"}, log=tmp_path / "ctl.log"
+    ).start()
+    assert ctl.proc is not None
+    idle = _vm(ctl.proc.pid, "VmHWM")
+    runs = {
+        "node token": ["-H", f"Authorization: Bearer {secrets.node('node1')}", "-H",
+                       "X-Babysitter-Node: node1"],
+        "no token": [],
+    }  # fmt: skip
+    cases = 0
+    try:
+        for label, headers in runs.items():
+            r = subprocess.run(
+                [
+                    str(Path(sys.executable).parent / "schemathesis"),
+                    "run",
+                    f"{ctl.url}/openapi.json",
+                    *headers,
+                    "--max-examples",
+                    "70" if FULL else "10",
+                    "-c",
+                    "not_a_server_error",
+                    "--no-color",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=1800,
+                cwd=tmp_path,
+            )
+            m = re.search(r"(\d+) generated", r.stdout)
+            n = int(m.group(1)) if m else 0
+            cases += n
+            print(f"\nschemathesis hostile ({label}): {n} cases, exit {r.returncode}")
+            assert r.returncode == 0, r.stdout[-4000:]
+        peak = _vm(ctl.proc.pid, "VmHWM")
+    finally:
+        ctl.stop()
+    print(f"hostile input: {cases} cases, 0 server errors, controller peak RSS {peak} MB "
+          f"(idle {idle} MB)")  # fmt: skip
+    assert cases >= (2000 if FULL else 300)

@@ -4,6 +4,7 @@ covered by tests/test_agent.py and tests/test_e2e_fault.py)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -16,7 +17,7 @@ from babysitter.controller.remediation import RemediationEngine, make_engine
 from babysitter.controller.store import Report, Store
 from babysitter.finding import Finding
 from babysitter.slurm.cli import CliSlurmClient
-from tests.fixtures.slurm import node_state, slurm, wait_for
+from tests.fixtures.slurm import node_state, slurm, submit, wait_for
 
 XID79 = Finding(
     check="xid.kmsg",
@@ -53,27 +54,33 @@ def engine(store: Store, info, receiver=None, **policy) -> RemediationEngine:
     return make_engine(cfg, store, slurm=CliSlurmClient(slurm_conf=Path(info.slurm_conf)))
 
 
+def tick(eng: RemediationEngine) -> None:
+    """One loop iteration, then wait for the alert sender (it runs on its own thread)."""
+    eng.tick()
+    assert eng.sender.flush()
+
+
 def test_fault_drains_alerts_then_resumes_after_clean_reports(clean_cluster, store, receiver):
     eng = engine(store, clean_cluster, receiver)
     for n in clean_cluster.nodes:
         send(store, n)
     send(store, "node2", XID79)
-    eng.tick()
+    tick(eng)
     state, reason = node_state(clean_cluster, "node2")
     assert state == "drain" and reason.startswith("babysitter: xid.kmsg: XID 79 on GPU 3")
     [fired] = receiver.bodies("/hook")
     assert fired["node"] == "node2" and fired["state"] == "firing"
     assert "drained node2" in fired["action_taken"] and fired["what_to_do"]
-    eng.tick()  # nothing new: no second drain, no second alert
+    tick(eng)  # nothing new: no second drain, no second alert
     drains = [a for a in store.actions() if a["kind"] == "drain"]
     assert len(drains) == 1 and drains[0]["rule"] == "critical_finding"
     assert len(receiver.bodies("/hook")) == 1
 
     send(store, "node2")
-    eng.tick()
+    tick(eng)
     assert node_state(clean_cluster, "node2")[0] == "drain"  # one clean report is not enough
     send(store, "node2")
-    eng.tick()
+    tick(eng)
     wait_for(lambda: node_state(clean_cluster, "node2")[0] == "idle", 15, "node2 resumed")
     assert receiver.bodies("/hook")[-1]["state"] == "resolved"
 
@@ -89,10 +96,10 @@ def test_admin_drained_node_is_left_alone(clean_cluster, store, receiver):
     )
     eng = engine(store, clean_cluster, receiver)
     send(store, "node3", XID79)
-    eng.tick()
+    tick(eng)
     for _ in range(3):
         send(store, "node3")
-        eng.tick()
+        tick(eng)
     assert node_state(clean_cluster, "node3") == ("drain", "admin maintenance")
     assert not [
         a for a in store.actions() if a["node"] == "node3" and a["kind"] in ("drain", "resume")
@@ -105,8 +112,8 @@ def test_guard_three_of_four_fail(clean_cluster, store, receiver):
     for n in ("node1", "node2", "node3"):
         send(store, n, XID79)
     send(store, "node4")
-    eng.tick()
-    eng.tick()
+    tick(eng)
+    tick(eng)
     drained = [n for n in clean_cluster.nodes if node_state(clean_cluster, n)[0] == "drain"]
     assert len(drained) == 2
     assert node_state(clean_cluster, "node4")[0] == "idle"
@@ -115,7 +122,7 @@ def test_guard_three_of_four_fail(clean_cluster, store, receiver):
     assert store.kv_get("guard_tripped") is True
     # an admin reset (POST /api/v1/guard/reset, `babysitter guard reset`) re-arms it
     store.record_action("guard_reset", rule="manual", requested_by="admin")
-    eng.tick()
+    tick(eng)
     assert store.kv_get("guard_tripped") is False
     assert [a["status"] for a in store.actions() if a["kind"] == "guard_reset"] == ["done"]
 
@@ -124,8 +131,8 @@ def test_dry_run_changes_nothing_in_slurm(clean_cluster, store, receiver):
     eng = engine(store, clean_cluster, receiver, dry_run=True)
     for n in ("node1", "node2", "node3"):
         send(store, n, XID79)
-    eng.tick()
-    eng.tick()
+    tick(eng)
+    tick(eng)
     assert all(node_state(clean_cluster, n)[0] == "idle" for n in clean_cluster.nodes)
     acts = [a for a in store.actions() if a["kind"] == "drain"]
     assert len(acts) == 2 and all(a["dry_run"] and a["status"] == "done" for a in acts)
@@ -136,12 +143,12 @@ def test_slurmctld_down_then_back_drains_exactly_once(clean_cluster, devcluster_
     eng = engine(store, clean_cluster)
     for n in clean_cluster.nodes:
         send(store, n)
-    eng.tick()  # Slurm state known
+    tick(eng)  # Slurm state known
     devcluster_obj.stop_slurmctld()
     try:
         send(store, "node2", XID79)
         for _ in range(3):
-            eng.tick()
+            tick(eng)
         pending = [a for a in store.actions() if a["kind"] == "drain"]
         assert len(pending) == 1 and pending[0]["status"] == "pending"
     finally:
@@ -152,6 +159,49 @@ def test_slurmctld_down_then_back_drains_exactly_once(clean_cluster, devcluster_
         "drain after slurmctld returned",
     )
     for _ in range(3):
-        eng.tick()
+        tick(eng)
     drains = [a for a in store.actions() if a["kind"] == "drain"]
     assert len(drains) == 1 and drains[0]["status"] == "done"
+
+
+def test_requeue_waits_out_a_slurmctld_outage_and_runs_once(
+    clean_cluster, devcluster_obj, store, tmp_path
+):
+    """The drain's follow-up is an action: the babysat job's requeue is recorded, waits while
+    slurmctld is stopped (~20 s), and runs exactly once when it is back."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    cl = CliSlurmClient(slurm_conf=Path(clean_cluster.slurm_conf))
+    job = submit(clean_cluster, f"--comment=babysit=ckpt={ckpt}")
+    wait_for(lambda: cl.job(job).running, 30, "job running")
+    node = cl.job(job).nodes[0]
+    eng = engine(store, clean_cluster)
+    for n in clean_cluster.nodes:
+        send(store, n)
+    send(store, node, XID79)
+    tick(eng)  # drain; the follow-up `requeue_jobs` is recorded
+    tick(eng)  # the follow-up lists the node's babysat jobs: one `requeue` action
+    [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
+    assert rq["status"] == "pending" and rq["job_id"] == job
+    devcluster_obj.stop_slurmctld()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            tick(eng)
+            time.sleep(1)
+        [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
+        assert rq["status"] == "pending" and rq["attempts"] >= 1 and "wait" in rq["outcome"]
+    finally:
+        devcluster_obj.start_slurmctld()
+    wait_for(
+        lambda: tick(eng) is None and cl.job(job).restart_count == 1,
+        60,
+        "requeued after slurmctld returned",
+    )
+    for _ in range(3):
+        tick(eng)
+    [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
+    assert rq["status"] == "done" and cl.job(job).restart_count == 1
+    [row] = [j for j in store.jobs() if j["job_id"] == job]
+    assert row["requeues"] == 1
+    eng.close()

@@ -1,11 +1,56 @@
-"""The Slurm client contract, against a real Slurm (devcluster), for each backend."""
+"""The Slurm client contract, against a real Slurm (devcluster), for each backend: the host's
+22.05 through cli and rest, and Slurm 25.11 (built from source) through cli, rest and the real
+pyslurm, all three against the same 25.11 cluster."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
+from babysitter.devcluster import ClusterInfo
 from babysitter.slurm.client import SlurmClient, SlurmNotFound, SlurmNotOwned, SlurmRejected
-from tests.fixtures.slurm import node_state, slurm, submit, wait_for
+from tests.fixtures.slurm import (
+    make_backend_for,
+    node_state,
+    reset_cluster,
+    slurm,
+    submit,
+    wait_for,
+)
+
+TARGETS = [
+    ("host", "cli"),
+    ("host", "rest"),
+    ("25.11", "cli"),
+    ("25.11", "rest"),
+    ("25.11", "pyslurm"),
+]
+
+
+@pytest.fixture(params=TARGETS, ids=[f"{v}-{b}" for v, b in TARGETS])
+def contract(request: pytest.FixtureRequest) -> Iterator[tuple[SlurmClient, ClusterInfo]]:
+    """(client, cluster) with idle nodes and no jobs, and left so."""
+    version, backend = request.param
+    if version == "host":
+        info = request.getfixturevalue("devcluster")
+    else:
+        info = request.getfixturevalue("devcluster2511_obj").info
+        if backend == "pyslurm":
+            request.getfixturevalue("pyslurm_module")
+    reset_cluster(info)
+    yield make_backend_for(backend, info), info
+    reset_cluster(info)
+
+
+@pytest.fixture
+def slurm_client(contract: tuple[SlurmClient, ClusterInfo]) -> SlurmClient:
+    return contract[0]
+
+
+@pytest.fixture
+def clean_cluster(contract: tuple[SlurmClient, ClusterInfo]) -> ClusterInfo:
+    return contract[1]
 
 
 def test_nodes_are_listed_with_gres_and_partition(slurm_client: SlurmClient, clean_cluster):
@@ -85,3 +130,32 @@ def test_reason_is_one_line_and_bounded(slurm_client: SlurmClient, clean_cluster
     reason = slurm_client.node("node4").reason
     assert reason.startswith("babysitter: line one line two")
     assert "\n" not in reason and len(reason) <= 200
+
+
+def test_hold_and_release(slurm_client: SlurmClient, clean_cluster):
+    job = submit(clean_cluster, "--begin=now+3600")  # stays pending
+    slurm_client.hold(job)
+    assert slurm_client.job(job).state_reason == "JobHeldAdmin"
+    slurm_client.release(job)
+    wait_for(lambda: slurm_client.job(job).state_reason != "JobHeldAdmin", 10, "released")
+    assert slurm_client.job(job).pending
+
+
+def test_node_failure_is_seen_by_every_backend_on_2511(devcluster2511_obj, pyslurm_module):
+    """One dead slurmd, seen through cli, rest and pyslurm alike (one kill: Slurm's timers,
+    not the backends, set how long this takes)."""
+    c = devcluster2511_obj
+    info = c.info
+    reset_cluster(info)
+    clients = [make_backend_for(b, info) for b in ("cli", "rest", "pyslurm")]
+    c.kill_slurmd("node4")
+    try:
+        wait_for(
+            lambda: all(cl.node("node4").not_responding or cl.node("node4").down for cl in clients),
+            40,
+            "node4 not responding through every backend",
+        )
+    finally:
+        c.start_slurmd("node4")
+    wait_for(lambda: not any(cl.node("node4").not_responding for cl in clients), 40, "node4 back")
+    reset_cluster(info)

@@ -14,6 +14,7 @@ from typing import Any
 
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
+from babysitter.checks.all import select_checks
 from babysitter.checks.base import (
     EVENT_SOURCES,
     Check,
@@ -21,12 +22,12 @@ from babysitter.checks.base import (
     EventSource,
     is_hung,
     run_check,
-    select_checks,
 )
 from babysitter.config import Config
 from babysitter.errors import ConfigError
 from babysitter.finding import Finding, Severity
 from babysitter.sdnotify import notify, watchdog_interval_s
+from babysitter.secretfile import check_private
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +38,21 @@ class Agent:
         a = cfg.agent
         self.node = a.node_name
         try:
+            check_private(a.token_file, "agent.token_file")  # like ssh with a key: refuse
             token = a.token_file.read_text().strip()
         except OSError as exc:
             raise ConfigError(
                 f"cannot read agent.token_file {a.token_file}: {exc.strerror}"
             ) from None
         self.spool = Spool(a.spool_path, a.spool_max_reports)
-        self.shipper = Shipper(a.controller_url, token, self.spool, a.request_timeout_s)
+        self.shipper = Shipper(
+            a.controller_url,
+            token,
+            self.spool,
+            a.request_timeout_s,
+            node=self.node,
+            ca_file=a.ca_file,
+        )
         self.ctx = CheckContext(cfg, self.node)
         self.checks: list[Check] = select_checks(self.ctx)
         self.sources: list[EventSource] = []
@@ -76,6 +85,7 @@ class Agent:
                 "spool_size": self.spool.size(),
                 "spool_dropped": self.spool.counter("dropped"),
                 "spool_replayed_total": self.spool.counter("replayed"),
+                "reports_refused": self.spool.counter("refused"),
                 **extra,
             },
         }
@@ -95,6 +105,7 @@ class Agent:
         if self.metrics is not None:
             m = report["metrics"]
             self.metrics.update(findings, dict(self.durations), m["spool_size"], m["spool_dropped"])
+            self.metrics.refused.set(m["reports_refused"])
         return report
 
     # ---- checks

@@ -32,6 +32,12 @@ class AgentMetrics:
             "Reports dropped from the full spool since it was created.",
             registry=r,
         )
+        self.refused = Gauge(
+            "babysitter_agent_reports_refused",
+            "Reports the controller refused with a 4xx (dropped, not retried) since the spool "
+            "was created.",
+            registry=r,
+        )
         host, _, port = listen.rpartition(":")
         start_http_server(int(port), addr=host or "127.0.0.1", registry=r)
 

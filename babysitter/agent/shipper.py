@@ -1,14 +1,19 @@
 """Ship reports to the controller: httpx with timeouts, a few retries with backoff + jitter,
 then the spool. Spooled reports are replayed in order before anything new is sent, so the
-controller sees a node's history in order."""
+controller sees a node's history in order. A report the controller refuses for what it is
+(a 4xx other than 408/429: too big, invalid, not this node's) is dropped and counted, never
+replayed: it would be refused again and hold up everything queued behind it."""
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import random
+import ssl
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,18 +23,42 @@ from babysitter.agent.spool import Spool
 log = logging.getLogger(__name__)
 
 
+# answers that say "not now" rather than "never": the report is kept and sent again
+_RETRYABLE_4XX = frozenset({408, 425, 429})
+
+
+def tls_verify(ca_file: Path | None) -> ssl.SSLContext | bool:
+    """What httpx verifies an https controller with: the given CA bundle, else the system's."""
+    if ca_file is None:
+        return True
+    return ssl.create_default_context(cafile=str(ca_file))
+
+
 class Shipper:
     def __init__(
-        self, url: str, token: str, spool: Spool, timeout_s: float = 5.0, retries: int = 2
+        self,
+        url: str,
+        token: str,
+        spool: Spool,
+        timeout_s: float = 5.0,
+        retries: int = 2,
+        node: str | None = None,
+        ca_file: Path | None = None,
     ) -> None:
         self.url = url.rstrip("/") + "/api/v1/reports"
         self.spool = spool
         self.retries = retries
-        self.http = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
+        headers = {"Authorization": f"Bearer {token}"}
+        if node:
+            # lets the controller check the token before it reads the body
+            headers["X-Babysitter-Node"] = node
+        self.http = httpx.Client(timeout=timeout_s, headers=headers, verify=tls_verify(ca_file))
         self._q: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=10_000)
         self._thread = threading.Thread(target=self._run, name="shipper", daemon=True)
         self.sent = 0
         self.failed_attempts = 0
+        self.refused = 0  # reports the controller refused with a 4xx, dropped
+        self._refusals_logged: set[int] = set()
 
     def start(self) -> None:
         self._thread.start()
@@ -46,29 +75,45 @@ class Shipper:
             self.spool.put(report)
 
     def _post(self, report: dict[str, Any]) -> bool:
-        """True when the controller has the report (202 new or 200 duplicate)."""
+        """True when the controller is done with the report: it has it (202 new or 200
+        duplicate) or refused it for good (4xx: counted and dropped)."""
         try:
-            r = self.http.post(self.url, json=report)
+            # NaN/Infinity are not JSON: the controller would refuse them, so would httpx
+            body = json.dumps(report, allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            self._refuse(report, 0, f"not encodable as JSON: {exc}")
+            return True
+        try:
+            r = self.http.post(self.url, content=body, headers={"Content-Type": "application/json"})
         except httpx.HTTPError as exc:
             log.debug("controller unreachable: %s", exc)
             return False
         if r.status_code in (200, 202):
             return True
-        if r.status_code in (401, 403, 422):
-            # retrying cannot help; keep it out of the spool loop but say so loudly
-            log.error(
-                "controller refused report %s: %s %s",
-                report.get("report_id"),
-                r.status_code,
-                r.text[:200],
-            )
+        if 400 <= r.status_code < 500 and r.status_code not in _RETRYABLE_4XX:
+            self._refuse(report, r.status_code, r.text[:200])
             return True
         return False
 
+    def _refuse(self, report: dict[str, Any], status: int, why: str) -> None:
+        """Drop a report that can never be accepted; count it, log once per status (a wrong
+        token refuses every report: the log must not flood)."""
+        self.refused += 1
+        self.spool.count("refused")
+        if status not in self._refusals_logged:
+            self._refusals_logged.add(status)
+            log.error(
+                "report %s refused (%s), dropped; further refusals like it are only counted: %s",
+                report.get("report_id"),
+                status or "by the agent",
+                why,
+            )
+
     def _send_with_retry(self, report: dict[str, Any]) -> bool:
         for attempt in range(self.retries + 1):
+            refused = self.refused
             if self._post(report):
-                self.sent += 1
+                self.sent += self.refused == refused
                 return True
             self.failed_attempts += 1
             if attempt < self.retries:

@@ -60,6 +60,12 @@ class Spool:
         with self._lock:
             return self._size()
 
+    def count(self, name: str, n: int = 1) -> None:
+        """Bump a durable counter (e.g. "refused": reports the controller refused)."""
+        with self._lock:
+            self._bump(name, n)
+            self._db.commit()
+
     def _bump(self, name: str, n: int) -> None:
         self._db.execute(
             "INSERT INTO counters (name, n) VALUES (?, ?) "

@@ -1,6 +1,10 @@
-"""Explicit list of check modules: importing this fills the registry (gpud's all.go)."""
+"""Explicit list of check modules and the selection of the checks to run (gpud's all.go).
+Nothing below imports this module: it is the composition root of the checks."""
+
+import importlib
 
 from babysitter.checks import base
+from babysitter.checks.base import Check, CheckContext
 
 # Each domain module registers its checks on import. Keep this list explicit.
 CHECK_MODULES: list[str] = [
@@ -14,8 +18,25 @@ CHECK_MODULES: list[str] = [
 
 
 def load_all() -> dict[str, type[base.Check]]:
-    import importlib
-
     for mod in CHECK_MODULES:
         importlib.import_module(mod)
     return dict(base.REGISTRY)
+
+
+def select_checks(
+    ctx: CheckContext, only: list[str] | None = None, include_invasive: bool = False
+) -> list[Check]:
+    """Instantiate the enabled, supported checks; `only` matches names or name prefixes
+    (`gpu` selects gpu.*)."""
+    wanted = only or ctx.config.agent.enabled_checks
+    out: list[Check] = []
+    for name, cls in sorted(load_all().items()):
+        if wanted and not any(name == w or name.startswith(w + ".") for w in wanted):
+            continue
+        if cls.invasive and not include_invasive and not only:
+            continue
+        check = cls(ctx)
+        if not check.enabled() or not check.supported():
+            continue
+        out.append(check)
+    return out

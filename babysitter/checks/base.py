@@ -209,24 +209,3 @@ def run_checks(checks: list[Check]) -> list[CheckResult]:
     for t in threads:
         t.join()  # run_check itself returns after the check's timeout
     return [r for r in results if r is not None]
-
-
-def select_checks(
-    ctx: CheckContext, only: list[str] | None = None, include_invasive: bool = False
-) -> list[Check]:
-    """Instantiate the enabled, supported checks; `only` matches names or name prefixes
-    (`gpu` selects gpu.*)."""
-    from babysitter.checks.all import load_all
-
-    wanted = only or ctx.config.agent.enabled_checks
-    out: list[Check] = []
-    for name, cls in sorted(load_all().items()):
-        if wanted and not any(name == w or name.startswith(w + ".") for w in wanted):
-            continue
-        if cls.invasive and not include_invasive and not only:
-            continue
-        check = cls(ctx)
-        if not check.enabled() or not check.supported():
-            continue
-        out.append(check)
-    return out

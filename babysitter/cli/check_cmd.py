@@ -1,6 +1,8 @@
 """`babysitter check`: run the checks once, like NHC. Nagios exit codes; `--slurm-drain` makes
 it a Slurm HealthCheckProgram (drain own node on critical, resume it when clean, only if the
-drain was babysitter's)."""
+drain was this mode's own: reason `<prefix> [healthcheck] …`). Drains the controller made
+(SDC, NVML events, NCCL — checks this one-shot run never repeats) are the controller's to
+resume."""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from babysitter.checks.base import CheckContext, run_checks, select_checks
+from babysitter.checks.all import select_checks
+from babysitter.checks.base import CheckContext, run_checks
 from babysitter.cli.common import State, echo_json, pass_state
+from babysitter.controller.policy import HEALTHCHECK_MARK
 from babysitter.errors import UsageError
 from babysitter.finding import Finding, Severity, exit_code, worst
 from babysitter.slurm.client import SlurmError, SlurmNotOwned
@@ -81,12 +85,23 @@ def _slurm_drain(state: State, node: str, findings: list[Finding]) -> None:
 
     err = Console(stderr=True)
     client = make_client(state.config)
+    mine = f"{state.config.slurm.reason_prefix} {HEALTHCHECK_MARK}"
     try:
+        current = client.node(node)
+        held = current.drained_or_draining or current.down
         if worst(findings) is Severity.CRITICAL:
-            client.drain(node, drain_summary(findings))
+            controllers = current.reason.startswith(state.config.slurm.reason_prefix)
+            if held and controllers and not current.reason.startswith(mine):
+                # the controller's drain stays the controller's (never rewritten as ours)
+                err.print(f"left {node} alone: drained by the babysitter controller")
+                return
+            client.drain(node, f"{HEALTHCHECK_MARK} {drain_summary(findings)}")
             err.print(f"drained {node}")
-        else:
+        elif held and current.reason.startswith(mine):
             client.resume(node)
+            err.print(f"resumed {node}")
+        elif held and current.reason:
+            err.print(f"left {node} alone: not drained by this check ({current.reason!r})")
     except SlurmNotOwned as exc:
         err.print(f"left {node} alone: {exc}")
     except SlurmError as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from babysitter.cli.common import State, pass_state
@@ -27,13 +29,24 @@ def agent(state: State) -> None:
 
 @click.command("token")
 @click.argument("node")
+@click.option(
+    "--write",
+    "path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the token to this file, created with mode 0600 (replaced atomically).",
+)
 @pass_state
-def token(state: State, node: str) -> None:
-    """Print NODE's API token (derived from the cluster secret)."""
-    from babysitter.controller.auth import node_token, read_secret
+def token(state: State, node: str, path: Path | None) -> None:
+    """Print NODE's API token (derived from the cluster secret), or write it to a file."""
+    from babysitter.controller.auth import node_token
+    from babysitter.secretfile import read_secret, write_private
 
     secret = read_secret(state.config.controller.cluster_secret_file, "cluster secret")
-    click.echo(node_token(secret, node))
+    if path is None:
+        click.echo(node_token(secret, node))
+    else:
+        write_private(path, node_token(secret, node) + "\n")
+        click.echo(f"wrote {node}'s token to {path} (mode 0600)", err=True)
 
 
 @click.group("db")
@@ -44,7 +57,7 @@ def db() -> None:
 @db.command("upgrade")
 @pass_state
 def db_upgrade(state: State) -> None:
-    """Apply migrations (Alembic, sql/)."""
+    """Apply migrations (Alembic, babysitter/sql/)."""
     from babysitter.controller.store import Store
 
     store = Store(state.config.controller.database_url)

@@ -36,9 +36,10 @@ def devcluster_group() -> None:
 @click.option(
     "--slurm",
     "slurm_version",
-    type=click.Choice(["22.05", "24.11", "26.05"]),
+    type=click.Choice(["22.05", "24.11", "25.11", "26.05"]),
     default=None,
-    help="Slurm version (default: the host's; newer from Debian roots).",
+    help="Slurm version (default: the host's; 24.11/26.05 from Debian roots, 25.11 built "
+    "from source).",
 )
 def up(
     n_nodes: int, extra_nodes: int, base: Path, as_json: bool, slurm_version: str | None

@@ -24,6 +24,7 @@ COMMAND_MODULES: list[str] = [
     "babysitter.cli.job_cmd",
     "babysitter.cli.demo_cmd",
     "babysitter.cli.sdc_cmd",
+    "babysitter.cli.validate_cmd",
 ]
 
 

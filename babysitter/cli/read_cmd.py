@@ -25,10 +25,13 @@ def _client(state: State, url: str | None, token: str | None) -> httpx.Client:
             token = cfg.controller.admin_token_file.read_text().strip()
         except OSError:
             token = os.environ.get("BABYSITTER_TOKEN", "")
+    from babysitter.agent.shipper import tls_verify
+
     return httpx.Client(
         base_url=(url or cfg.agent.controller_url).rstrip("/"),
         timeout=10,
         headers={"Authorization": f"Bearer {token}"},
+        verify=tls_verify(cfg.agent.ca_file),
     )
 
 
@@ -52,10 +55,11 @@ def _call(c: httpx.Client, method: str, path: str, **kw: Any) -> Any:
 @click.option("--json", "as_json", is_flag=True)
 @pass_state
 def status(state: State, url: str | None, token: str | None, as_json: bool) -> None:
-    """Cluster summary: nodes by verdict, open problems, pending actions."""
+    """Cluster summary: nodes by verdict, open problems, pending actions, the guard."""
     with _client(state, url, token) as c:
         nodes = _call(c, "GET", "/api/v1/nodes")
         pending = _call(c, "GET", "/api/v1/actions", params={"status": "pending"})
+        guard = _call(c, "GET", "/api/v1/guard")
     by: dict[str, int] = {}
     for n in nodes:
         by[n["verdict"]] = by.get(n["verdict"], 0) + 1
@@ -67,6 +71,7 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
                 "by_verdict": by,
                 "problem_nodes": bad,
                 "pending_actions": pending,
+                "guard": guard,
             }
         )
         return
@@ -79,6 +84,18 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
             t.add_row(n["name"], n["verdict"], "yes" if n["babysitter_drained"] else "", first)
         con.print(t)
     con.print(f"{len(pending)} pending actions")
+    con.print(_guard_line(guard))
+
+
+def _guard_line(g: dict[str, Any]) -> str:
+    if g.get("tripped"):
+        return (
+            f"guard: TRIPPED since {g.get('since') or '?'} ({g.get('rule')}): {g.get('reason')} "
+            "— `babysitter guard reset` after investigating"
+        )
+    if g.get("undecided"):
+        return f"guard: undecided: {g.get('undecided_reason')}"
+    return "guard: armed (drains allowed)"
 
 
 @click.command("nodes")

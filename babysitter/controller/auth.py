@@ -1,5 +1,9 @@
 """Tokens: a node's token is HMAC-SHA256(cluster secret, node name), so there is no token table
-to manage and a token is valid only for its own node. Admin and read tokens come from files."""
+to manage and a token is valid only for its own node. Admin and read tokens come from files.
+
+A report is authenticated from its headers alone, before its body is read: the agent names its
+node in `X-Babysitter-Node` (NODE_HEADER). A token sent without that header is recognised only
+if it belongs to a node the controller already knows (agents from before the header)."""
 
 from __future__ import annotations
 
@@ -7,10 +11,8 @@ import functools
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
-
-from babysitter.errors import ConfigError
 
 
 def node_token(secret: bytes, node: str) -> str:
@@ -21,14 +23,7 @@ def node_token(secret: bytes, node: str) -> str:
 _node_token_cached = functools.lru_cache(maxsize=65536)(node_token)
 
 
-def read_secret(path: Path, what: str) -> bytes:
-    try:
-        data = path.read_bytes().strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
-    if len(data) < 16:
-        raise ConfigError(f"{what} {path} is too short (need >= 16 bytes)")
-    return data
+NODE_HEADER = "x-babysitter-node"
 
 
 @dataclass
@@ -42,6 +37,22 @@ class Authenticator:
         self.secret = secret
         self.admin_token = admin_token
         self.read_token = read_token
+        # token -> node, for senders without NODE_HEADER (bounded by the nodes that exist)
+        self._known: dict[bytes, str] = {}
+
+    def learn(self, nodes: Iterable[str]) -> None:
+        """Nodes whose token is recognised even without NODE_HEADER."""
+        for n in nodes:
+            self._known[_node_token_cached(self.secret, n).encode()] = n
+
+    def sender(self, token: str, node: str | None) -> Principal | None:
+        """Who sends a report, from the request's headers only (the body is not read yet)."""
+        p = self.identify(token, claimed_node=node)
+        if p is None and node is None:
+            known = self._known.get(token.encode("utf-8", "surrogateescape"))
+            if known is not None:
+                return Principal("node", known)
+        return p
 
     def identify(self, token: str, claimed_node: str | None = None) -> Principal | None:
         # compared as bytes: compare_digest refuses non-ASCII str, and a header may carry any

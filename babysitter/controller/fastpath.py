@@ -2,8 +2,10 @@
 node with a valid token (10k nodes every 5 s). It skips Starlette's middleware, routing and
 request objects (~20 % of the controller's CPU per report) and answers with the same bytes the
 FastAPI route would. Anything else, including every error case of a report, is passed to the
-FastAPI app unchanged, so the app stays the one source of the API's behaviour, error format
-and OpenAPI."""
+FastAPI app, so the app stays the one source of the API's behaviour, error format and
+OpenAPI. The sender is checked from the headers before any of the body is read: a refused
+sender or a declared length over the limit goes to the app with the body untouched (the app
+refuses it without reading), and a streamed body is read only up to the limit."""
 
 from __future__ import annotations
 
@@ -13,23 +15,41 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from babysitter.controller.api import Ingest, ReportIn, StoreUnavailable, bearer_token
+from babysitter.controller.api import (
+    REPORTS_PATH,
+    Ingest,
+    Refused,
+    ReportIn,
+    StoreUnavailable,
+    report_problems,
+)
+from babysitter.controller.auth import NODE_HEADER
 
-REPORTS_PATH = "/api/v1/reports"
-# Bigger bodies are legal (up to 10,000 findings) but not the hot path: the app handles them.
-MAX_FAST_BODY = 1 << 20
 _JSON_HEADERS = [(b"content-type", b"application/json")]
+_NODE_HEADER = NODE_HEADER.encode()
 
 
 class IngestFastPath:
-    def __init__(self, app: ASGIApp, ingest: Ingest, max_body: int = MAX_FAST_BODY) -> None:
+    def __init__(self, app: ASGIApp, ingest: Ingest) -> None:
         self.app = app
         self.ingest = ingest
-        self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != REPORTS_PATH:
             await self.app(scope, receive, send)
+            return
+        auth = node = length = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                auth = value.decode("latin-1")  # as Starlette decodes headers
+            elif name == _NODE_HEADER:
+                node = value.decode("latin-1")
+            elif name == b"content-length":
+                length = value.decode("latin-1")
+        try:
+            sender = self.ingest.sender(auth, node, length)
+        except Refused:
+            await self.app(scope, receive, send)  # refused by the app, body unread
             return
         chunks: list[bytes] = []
         size = 0
@@ -42,17 +62,23 @@ class IngestFastPath:
             size += len(chunk)
             if not msg.get("more_body", False):
                 break
-            if size > self.max_body:
+            if size > self.ingest.max_body:  # the app reads one more chunk and answers 413
                 await self.app(scope, _replay(chunks, True, receive), send)
                 return
         raw = b"".join(chunks)
         body = _well_formed(raw)
-        token = _bearer(scope)
-        if body is None or token is None or self.ingest.refusal(token, body) is not None:
+        if (
+            body is None
+            or size > self.ingest.max_body
+            or report_problems(raw, body)
+            or self.ingest.refusal(sender, body) is not None
+        ):
             await self.app(scope, _replay([raw], False, receive), send)
             return
         try:
             status, payload = await self.ingest.accept(body)
+        except Refused as exc:
+            status, payload = exc.status, json.dumps({"detail": exc.detail}).encode()
         except StoreUnavailable as exc:
             status, payload = 503, json.dumps({"detail": str(exc)}).encode()
         headers = [*_JSON_HEADERS, (b"content-length", str(len(payload)).encode())]
@@ -70,13 +96,6 @@ def _well_formed(raw: bytes) -> ReportIn | None:
         return ReportIn.model_validate_json(raw)
     except ValidationError:
         return None
-
-
-def _bearer(scope: Scope) -> str | None:
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            return bearer_token(value.decode("latin-1"))  # as Starlette decodes headers
-    return None
 
 
 def _replay(chunks: list[bytes], more: bool, receive: Receive) -> Receive:

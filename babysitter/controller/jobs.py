@@ -1,77 +1,82 @@
 """Babysat jobs: track them from Slurm (AdminComment `babysit=<args>`, or the `--comment`
 fallback) and, when their node is drained for a fault (or Slurm marks it down), requeue them
 from the newest complete checkpoint: write `<ckpt>/.babysitter/resume.json`, requeue, keep the
-bad node(s) out, count it. Past max_requeues the job is held and on-call is told. Jobs that
-did not opt in are left to Slurm. One fault -> one requeue."""
+bad node(s) out, count it. Past max_requeues the job is held and on-call is told (one alert per
+job, resolved when the job ends or is released). Jobs that did not opt in are left to Slurm.
+One fault -> one requeue.
+
+Split in two: `decide_requeue` is the pure job policy (facts in, a decision out); `JobTracker`
+gathers the facts and executes. Requeues are actions in the same pending/retry pipeline as
+drains: the tracker only *records* them (`record_requeue`); the remediation engine executes
+them (`execute_requeue`), retrying while Slurm is unavailable. Every job is handled in its own
+error boundary: a hostile or broken job records its error in its history and never stops the
+others."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from babysitter.checkpoints import find_latest_complete, write_resume_json
-from babysitter.controller.alerts import Alert
+from babysitter.config import Config
+from babysitter.controller.alerts import Alert, AlertRouter
+from babysitter.controller.metrics import ControllerMetrics
+from babysitter.controller.store import Store
 from babysitter.job import babysit_spec
-from babysitter.slurm.client import SlurmError, SlurmJob
-
-if TYPE_CHECKING:
-    from babysitter.controller.remediation import RemediationEngine
+from babysitter.slurm.client import SlurmClient, SlurmError, SlurmJob, SlurmNode
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_REQUEUES = 3
 CKPT_SETTLE_S = 10.0  # marker-less formats: files this fresh may still be being written
-_last_scan: dict[int, float] = {}
+REQUEUE_RULE = "job_on_failed_node"
+HISTORY_MAX = 50  # entries kept per job (a job failing every tick must not grow a row forever)
+HELD_REASONS = ("JobHeldAdmin", "JobHeldUser")
 
 
-def _babysat(jobs: list[SlurmJob]) -> list[tuple[SlurmJob, dict[str, Any]]]:
-    out = []
-    for j in jobs:
-        spec = babysit_spec(j.admin_comment, j.comment)
-        if spec is not None:
-            out.append((j, spec))
-    return out
+# ---- the pure job policy
 
 
-def tick(engine: RemediationEngine, now: datetime) -> None:
-    """Refresh the jobs table; requeue babysat jobs stranded on nodes Slurm marked DOWN."""
-    key = id(engine)
-    if time.monotonic() - _last_scan.get(key, 0.0) < engine.cfg.slurm.job_scan_s:
-        return
-    _last_scan[key] = time.monotonic()
-    try:
-        jobs = engine.slurm.jobs()
-    except SlurmError as exc:
-        log.debug("cannot list jobs: %s", exc)
-        return
-    known = {r["job_id"]: r for r in engine.store.jobs()}
-    down = {n for n, sn in engine.slurm_nodes.items() if sn.down}
-    for j, spec in _babysat(jobs):
-        row = known.get(j.job_id)
-        values = {
-            "name": j.name,
-            "user": j.user,
-            "nodes": list(j.nodes),
-            "state": "+".join(j.states),
-            "babysit": spec,
-            "restart_count": j.restart_count,
-        }
-        engine.store.upsert_job(j.job_id, **values)
-        if j.running and down & set(j.nodes):
-            requeue_job(
-                engine,
-                j,
-                spec,
-                sorted(down & set(j.nodes)),
-                f"node {', '.join(sorted(down & set(j.nodes)))} is DOWN",
-                now,
-                row,
-            )
-        elif j.running and spec.get("hang_timeout") and spec.get("ckpt"):
-            _check_hang(engine, j, spec, now)
+@dataclass(frozen=True)
+class JobDecision:
+    kind: str  # requeue | hold | skip
+    why: str = ""
+
+
+def max_requeues(spec: dict[str, Any]) -> int:
+    """The job's limit, from user-controlled text: ASCII digits only, bounded."""
+    raw = spec.get("max_requeues", DEFAULT_MAX_REQUEUES)
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        raise ValueError(f"max_requeues {raw!r} is not a number")
+    text = str(raw)
+    if not (text.isascii() and text.isdigit()) or len(text) > 8:
+        raise ValueError(f"max_requeues {text[:20]!r} is not a small ASCII number")
+    return int(text)
+
+
+def decide_requeue(
+    restart_count: int, requeues_done: int, history: list[dict[str, Any]], limit: int
+) -> JobDecision:
+    """Requeue, hold (limit reached) or skip (this restart generation was handled already)."""
+    for h in history:
+        if h.get("restart_count") == restart_count and h.get("event") in ("requeue", "held"):
+            return JobDecision("skip", f"restart {restart_count} already handled ({h['event']})")
+    if requeues_done >= limit:
+        return JobDecision("hold", f"max_requeues={limit} reached")
+    return JobDecision("requeue")
+
+
+# ---- facts and execution
+
+
+def _clamp(text: str | None, n: int) -> str | None:
+    return None if text is None else text[:n]
 
 
 def heartbeat_age(ckpt: str, job_id: int, now_ts: float) -> float | None:
@@ -89,47 +94,294 @@ def heartbeat_age(ckpt: str, job_id: int, now_ts: float) -> float | None:
     return None if newest is None else now_ts - newest
 
 
-def gpus_idle(engine: RemediationEngine, nodes: tuple[str, ...]) -> bool | None:
-    """True when every GPU on the job's nodes is below the idle threshold in their latest
-    reports; None when no node reported utilisation (no GPUs, or an old agent)."""
-    limit = engine.cfg.policy.idle_gpu_util_percent
-    seen = False
-    for name in nodes:
-        row = engine.store.node(name)
-        util = ((row or {}).get("metrics") or {}).get("gpu_util") or {}
-        for v in util.values():
-            seen = True
-            if float(v) >= limit:
-                return False
-    return True if seen else None
+class JobTracker:
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        slurm: SlurmClient,
+        metrics: ControllerMetrics,
+        router: AlertRouter,
+        bounded: Callable[[Callable[[], Any], float], Any] | None = None,
+        item_timeout_s: float = 30.0,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.slurm = slurm
+        self.metrics = metrics
+        self.router = router
+        # runs one job's work with a time limit (the engine's worker pool); inline when None
+        self.bounded = bounded or (lambda fn, _t: fn())
+        self.item_timeout_s = item_timeout_s
+        self._last_scan = 0.0
 
+    # -- recording history and errors on the job
+    def _history(self, job_id: int) -> list[dict[str, Any]]:
+        row = self._row(job_id)
+        return list((row or {}).get("history") or [])
 
-def _check_hang(
-    engine: RemediationEngine, j: SlurmJob, spec: dict[str, Any], now: datetime
-) -> None:
-    age = heartbeat_age(spec["ckpt"], j.job_id, now.timestamp())
-    cond = f"job_hung_{j.job_id}"
-    # no progress for hang_timeout AND its GPUs idle (when utilisation is known): a slow
-    # step that keeps the GPUs busy is not a hang
-    hung = (
-        age is not None and age > spec["hang_timeout"] and gpus_idle(engine, j.nodes) is not False
-    )
-    if hung and age is not None:
-        requeue = engine.cfg.policy.requeue_hung_jobs
-        why = (
-            f"job {j.job_id} ({j.name}) on {','.join(j.nodes)} made no progress for "
-            f"{age:.0f} s (hang_timeout {spec['hang_timeout']} s) with idle GPUs"
+    def _row(self, job_id: int) -> dict[str, Any] | None:
+        return next((r for r in self.store.jobs() if r["job_id"] == job_id), None)
+
+    def _append(self, job_id: int, entry: dict[str, Any], **values: Any) -> None:
+        history = self._history(job_id)
+        history.append(entry)
+        self.store.upsert_job(job_id, history=history[-HISTORY_MAX:], **values)
+
+    def record_error(self, job_id: int, what: str, exc: BaseException, now: datetime) -> None:
+        """A job whose handling failed: the error goes into its history (shown by
+        /api/v1/jobs and `babysitter jobs`), once per distinct error."""
+        err = f"{what}: {type(exc).__name__}: {str(exc)[:300]}"
+        try:
+            history = self._history(job_id)
+            if history and history[-1].get("event") == "error" and history[-1]["error"] == err:
+                return  # recorded (and logged) once
+            log.warning("job %s: %s", job_id, err)
+            self._append(job_id, {"event": "error", "at": now.isoformat(), "error": err})
+        except Exception:
+            log.exception("cannot record the error of job %s", job_id)
+
+    # -- the scan
+    def tick(self, slurm_nodes: dict[str, SlurmNode], now: datetime) -> None:
+        """Refresh the jobs table; queue requeues of babysat jobs stranded on nodes Slurm
+        marked DOWN; watch hangs; resolve requeue-limit alerts of jobs that ended or were
+        released."""
+        if time.monotonic() - self._last_scan < self.cfg.slurm.job_scan_s:
+            return
+        self._last_scan = time.monotonic()
+        try:
+            jobs = self.slurm.jobs()
+        except SlurmError as exc:
+            log.debug("cannot list jobs: %s", exc)
+            return
+        down = {n for n, sn in slurm_nodes.items() if sn.down}
+        for j in jobs:
+            try:
+                self.bounded(partial(self._scan_one, j, down, now), self.item_timeout_s)
+            except Exception as exc:
+                self.record_error(j.job_id, "scan", exc, now)
+        self._resolve_requeue_limit_alerts({j.job_id: j for j in jobs})
+
+    def _scan_one(self, j: SlurmJob, down: set[str], now: datetime) -> None:
+        try:
+            spec = babysit_spec(j.admin_comment, j.comment)
+        except Exception as exc:
+            # a babysit spec this parser chokes on: the job opted in, so show why it is not
+            # babysat rather than dropping it silently
+            self.store.upsert_job(
+                j.job_id,
+                name=_clamp(j.name, 255),
+                user=_clamp(j.user, 64),
+                nodes=list(j.nodes),
+                state="+".join(j.states)[:64],
+                restart_count=j.restart_count,
+            )
+            given = next(
+                (t for t in f"{j.admin_comment} {j.comment}".split() if t.startswith("babysit")),
+                "",
+            )
+            raise ValueError(f"babysit spec {given[:100]!r} refused: {exc}") from exc
+        if spec is None:
+            return
+        self.store.upsert_job(
+            j.job_id,
+            name=_clamp(j.name, 255),
+            user=_clamp(j.user, 64),
+            nodes=list(j.nodes),
+            state="+".join(j.states)[:64],
+            babysit=spec,
+            restart_count=j.restart_count,
         )
-        engine.router.process(
+        max_requeues(spec)  # a bad limit is this job's error, found before any fault
+        bad = sorted(down & set(j.nodes))
+        if j.running and bad:
+            self.record_requeue(j.job_id, bad, f"node {', '.join(bad)} is DOWN")
+        elif j.running and spec.get("hang_timeout") and spec.get("ckpt"):
+            self._check_hang(j, spec, now)
+
+    def babysat_on(self, node: str, jobs: list[SlurmJob] | None = None) -> list[int]:
+        """Babysat jobs running on `node` (SlurmError when Slurm cannot be asked). `jobs`: a
+        listing shared by every node drained in the same tick (one Slurm call for all)."""
+        out = []
+        for j in self.slurm.jobs_on([node]) if jobs is None else jobs:
+            if node not in j.nodes or not (j.running or "COMPLETING" in j.states):
+                continue
+            try:
+                if babysit_spec(j.admin_comment, j.comment) is not None:
+                    out.append(j.job_id)
+            except Exception:  # its error is recorded by the scan
+                continue
+        return out
+
+    def record_requeue(self, job_id: int, bad_nodes: list[str], why: str) -> int | None:
+        """Queue a requeue action (once: not while one for this job is pending)."""
+        for a in self.store.actions(status="pending", limit=5000):
+            if a["kind"] == "requeue" and a["job_id"] == job_id:
+                return None
+        return self.store.record_action(
+            "requeue",
+            node=",".join(bad_nodes)[:255] if bad_nodes else None,
+            job_id=job_id,
+            reason=why,
+            rule=REQUEUE_RULE,
+            requested_by="policy",
+        )
+
+    # -- hang
+    def gpus_idle(self, nodes: tuple[str, ...]) -> bool | None:
+        """True when every GPU on the job's nodes is below the idle threshold in their latest
+        reports; None when no node reported utilisation (no GPUs, or an old agent)."""
+        limit = self.cfg.policy.idle_gpu_util_percent
+        seen = False
+        for name in nodes:
+            row = self.store.node(name)
+            util = ((row or {}).get("metrics") or {}).get("gpu_util") or {}
+            for v in util.values():
+                seen = True
+                if float(v) >= limit:
+                    return False
+        return True if seen else None
+
+    def _check_hang(self, j: SlurmJob, spec: dict[str, Any], now: datetime) -> None:
+        age = heartbeat_age(spec["ckpt"], j.job_id, now.timestamp())
+        cond = f"job_hung_{j.job_id}"
+        # no progress for hang_timeout AND its GPUs idle (when utilisation is known): a slow
+        # step that keeps the GPUs busy is not a hang
+        hung = (
+            age is not None and age > spec["hang_timeout"] and self.gpus_idle(j.nodes) is not False
+        )
+        if hung and age is not None:
+            requeue = self.cfg.policy.requeue_hung_jobs
+            why = (
+                f"job {j.job_id} ({j.name[:100]}) on {','.join(j.nodes)} made no progress for "
+                f"{age:.0f} s (hang_timeout {spec['hang_timeout']} s) with idle GPUs"
+            )
+            self.router.process(
+                [
+                    Alert(
+                        None,
+                        cond,
+                        "warning",
+                        why,
+                        "requeued it from its last checkpoint"
+                        if requeue
+                        else "nothing changed: the job keeps its nodes",
+                        now,
+                        details={"job_id": j.job_id},
+                    )
+                ],
+                [],
+                now,
+            )
+            if requeue:
+                self.record_requeue(j.job_id, [], why)
+        elif age is not None:
+            self.router.process([], [(None, cond)], now)
+
+    # -- execution of a recorded requeue action
+    def execute_requeue(
+        self, job_id: int, bad_nodes: list[str], why: str, now: datetime
+    ) -> tuple[str, str]:
+        """(status, outcome) of one requeue action. SlurmUnavailable propagates: the action
+        stays pending and is retried."""
+        j = self.slurm.job(job_id)
+        if not (j.running or "COMPLETING" in j.states):
+            return "skipped", f"job {job_id} is {j.state or 'gone'}: nothing to requeue"
+        spec = babysit_spec(j.admin_comment, j.comment) or {}
+        row = self._row(job_id) or {}
+        history: list[dict[str, Any]] = list(row.get("history") or [])
+        limit = max_requeues(spec)
+        d = decide_requeue(j.restart_count, int(row.get("requeues") or 0), history, limit)
+        if d.kind == "skip":
+            return "skipped", d.why
+        if d.kind == "hold":
+            return self._hold(j, bad_nodes, why, now, limit)
+        resume_point = None
+        ckpt = spec.get("ckpt")
+        explanation = "no checkpoint directory given: restarts from scratch"
+        if ckpt:
+            try:
+                choice = find_latest_complete(ckpt, settle_s=CKPT_SETTLE_S)
+                if choice is not None:
+                    write_resume_json(ckpt, choice, j.job_id, j.restart_count + 1)
+                    resume_point = str(choice.path)
+                    explanation = choice.explanation
+                else:
+                    explanation = "no complete checkpoint yet: restarts from scratch"
+            except OSError as exc:
+                explanation = f"cannot read checkpoints in {ckpt}: {exc}"
+        exclude = self._exclude(j, bad_nodes)
+        self.slurm.requeue(j.job_id, exclude=exclude)
+        self.metrics.requeues.labels("done").inc()
+        history.append(
+            {
+                "event": "requeue",
+                "at": now.isoformat(),
+                "restart_count": j.restart_count,
+                "excluded": exclude,
+                "resume_point": resume_point,
+                "why": why[:500],
+                "checkpoint": explanation[:500],
+            }
+        )
+        self.store.upsert_job(
+            j.job_id,
+            requeues=int(row.get("requeues") or 0) + 1,
+            resume_point=resume_point,
+            history=history[-HISTORY_MAX:],
+            babysit=spec,
+            nodes=list(j.nodes),
+            state="REQUEUED",
+        )
+        return "done", (
+            f"requeued, excluding {','.join(exclude) or 'nothing'}; resume from "
+            f"{resume_point or 'scratch'}"
+        )
+
+    def _exclude(self, j: SlurmJob, bad_nodes: list[str]) -> list[str]:
+        """The bad nodes to keep out, unless that leaves the job nowhere to run: a job whose
+        required node list (--nodelist) names a bad node would pend forever. Then the bad node
+        stays out of the exclude list and on-call is told (Slurm keeps the node drained, so
+        the job waits for it visibly rather than silently)."""
+        required = set(j.extra.get("required_nodes", "").split(",")) - {""}
+        stuck = sorted(required & set(bad_nodes))
+        if not stuck:
+            return list(bad_nodes)
+        self.router.process(
             [
                 Alert(
                     None,
-                    cond,
+                    f"job_unplaceable_{j.job_id}",
                     "warning",
-                    why,
-                    "requeued it from its last checkpoint"
-                    if requeue
-                    else "nothing changed: the job keeps its nodes",
+                    f"job {j.job_id} ({j.name[:100]}) requires node(s) {','.join(stuck)}, "
+                    "which babysitter drained: it waits for them to be resumed",
+                    f"requeued job {j.job_id} without excluding {','.join(stuck)}",
+                    datetime.now().astimezone(),
+                    details={"job_id": j.job_id},
+                )
+            ],
+            [],
+        )
+        return [n for n in bad_nodes if n not in stuck]
+
+    def _hold(
+        self, j: SlurmJob, bad_nodes: list[str], why: str, now: datetime, limit: int
+    ) -> tuple[str, str]:
+        # requeue held: off the broken node, kept in the queue for a human
+        self.slurm.requeue(j.job_id, exclude=bad_nodes, hold=True)
+        self._append(
+            j.job_id,
+            {"event": "held", "at": now.isoformat(), "restart_count": j.restart_count, "why": why},
+            state="HELD",
+        )
+        self.router.process(
+            [
+                Alert(
+                    None,
+                    f"job_requeue_limit_{j.job_id}",
+                    "warning",
+                    f"job {j.job_id} ({j.name[:100]}) hit max_requeues={limit} after: {why}",
+                    f"requeued job {j.job_id} held, excluding {','.join(bad_nodes)}",
                     now,
                     details={"job_id": j.job_id},
                 )
@@ -137,169 +389,21 @@ def _check_hang(
             [],
             now,
         )
-        if requeue:
-            requeue_job(
-                engine,
-                j,
-                spec,
-                [],
-                why,
-                now,
-                next((r for r in engine.store.jobs() if r["job_id"] == j.job_id), None),
-            )
-    elif age is not None:
-        engine.router.process([], [(None, cond)], now)
+        return "done", "requeued held (max_requeues reached)"
 
-
-def on_drain(
-    engine: RemediationEngine,
-    node: str,
-    reason: str,
-    now: datetime,
-    jobs: list[SlurmJob] | None = None,
-) -> None:
-    """A node was just drained for a fault: requeue the babysat jobs running on it. `jobs`:
-    a listing shared by every node drained in the same batch (one Slurm call for all)."""
-    try:
-        jobs = engine.slurm.jobs_on([node]) if jobs is None else jobs
-    except SlurmError as exc:
-        log.warning("drained %s but cannot list its jobs: %s", node, exc)
-        return
-    known = {r["job_id"]: r for r in engine.store.jobs()}
-    for j, spec in _babysat(jobs):
-        if node in j.nodes and (j.running or "COMPLETING" in j.states):
-            requeue_job(engine, j, spec, [node], reason, now, known.get(j.job_id))
-
-
-def requeue_job(
-    engine: RemediationEngine,
-    j: SlurmJob,
-    spec: dict[str, Any],
-    bad_nodes: list[str],
-    why: str,
-    now: datetime,
-    row: dict[str, Any] | None,
-) -> None:
-    store = engine.store
-    history: list[dict[str, Any]] = list((row or {}).get("history") or [])
-    # one fault -> one requeue: this restart generation was already handled
-    if any(
-        h.get("restart_count") == j.restart_count and h.get("event") == "requeue" for h in history
-    ):
-        return
-    done = int((row or {}).get("requeues") or 0)
-    limit = int(spec.get("max_requeues", DEFAULT_MAX_REQUEUES))
-    if done >= limit:
-        _hold(engine, j, bad_nodes, why, now, history, limit)
-        return
-    resume_point = None
-    ckpt = spec.get("ckpt")
-    explanation = "no checkpoint directory given: restarts from scratch"
-    if ckpt:
-        try:
-            choice = find_latest_complete(ckpt, settle_s=CKPT_SETTLE_S)
-            if choice is not None:
-                write_resume_json(ckpt, choice, j.job_id, j.restart_count + 1)
-                resume_point = str(choice.path)
-                explanation = choice.explanation
-            else:
-                explanation = "no complete checkpoint yet: restarts from scratch"
-        except OSError as exc:
-            explanation = f"cannot read checkpoints in {ckpt}: {exc}"
-    aid = store.record_action(
-        "requeue",
-        node=bad_nodes[0] if bad_nodes else None,
-        job_id=j.job_id,
-        reason=why,
-        rule="job_on_failed_node",
-        requested_by="policy",
-    )
-    try:
-        engine.slurm.requeue(j.job_id, exclude=bad_nodes)
-    except SlurmError as exc:
-        store.update_action(aid, status="failed", done_at=now, outcome=str(exc))
-        history.append(
-            {
-                "event": "requeue_failed",
-                "at": now.isoformat(),
-                "error": str(exc),
-                "restart_count": j.restart_count,
-            }
-        )
-        store.upsert_job(j.job_id, history=history)
-        return
-    store.update_action(
-        aid,
-        status="done",
-        done_at=now,
-        outcome=f"requeued, excluding {','.join(bad_nodes)}; resume from "
-        f"{resume_point or 'scratch'}",
-    )
-    engine.metrics.requeues.labels("done").inc()
-    history.append(
-        {
-            "event": "requeue",
-            "at": now.isoformat(),
-            "restart_count": j.restart_count,
-            "excluded": bad_nodes,
-            "resume_point": resume_point,
-            "why": why,
-            "checkpoint": explanation,
-        }
-    )
-    store.upsert_job(
-        j.job_id,
-        requeues=done + 1,
-        resume_point=resume_point,
-        history=history,
-        babysit=spec,
-        nodes=list(j.nodes),
-        state="REQUEUED",
-    )
-
-
-def _hold(
-    engine: RemediationEngine,
-    j: SlurmJob,
-    bad_nodes: list[str],
-    why: str,
-    now: datetime,
-    history: list[dict[str, Any]],
-    limit: int,
-) -> None:
-    if any(h.get("event") == "held" and h.get("restart_count") == j.restart_count for h in history):
-        return
-    store = engine.store
-    aid = store.record_action(
-        "hold",
-        job_id=j.job_id,
-        node=bad_nodes[0] if bad_nodes else None,
-        reason=why,
-        rule="max_requeues",
-        requested_by="policy",
-    )
-    try:
-        # requeue held: off the broken node, kept in the queue for a human
-        engine.slurm.requeue(j.job_id, exclude=bad_nodes, hold=True)
-        store.update_action(aid, status="done", done_at=now, outcome="requeued held")
-    except SlurmError as exc:
-        store.update_action(aid, status="failed", done_at=now, outcome=str(exc))
-    history.append(
-        {"event": "held", "at": now.isoformat(), "restart_count": j.restart_count, "why": why}
-    )
-    store.upsert_job(j.job_id, history=history, state="HELD")
-    engine.router.process(
-        [
-            Alert(
-                None,
-                "job_requeue_limit",
-                "warning",
-                f"job {j.job_id} ({j.name}) hit max_requeues={limit} after: {why}",
-                f"requeued job {j.job_id} held, excluding {','.join(bad_nodes)}",
-                now,
-                details={"job_id": j.job_id},
-            )
-        ],
-        [],
-        now,
-    )
+    def _resolve_requeue_limit_alerts(self, jobs: dict[int, SlurmJob]) -> None:
+        """One requeue-limit alert per job: resolved once the job is no longer held (released
+        by a human, cancelled, or finished)."""
+        clearing: list[tuple[str | None, str]] = []
+        for key in self.router.firing_keys():
+            _, _, cond = key.partition("|")
+            if not cond.startswith("job_requeue_limit_"):
+                continue
+            tail = cond.removeprefix("job_requeue_limit_")
+            if not tail.isdigit():
+                continue
+            j = jobs.get(int(tail))
+            if j is None or not (j.pending and j.state_reason in HELD_REASONS):
+                clearing.append((None, cond))
+        if clearing:
+            self.router.process([], clearing)

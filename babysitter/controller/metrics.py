@@ -33,6 +33,17 @@ class ControllerMetrics:
         self.alerts = Counter(
             "babysitter_alerts_total", "Alert notifications sent.", ["sink", "state"], registry=r
         )
+        self.alerts_dropped = Counter(
+            "babysitter_alerts_dropped_total",
+            "Alert deliveries dropped because the sender's queue was full.",
+            registry=r,
+        )
+        self.loop_errors = Counter(
+            "babysitter_loop_item_errors_total",
+            "Decisions, actions, jobs or alerts whose handling raised (recorded on the item).",
+            ["item"],
+            registry=r,
+        )
         self.spool_replayed = Counter(
             "babysitter_agent_spool_replayed_reports_total",
             "Reports agents delivered late from their spool.",

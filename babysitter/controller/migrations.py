@@ -1,15 +1,17 @@
-"""Apply the Alembic migrations in sql/ (`babysitter db upgrade`; the controller also runs
-them at start)."""
+"""Apply the Alembic migrations in babysitter/sql/ (`babysitter db upgrade`; the controller
+also runs them at start)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from importlib.resources import files
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy import Engine
 
-SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+# Package data, so an installed wheel can migrate (Alembic needs a directory on disk: a wheel
+# install always unpacks it).
+SQL_DIR = files("babysitter") / "sql"
 
 
 def alembic_config() -> AlembicConfig:

@@ -1,5 +1,5 @@
-"""Database schema (SQLAlchemy Core). Migrations in sql/ (Alembic) must match it; sql/schema.sql
-is generated from it for DBAs (tests keep both in sync)."""
+"""Database schema (SQLAlchemy Core). Migrations in babysitter/sql/ (Alembic) must match it;
+babysitter/sql/schema.sql is generated from it for DBAs (tests keep both in sync)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ nodes = Table(
     Column("first_seen_at", DateTime(timezone=True), nullable=False),
     Column("last_report_at", DateTime(timezone=True), nullable=True),
     Column("last_report_id", String(36), nullable=True),
+    # sent_at (capped at receipt) of the newest report applied to the state: older ones only
+    # go to history, so state moves forward only
+    Column("last_sent_at", DateTime(timezone=True), nullable=True),
     # non-ok findings of the latest full report plus event findings since (JSON list)
     Column("open_findings", JSON, nullable=False, default=list),
     Column("worst_severity", String(16), nullable=False, default="ok"),
@@ -127,7 +130,7 @@ jobs = Table(
     "jobs",
     metadata,
     Column("job_id", BigInteger, primary_key=True),
-    Column("name", String(255), nullable=True),
+    Column("name", String(1024), nullable=True),  # Slurm allows 1024
     Column("user", String(64), nullable=True),
     Column("nodes", JSON, nullable=False, default=list),
     Column("state", String(64), nullable=True),

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+# Marks the drains `babysitter check --slurm-drain` (the HealthCheckProgram mode) makes:
+# reason `<prefix> [healthcheck] <check>: <message>`. The check resumes only drains carrying
+# it; the controller resumes only its own (no mark). Each mode owns what it drained.
+HEALTHCHECK_MARK = "[healthcheck]"
+
 # Actions that mean "this node must not run jobs"
 DRAIN_ACTIONS = {"drain", "reset_gpu", "reboot"}
 FATAL_XID_CLASSES = {"reboot", "reset_gpu"}
@@ -33,13 +38,31 @@ RULES = {
         "fault_cleared", "fault gone and resume_after_clean_checks clean reports: resume"
     ),
     "not_ours": Rule("not_ours", "drained/down for someone else: never touched, only alerted"),
-    "guard_fraction": Rule("guard_fraction", "max_drained_fraction of a partition reached"),
+    "guard_fraction": Rule(
+        "guard_fraction",
+        "more than max(min_drainable, max_drained_fraction x size) of a partition drained",
+    ),
+    "guard_unknown": Rule(
+        "guard_unknown", "partition sizes unknown (no Slurm data): no drain decided, alert"
+    ),
+    "job_owned_finding": Rule(
+        "job_owned_finding",
+        "a finding derived from a job's own output (job logs) never drains a node on its own: "
+        "alert naming the job",
+    ),
     "guard_rate": Rule("guard_rate", "max_drains_per_hour reached"),
     "guard_tripped": Rule("guard_tripped", "breaker tripped earlier; needs an admin reset"),
     "xid_escalation": Rule(
         "xid_escalation", "same fatal XID >= 5 times in 24 h on one GPU: hardware inspection"
     ),
     "lemon_node": Rule("lemon_node", "drained >= 3 times in 7 days: lemon node"),
+    "validate_before_resume": Rule(
+        "validate_before_resume",
+        "fault gone: a validation job must pass on the node before it returns (if enabled)",
+    ),
+    "validation_exhausted": Rule(
+        "validation_exhausted", "validation failed max_attempts times: stays drained for an admin"
+    ),
 }
 
 XID_ESCALATION_COUNT = 5
@@ -52,18 +75,24 @@ LEMON_WINDOW = timedelta(days=7)
 class PolicySettings:
     dry_run: bool = False
     max_drained_fraction: float = 0.1
+    min_drainable: int = 1
     max_drains_per_hour: int = 20
     resume_after_clean_checks: int = 3
     heartbeat_timeout_s: float = 120.0
+    validate_before_resume: bool = False
+    validation_max_attempts: int = 3
 
     @classmethod
     def from_config(cls, cfg: Any) -> PolicySettings:
         return cls(
             dry_run=cfg.policy.dry_run,
             max_drained_fraction=cfg.policy.max_drained_fraction,
+            min_drainable=cfg.policy.min_drainable,
             max_drains_per_hour=cfg.policy.max_drains_per_hour,
             resume_after_clean_checks=cfg.policy.resume_after_clean_checks,
             heartbeat_timeout_s=cfg.controller.heartbeat_timeout_s,
+            validate_before_resume=cfg.validation.enabled(cfg.policy),
+            validation_max_attempts=cfg.validation.max_attempts,
         )
 
 
@@ -81,10 +110,13 @@ class NodeFacts:
     drain_pending: bool = False  # a drain action is already queued
     recent_drains: tuple[datetime, ...] = ()  # babysitter drains of this node
     xid_history: tuple[tuple[str, int, datetime], ...] = ()  # (component, xid, when)
+    validation: str = ""  # latest validation since the last fault drain: running passed failed
+    validation_failures: int = 0
 
 
 @dataclass(frozen=True)
 class ClusterFacts:
+    # empty = unknown (Slurm never read): the guard cannot size anything and decides no drain
     partition_sizes: dict[str, int] = field(default_factory=dict)
     drained_by_us: dict[str, int] = field(default_factory=dict)
     drains_last_hour: int = 0
@@ -93,7 +125,7 @@ class ClusterFacts:
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str  # drain resume alert resolve_alert escalate guard_tripped
+    kind: str  # drain resume validate alert keep_alert resolve_alert escalate guard_tripped
     node: str | None
     rule: str
     reason: str
@@ -114,9 +146,26 @@ def _sev_rank(s: str) -> int:
     return {"ok": 0, "info": 1, "warning": 2, "critical": 3}.get(s, 0)
 
 
+# Checks whose findings come from content a job's owner controls (its log files): they say
+# something about the job, not the node, so they never drain a node on their own.
+JOB_OWNED_CHECKS = frozenset({"nccl.logs"})
+
+
+def job_owned(f: dict[str, Any]) -> bool:
+    return f.get("check") in JOB_OWNED_CHECKS or str(f.get("component", "")).startswith("job:")
+
+
 def drain_worthy(f: dict[str, Any]) -> bool:
+    if job_owned(f):
+        return False
     sev = f.get("severity", "ok")
     return sev == "critical" or (sev == "warning" and f.get("action") in DRAIN_ACTIONS)
+
+
+def drain_limit(size: int, s: PolicySettings) -> float:
+    """Nodes of a partition of `size` babysitter may hold drained: the fraction, but never
+    fewer than min_drainable (so the first fault in a small partition is drained)."""
+    return max(float(s.min_drainable), s.max_drained_fraction * size)
 
 
 def summary(findings: Sequence[dict[str, Any]]) -> str:
@@ -129,7 +178,8 @@ def summary(findings: Sequence[dict[str, Any]]) -> str:
 def node_verdict(n: NodeFacts, s: PolicySettings) -> tuple[str, str]:
     if n.heartbeat_age_s is None or n.heartbeat_age_s > s.heartbeat_timeout_s:
         return "unknown", "heartbeat_missing"
-    worst = max((_sev_rank(f.get("severity", "ok")) for f in n.open_findings), default=0)
+    node_owned = [f for f in n.open_findings if not job_owned(f)]
+    worst = max((_sev_rank(f.get("severity", "ok")) for f in node_owned), default=0)
     if any(drain_worthy(f) for f in n.open_findings):
         return "unhealthy", ("critical_finding" if worst == 3 else "drain_action")
     if worst >= 2:
@@ -172,6 +222,78 @@ def _escalations(n: NodeFacts, now: datetime) -> list[Decision]:
     return out
 
 
+JOB_ALERT_PREFIX = "job_log_"
+
+
+def _job_owned_alerts(n: NodeFacts) -> list[Decision]:
+    """Findings from a job's own output: an alert that names the job, never a node drain."""
+    out: list[Decision] = []
+    seen: set[str] = set()
+    for f in n.open_findings:
+        if not job_owned(f) or _sev_rank(f.get("severity", "ok")) < 2:
+            continue
+        details = f.get("details") or {}
+        job = str(details.get("job_id") or str(f.get("component", "")).removeprefix("job:"))
+        job = "".join(c for c in job if c.isascii() and c.isalnum())[:32] or "unknown"
+        if job in seen:
+            continue
+        seen.add(job)
+        out.append(
+            Decision(
+                "alert",
+                n.name,
+                "job_owned_finding",
+                f"job {job} on {n.name}: {f.get('check')}: {f.get('message')} (from the job's "
+                "own log: the node is not drained for this alone)",
+                "warning",
+                f"{JOB_ALERT_PREFIX}{job}",
+                details={"job_id": job, "code": f.get("code")},
+            )
+        )
+    return out
+
+
+def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
+    """The fault is gone: resume, or first prove the node with a validation job."""
+    cleared = f"fault gone, {n.consecutive_clean} clean reports"
+    if not s.validate_before_resume or n.validation == "passed":
+        return [
+            Decision(
+                "resume",
+                n.name,
+                "fault_cleared",
+                cleared,
+                "info",
+                "node_unhealthy",
+                dry_run=s.dry_run,
+            )
+        ]
+    if n.validation == "running":
+        return []
+    if n.validation_failures >= s.validation_max_attempts:
+        return [
+            Decision(
+                "escalate",
+                n.name,
+                "validation_exhausted",
+                f"{n.name} failed validation {n.validation_failures} times: needs an admin",
+                "critical",
+                "validation_lemon",
+            )
+        ]
+    return [
+        Decision(
+            "validate",
+            n.name,
+            "validate_before_resume",
+            f"{cleared}: validation job before it returns",
+            "info",
+            "node_unhealthy",
+            dry_run=s.dry_run,
+        )
+    ]
+
+
 def decide(
     nodes: Sequence[NodeFacts], cluster: ClusterFacts, s: PolicySettings, now: datetime
 ) -> PolicyResult:
@@ -184,6 +306,7 @@ def decide(
         verdict, rule = node_verdict(n, s)
         verdicts[n.name] = verdict
         decisions.extend(_escalations(n, now))
+        decisions.extend(_job_owned_alerts(n))
         bad = [f for f in n.open_findings if drain_worthy(f)]
         if verdict == "unknown" and n.heartbeat_age_s is not None:
             decisions.append(
@@ -214,6 +337,20 @@ def decide(
             elif not n.drained and not n.drain_pending and n.in_slurm:
                 worst = max(_sev_rank(f.get("severity", "ok")) for f in bad)
                 want_drain.append((worst, n, rule, summary(bad)))
+            else:
+                # drained (or about to be) by babysitter and still broken: the alert still
+                # holds; re-asserting it each tick keeps it alive where alerts expire
+                decisions.append(
+                    Decision(
+                        "keep_alert",
+                        n.name,
+                        rule,
+                        summary(bad),
+                        "critical",
+                        "node_unhealthy",
+                        dry_run=s.dry_run,
+                    )
+                )
             continue
         decisions.append(
             Decision("resolve_alert", n.name, "", "", condition="node_unhealthy_not_ours")
@@ -225,29 +362,24 @@ def decide(
             and not bad
             and n.consecutive_clean >= s.resume_after_clean_checks
         ):
-            decisions.append(
-                Decision(
-                    "resume",
-                    n.name,
-                    "fault_cleared",
-                    f"fault gone, {n.consecutive_clean} clean reports",
-                    "info",
-                    "node_unhealthy",
-                    dry_run=s.dry_run,
-                )
-            )
+            decisions.extend(_return_to_service(n, s))
 
     # blast-radius guard
     tripped = cluster.guard_tripped
     drained = dict(cluster.drained_by_us)
     drains_hour = cluster.drains_last_hour
     blocked: list[str] = []
+    unsized: list[str] = []
     guard_rule = "guard_tripped" if tripped else ""
     for _, n, rule, why in sorted(want_drain, key=lambda t: (-t[0], t[1].name)):
+        if any(p not in cluster.partition_sizes for p in n.partitions):
+            # never trip on a size we do not know: hold the drain and say so
+            unsized.append(n.name)
+            continue
         if not tripped:
             over_rate = drains_hour + 1 > s.max_drains_per_hour
             over_frac = any(
-                (drained.get(p, 0) + 1) > s.max_drained_fraction * cluster.partition_sizes.get(p, 1)
+                drained.get(p, 0) + 1 > drain_limit(cluster.partition_sizes[p], s)
                 for p in n.partitions
             )
             if over_rate or over_frac:
@@ -262,6 +394,17 @@ def decide(
         drains_hour += 1
         for p in n.partitions:
             drained[p] = drained.get(p, 0) + 1
+    if tripped and not blocked:
+        decisions.append(
+            Decision(
+                "keep_alert",
+                None,
+                "guard_tripped",
+                "blast-radius guard tripped earlier: drains stay stopped until an admin reset",
+                "critical",
+                "guard_tripped",
+            )
+        )
     if blocked:
         decisions.append(
             Decision(
@@ -270,10 +413,27 @@ def decide(
                 guard_rule,
                 f"blast-radius guard: {len(blocked)} unhealthy node(s) NOT drained "
                 f"({', '.join(blocked[:10])}{'…' if len(blocked) > 10 else ''}); "
-                f"limits: {s.max_drained_fraction:.0%} of a partition, {s.max_drains_per_hour}/h",
+                f"limits: {s.max_drained_fraction:.0%} of a partition (at least "
+                f"{s.min_drainable} node(s)), {s.max_drains_per_hour}/h",
                 "critical",
                 "guard_tripped",
                 details={"blocked": blocked},
             )
         )
+    if unsized:
+        decisions.append(
+            Decision(
+                "alert",
+                None,
+                "guard_unknown",
+                f"{len(unsized)} unhealthy node(s) NOT drained "
+                f"({', '.join(unsized[:10])}{'…' if len(unsized) > 10 else ''}): partition "
+                "sizes unknown (no Slurm data yet); babysitter decides once Slurm answers",
+                "critical",
+                "guard_sizes_unknown",
+                details={"blocked": unsized},
+            )
+        )
+    else:
+        decisions.append(Decision("resolve_alert", None, "", "", condition="guard_sizes_unknown"))
     return PolicyResult(verdicts, decisions, tripped)

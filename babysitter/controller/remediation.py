@@ -4,28 +4,46 @@ that fired and the outcome; then alert. Runs only on the leader controller.
 
 Safety: decisions become `pending` actions first; a pending drain for a node blocks new drain
 decisions for it, so a drain that waits for slurmctld to come back is executed exactly once.
+Job requeues are actions in the same pipeline (a drain's follow-up `requeue_jobs` lists the
+node's babysat jobs and queues one `requeue` per job), retried with backoff while Slurm is
+unavailable.
+
+Fault isolation: every decision, action, job and alert is handled in its own error boundary;
+an exception is recorded on that item (action outcome, job history, log, metrics) and the rest
+of the tick goes on. Work that touches job-owned files runs with a time limit.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from babysitter.config import Config
 from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.alerts.router import sinks_from_config
+from babysitter.controller.alerts.sender import AlertSender
+from babysitter.controller.guard_api import GUARD_INFO_KEY, GUARD_KEY
+from babysitter.controller.jobs import REQUEUE_RULE, JobTracker
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.policy import (
+    HEALTHCHECK_MARK,
+    JOB_ALERT_PREFIX,
     ClusterFacts,
     Decision,
     NodeFacts,
+    PolicyResult,
     PolicySettings,
     decide,
+    drain_limit,
 )
 from babysitter.controller.store import Store, aware
+from babysitter.controller.validation import Validator, summarise
 from babysitter.slurm.client import (
     SlurmClient,
     SlurmError,
@@ -36,7 +54,8 @@ from babysitter.slurm.client import (
 )
 
 log = logging.getLogger(__name__)
-GUARD_KEY = "guard_tripped"
+ITEM_TIMEOUT_S = 30.0  # one job's work (checkpoint scan, heartbeat read) at most this long
+T = TypeVar("T")
 
 
 def make_engine(
@@ -63,23 +82,64 @@ class RemediationEngine:
         self.metrics = metrics
         self.slurm = slurm or make_client(cfg)
         self.settings = PolicySettings.from_config(cfg)
+        self.sender = AlertSender(
+            cfg.alerts.queue_size,
+            on_sent=lambda sink, state: metrics.alerts.labels(sink, state).inc(),
+            on_drop=metrics.alerts_dropped.inc,
+        )
         self.router = AlertRouter(
             sinks_from_config(cfg),
             store,
             repeat_interval=timedelta(seconds=cfg.alerts.repeat_interval_s),
             group_threshold=cfg.alerts.group_threshold,
-            on_sent=lambda sink, state: metrics.alerts.labels(sink, state).inc(),
+            sender=self.sender,
         )
-        try:
-            self.jobs: Any = importlib.import_module("babysitter.controller.jobs")
-        except ImportError:
-            self.jobs = None
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="bounded-item")
+        self.jobs = JobTracker(
+            cfg, store, self.slurm, metrics, self.router, self.bounded, ITEM_TIMEOUT_S
+        )
         self.slurm_nodes: dict[str, SlurmNode] = {}
         self.slurm_ok = False
         # the node snapshot is re-read every slurm.node_refresh_s, or at once after a change
         self._slurm_read_at = 0.0
         self._slurm_stale = True
+        self._batch: list[tuple[dict[str, Any], Decision]] = []  # this tick's real drains/resumes
+        self._job_listing: list[Any] | None = None  # shared by this tick's requeue_jobs actions
         self._written: dict[str, dict[str, Any]] = {}  # node columns last written by tick()
+        self.validator = Validator(cfg, store, self.slurm)
+        self._guard_written: dict[str, Any] | None = None
+
+    # ---- error boundaries
+    def bounded(self, fn: Callable[[], T], timeout_s: float) -> T:
+        """Run fn on a worker thread with a time limit. A call that overruns keeps its thread
+        (Python cannot kill it) but the loop moves on and the item records the time-out."""
+        fut = self._pool.submit(fn)
+        try:
+            return fut.result(timeout=timeout_s)
+        except FutureTimeout:
+            raise TimeoutError(f"gave up after {timeout_s:.0f} s") from None
+
+    def _isolated(
+        self,
+        item: str,
+        fn: Callable[[], Any],
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            log.exception("%s failed", item)
+            self.metrics.loop_errors.labels(item.split(" ", 1)[0]).inc()
+            if on_error is not None:
+                try:
+                    on_error(exc)
+                except Exception:
+                    log.exception("cannot record the failure of %s", item)
+            return None
+
+    def close(self) -> None:
+        self.sender.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- facts
     def _read_slurm(self) -> None:
@@ -121,7 +181,9 @@ class RemediationEngine:
                 xids.setdefault(f["node"], []).append(
                     (f["component"], int(f["code"][4:]), f["observed_at"])
                 )
+        validations = summarise(actions)
         prefix = self.cfg.slurm.reason_prefix
+        own_check_mark = f"{prefix} {HEALTHCHECK_MARK}"
         facts: list[NodeFacts] = []
         partitions: dict[str, int] = {}
         drained_by_us: dict[str, int] = {}
@@ -138,7 +200,10 @@ class RemediationEngine:
             if sn is not None:
                 drained = sn.drained_or_draining or sn.down
                 reason = sn.reason
-                ours = reason.startswith(prefix) or dry_drained
+                # a HealthCheckProgram drain (`check --slurm-drain`) is the check's to resume
+                ours = (
+                    reason.startswith(prefix) and not reason.startswith(own_check_mark)
+                ) or dry_drained
                 parts = sn.partitions or ("default",)
             else:  # Slurm unreadable: last known state
                 drained = bool(r["babysitter_drained"]) or bool(r.get("slurm_reason"))
@@ -163,6 +228,10 @@ class RemediationEngine:
                     drain_pending=r["name"] in pending_drains,
                     recent_drains=tuple(drains_by_node.get(r["name"], [])),
                     xid_history=tuple(xids.get(r["name"], [])),
+                    validation=validations[r["name"]].state if r["name"] in validations else "",
+                    validation_failures=(
+                        validations[r["name"]].failures if r["name"] in validations else 0
+                    ),
                 )
             )
         cluster = ClusterFacts(
@@ -179,60 +248,131 @@ class RemediationEngine:
         self._read_slurm()
         facts, cluster = self.facts(now)
         result = decide(facts, cluster, self.settings, now)
+        # actions recorded during this tick (follow-ups, admin requests) run from the next one
+        pending = self.store.pending_actions()
         firing: list[Alert] = []
         clearing: list[tuple[str | None, str]] = []
-        batch: list[tuple[int, Decision]] = []  # real drains/resumes: batched after the loop
+        self._batch = []
         for d in result.decisions:
-            if d.kind in ("drain", "resume"):
-                aid = self.store.record_action(
-                    d.kind,
-                    node=d.node,
+            self._isolated(
+                f"decision {d.kind} {d.node or ''}",
+                lambda d=d: self._apply(d, cluster, now, firing, clearing),  # type: ignore[misc]
+            )
+        self._isolated("batch", lambda: self._execute_batch(now, firing, clearing))
+        self._run_pending(pending, now)
+        if self.validator.enabled:
+            self._isolated("validation", lambda: self.validator.poll(now, firing, clearing))
+        self._isolated("verdicts", lambda: self._write_verdicts(result, facts))
+        self._isolated("guard", lambda: self._write_guard(result, cluster, now))
+        if not result.guard_tripped:
+            clearing.append((None, "guard_tripped"))
+        self._isolated("alerts", lambda: self._alert(firing, clearing, now))
+        self._isolated("jobs", lambda: self.jobs.tick(self.slurm_nodes, now))
+        return result.decisions
+
+    def _apply(
+        self,
+        d: Decision,
+        cluster: ClusterFacts,
+        now: datetime,
+        firing: list[Alert],
+        clearing: list[tuple[str | None, str]],
+    ) -> None:
+        if d.kind in ("drain", "resume"):
+            aid = self.store.record_action(
+                d.kind,
+                node=d.node,
+                reason=d.reason,
+                rule=d.rule,
+                requested_by="policy",
+                dry_run=d.dry_run,
+            )
+            action = {
+                "id": aid,
+                "kind": d.kind,
+                "node": d.node,
+                "job_id": None,
+                "reason": d.reason,
+                "rule": d.rule,
+                "requested_by": "policy",
+                "dry_run": d.dry_run,
+                "attempts": 0,
+            }
+            if not d.dry_run and self.slurm_ok and d.node:
+                self._batch.append((action, d))  # executed batched after every decision
+                return
+            self._node_alert(d, self._execute(action, now), firing, clearing, now)
+        elif d.kind == "guard_tripped":
+            if not cluster.guard_tripped:
+                self.store.kv_set(GUARD_KEY, True)
+                self.store.record_action(
+                    "guard",
                     reason=d.reason,
                     rule=d.rule,
                     requested_by="policy",
-                    dry_run=d.dry_run,
+                    status="done",
+                    outcome="breaker tripped: drains stopped",
                 )
-                if not d.dry_run and self.slurm_ok and d.node:
-                    batch.append((aid, d))
-                    continue
-                outcome = self._execute(aid, d.kind, d.node, None, d.reason, d.dry_run, now)
-                self._node_alert(d, outcome, firing, clearing, now)
-            elif d.kind == "guard_tripped":
-                if not cluster.guard_tripped:
-                    self.store.kv_set(GUARD_KEY, True)
-                    self.store.record_action(
-                        "guard",
-                        reason=d.reason,
-                        rule=d.rule,
-                        requested_by="policy",
-                        status="done",
-                        outcome="breaker tripped: drains stopped",
-                    )
-                firing.append(
-                    Alert(
-                        None,
-                        "guard_tripped",
-                        "critical",
-                        d.reason,
-                        "stopped draining (resumes still allowed)",
-                        now,
-                        details=d.details,
-                    )
+            firing.append(
+                Alert(
+                    None,
+                    "guard_tripped",
+                    "critical",
+                    d.reason,
+                    "stopped draining (resumes still allowed)",
+                    now,
+                    details=d.details,
                 )
-            elif d.kind in ("alert", "escalate"):
-                firing.append(
-                    Alert(
-                        d.node, d.condition, d.severity, d.reason, "nothing changed in Slurm", now
-                    )
+            )
+        elif d.kind == "keep_alert":
+            held = {
+                "node_unhealthy": "node held drained by babysitter until clean checks",
+                "guard_tripped": "stopped draining (resumes still allowed)",
+            }
+            firing.append(
+                Alert(d.node, d.condition, d.severity, d.reason, held.get(d.condition, ""), now)
+            )
+        elif d.kind in ("alert", "escalate"):
+            firing.append(
+                Alert(d.node, d.condition, d.severity, d.reason, "nothing changed in Slurm", now)
+            )
+        elif d.kind == "resolve_alert":
+            clearing.append((d.node, d.condition))
+        elif d.kind == "validate" and d.node:
+            if d.dry_run:
+                self.store.record_action(
+                    "validate",
+                    node=d.node,
+                    reason=d.reason,
+                    rule=d.rule,
+                    status="done",
+                    outcome="dry-run: no validation job",
+                    dry_run=True,
                 )
-            elif d.kind == "resolve_alert":
-                clearing.append((d.node, d.condition))
-        for (_aid, d), outcome in zip(batch, self._execute_batch(batch, now), strict=True):
-            self._node_alert(d, outcome, firing, clearing, now)
-        self._run_pending(now)
+            else:
+                self.validator.start(d.node, d.reason, now)
+
+    def _alert(
+        self, firing: list[Alert], clearing: list[tuple[str | None, str]], now: datetime
+    ) -> None:
+        # conditions the policy asserts every tick while they hold (job-owned findings,
+        # escalations): resolve the ones not asserted this tick
+        asserted = {a.key for a in firing}
+        for key in self.router.firing_keys():
+            node, _, cond = key.partition("|")
+            per_tick = cond.startswith((JOB_ALERT_PREFIX, "xid_")) or cond == "lemon_node"
+            if per_tick and key not in asserted:
+                clearing.append((None if node == "cluster" else node, cond))
+        self.router.process(firing, clearing, now)
+
+    def _write_verdicts(self, result: PolicyResult, facts: list[NodeFacts]) -> None:
         changes: dict[str, dict[str, Any]] = {}
+        facts_by_name = {f.name: f for f in facts}
         for name, verdict in result.verdicts.items():
             sn = self.slurm_nodes.get(name)
+            running = facts_by_name.get(name)
+            if running is not None and running.validation == "running":
+                verdict = "validating"
             values: dict[str, Any] = {"verdict": verdict}
             if sn is not None:
                 values["slurm_state"] = "+".join([sn.state, *sorted(sn.flags)])
@@ -243,12 +383,51 @@ class RemediationEngine:
         if changes:
             self.store.update_nodes(changes)
             self._written.update(changes)
-        if not result.guard_tripped:
-            clearing.append((None, "guard_tripped"))
-        self.router.process(firing, clearing, now)
-        if self.jobs is not None:
-            self.jobs.tick(self, now)
-        return result.decisions
+
+    def _write_guard(self, result: PolicyResult, cluster: ClusterFacts, now: datetime) -> None:
+        """The guard's state and why, for `babysitter status` and GET /api/v1/guard."""
+        prev = self.store.kv_get(GUARD_INFO_KEY) or {}
+        trip = next((d for d in result.decisions if d.kind == "guard_tripped"), None)
+        unsized = next((d for d in result.decisions if d.rule == "guard_unknown"), None)
+        tripped = bool(result.guard_tripped)
+        if tripped and prev.get("tripped"):
+            rule, reason, since = prev.get("rule"), prev.get("reason"), prev.get("since")
+            if trip is not None:
+                reason = trip.reason
+        elif tripped:
+            rule = trip.rule if trip else "guard_tripped"
+            reason = trip.reason if trip else "breaker tripped earlier; needs an admin reset"
+            since = now.isoformat()
+        else:
+            rule, reason, since = "", "", None
+        s = self.settings
+        info: dict[str, Any] = {
+            "tripped": tripped,
+            "rule": rule,
+            "reason": reason,
+            "since": since,
+            "blocked": list((trip.details.get("blocked") if trip else None) or []),
+            "slurm_data": bool(cluster.partition_sizes),
+            "undecided": list((unsized.details.get("blocked") if unsized else None) or []),
+            "undecided_reason": unsized.reason if unsized else "",
+            "limits": {
+                "max_drained_fraction": s.max_drained_fraction,
+                "min_drainable": s.min_drainable,
+                "max_drains_per_hour": s.max_drains_per_hour,
+            },
+            "drains_last_hour": cluster.drains_last_hour,
+            "partitions": {
+                p: {
+                    "size": n,
+                    "drained_by_babysitter": cluster.drained_by_us.get(p, 0),
+                    "may_drain": int(drain_limit(n, s)),
+                }
+                for p, n in sorted(cluster.partition_sizes.items())
+            },
+        }
+        if info != self._guard_written:
+            self.store.kv_set(GUARD_INFO_KEY, info)
+            self._guard_written = info
 
     # ---- execution
     @staticmethod
@@ -275,18 +454,21 @@ class RemediationEngine:
         else:
             clearing.append((d.node, "node_unhealthy"))
 
-    def _execute_batch(self, batch: list[tuple[int, Decision]], now: datetime) -> list[str]:
+    def _execute_batch(
+        self, now: datetime, firing: list[Alert], clearing: list[tuple[str | None, str]]
+    ) -> None:
         """The tick's drains and resumes: one Slurm call per (kind, reason) group, each of
         which re-checks ownership of exactly its nodes first (a rack of 32 nodes failing
-        alike is one lookup and one `scontrol update NodeName=a,b,...`); then one job listing
-        for every node drained, for the requeues. Returns each action's new status."""
-        groups: dict[tuple[str, str], list[tuple[int, Decision]]] = {}
-        for aid, d in batch:
-            groups.setdefault((d.kind, d.reason if d.kind == "drain" else ""), []).append((aid, d))
-        status: dict[int, str] = {}
-        drained: list[tuple[str, str]] = []
+        alike is one lookup and one `scontrol update NodeName=a,b,...`)."""
+        batch, self._batch = self._batch, []
+        groups: dict[tuple[str, str], list[tuple[dict[str, Any], Decision]]] = {}
+        for a, d in batch:
+            key = (d.kind, d.reason if d.kind == "drain" else "")
+            groups.setdefault(key, []).append((a, d))
+        if batch:
+            self._slurm_stale = True
         for (kind, reason), items in groups.items():
-            nodes = [d.node for _, d in items if d.node]
+            nodes = [str(d.node) for _, d in items]
             try:
                 res = (
                     self.slurm.drain_many(nodes, reason)
@@ -295,107 +477,98 @@ class RemediationEngine:
                 )
             except SlurmError as exc:  # e.g. a reason Slurm cannot take: the whole group
                 res = {n: exc for n in nodes}
-            for aid, d in items:
-                assert d.node is not None
-                err = res.get(d.node, SlurmError(f"{kind} {d.node}: no answer for this node"))
-                status[aid] = self._settle(aid, kind, d.node, d.reason, err, now)
-                if kind == "drain" and status[aid] == "done":
-                    drained.append((d.node, d.reason))
-        if batch:
-            self._slurm_stale = True
-        if drained and self.jobs is not None:
-            try:
-                jobs = self.slurm.jobs_on([n for n, _ in drained])
-            except SlurmError as exc:
-                log.warning("drained %d node(s) but cannot list their jobs: %s", len(drained), exc)
-            else:
-                for node, reason in drained:
-                    self.jobs.on_drain(self, node, reason, now, jobs=jobs)
-        return [status[aid] for aid, _ in batch]
+            for a, d in items:
+                err = res.get(str(d.node), SlurmError(f"{kind} {d.node}: no answer for it"))
+                outcome = self._isolated(
+                    f"action {kind} {d.node}", partial(self._settle, a, err, now)
+                )
+                self._node_alert(d, outcome or "failed", firing, clearing, now)
 
-    def _settle(
-        self,
-        aid: int,
-        kind: str,
-        node: str,
-        reason: str,
-        err: SlurmError | None,
-        now: datetime,
-        attempts: int = 0,
-    ) -> str:
-        """Record the outcome of a drain/resume of one node; returns the action's status."""
-        if err is None:
-            if kind == "drain":
-                self.store.set_node(
-                    node, babysitter_drained=True, drain_reason=reason, drained_at=now
-                )
-                self.metrics.drains.labels("done").inc()
-            else:
-                self.store.set_node(
-                    node, babysitter_drained=False, drain_reason=None, consecutive_clean=0
-                )
-                self.metrics.resumes.labels("done").inc()
-            self.store.update_action(
-                aid, status="done", done_at=now, attempts=attempts + 1, outcome="ok"
-            )
-            return "done"
+    def _settle(self, a: dict[str, Any], err: SlurmError | None, now: datetime) -> str:
+        """Record the outcome of a batched drain/resume of one node; returns its status."""
+        aid, kind, node, reason = a["id"], a["kind"], a["node"], a.get("reason") or ""
         if isinstance(err, SlurmUnavailable):
-            delay = min(30.0, 0.5 * 2**attempts)
-            self.store.update_action(
-                aid,
-                attempts=attempts + 1,
-                outcome=f"waiting: {err}",
-                next_attempt_at=now + timedelta(seconds=delay),
-            )
-            return "pending"
+            self.slurm_ok = False
+            return self._retry_later(a, now, f"waiting: {err}")
         if isinstance(err, SlurmNotOwned):
             self.store.update_action(aid, status="skipped", done_at=now, outcome=str(err))
             return "skipped"
-        self.store.update_action(
-            aid, status="failed", done_at=now, outcome=str(err), attempts=attempts + 1
-        )
-        if kind == "drain":
-            self.metrics.drains.labels("failed").inc()
-        return "failed"
-
-    def _run_pending(self, now: datetime) -> None:
-        for a in self.store.pending_actions():
-            nxt = aware(a["next_attempt_at"])
-            if nxt and nxt > now:
-                continue
-            self._execute(
-                a["id"],
-                a["kind"],
-                a["node"],
-                a["job_id"],
-                a["reason"] or "",
-                a["dry_run"],
-                now,
-                attempts=a["attempts"],
-            )
-
-    def _execute(
-        self,
-        aid: int,
-        kind: str,
-        node: str | None,
-        job_id: int | None,
-        reason: str,
-        dry_run: bool,
-        now: datetime,
-        attempts: int = 0,
-    ) -> str:
-        """Run one action; returns its new status."""
-        if not dry_run and not self.slurm_ok and kind != "guard_reset":
-            # Slurm was unreachable at the start of this tick: keep it for the retry loop
-            delay = min(30.0, 0.5 * 2**attempts)
+        if err is not None:
             self.store.update_action(
-                aid,
-                attempts=attempts + 1,
-                outcome="waiting for Slurm",
-                next_attempt_at=now + timedelta(seconds=delay),
+                aid, status="failed", done_at=now, attempts=1, outcome=str(err)[:1000]
             )
-            return "pending"
+            if kind == "drain":
+                self.metrics.drains.labels("failed").inc()
+            return "failed"
+        if kind == "drain":
+            self.store.set_node(node, babysitter_drained=True, drain_reason=reason, drained_at=now)
+            self.metrics.drains.labels("done").inc()
+            # the drain's follow-up is an action of its own, retried like any other
+            self.store.record_action(
+                "requeue_jobs", node=node, reason=reason, rule=REQUEUE_RULE, requested_by="policy"
+            )
+        else:
+            self.store.set_node(
+                node, babysitter_drained=False, drain_reason=None, consecutive_clean=0
+            )
+            self.metrics.resumes.labels("done").inc()
+        self.store.update_action(aid, status="done", done_at=now, attempts=1, outcome="ok")
+        return "done"
+
+    def _run_pending(self, pending: list[dict[str, Any]], now: datetime) -> None:
+        due = [a for a in pending if not ((nxt := aware(a["next_attempt_at"])) and nxt > now)]
+        # every node drained in one tick: one job listing for all of their requeue_jobs
+        nodes = [a["node"] for a in due if a["kind"] == "requeue_jobs" and a["node"]]
+        self._job_listing = None
+        if nodes and self.slurm_ok:
+            try:
+                self._job_listing = self.slurm.jobs_on(nodes)
+            except SlurmError:
+                pass  # each action asks (and retries) on its own
+        try:
+            for a in due:
+                self._execute(a, now)
+        finally:
+            self._job_listing = None
+
+    def _retry_later(self, a: dict[str, Any], now: datetime, why: str) -> str:
+        attempts = int(a.get("attempts") or 0)
+        delay = min(30.0, 0.5 * 2**attempts)
+        self.store.update_action(
+            a["id"],
+            attempts=attempts + 1,
+            outcome=why[:1000],
+            next_attempt_at=now + timedelta(seconds=delay),
+        )
+        return "pending"
+
+    def _execute(self, a: dict[str, Any], now: datetime) -> str:
+        """Run one action in its own error boundary; returns its new status."""
+        try:
+            return self._execute_one(a, now)
+        except Exception as exc:  # a bug or a hostile input: recorded on this action only
+            log.exception("action %s (%s) failed", a["id"], a["kind"])
+            self.metrics.loop_errors.labels("action").inc()
+            try:
+                self.store.update_action(
+                    a["id"],
+                    status="failed",
+                    done_at=now,
+                    attempts=int(a.get("attempts") or 0) + 1,
+                    outcome=f"error: {type(exc).__name__}: {str(exc)[:500]}",
+                )
+            except Exception:
+                log.exception("cannot record the failure of action %s", a["id"])
+            return "failed"
+
+    def _execute_one(self, a: dict[str, Any], now: datetime) -> str:
+        aid, kind, node, job_id = a["id"], a["kind"], a["node"], a["job_id"]
+        reason = a.get("reason") or ""
+        dry_run = bool(a.get("dry_run"))
+        attempts = int(a.get("attempts") or 0)
+        if not dry_run and not self.slurm_ok and kind != "guard_reset":
+            # Slurm unreachable in this tick: keep it for the retry loop
+            return self._retry_later(a, now, "waiting for Slurm")
         if dry_run:
             self.store.update_action(
                 aid, status="done", done_at=now, outcome="dry-run: no Slurm change"
@@ -407,22 +580,44 @@ class RemediationEngine:
             elif kind == "resume" and node:
                 self.store.set_node(node, babysitter_drained=False, drain_reason=None)
             return "done"
-        if kind in ("drain", "resume") and node:
+        status, outcome = "done", "ok"
+        if kind in ("drain", "resume"):
             self._slurm_stale = True
-            err: SlurmError | None = None
-            try:
-                if kind == "drain":
-                    self.slurm.drain(node, reason)
-                else:
-                    self.slurm.resume(node)
-            except SlurmError as exc:
-                err = exc
-            st = self._settle(aid, kind, node, reason, err, now, attempts)
-            if st == "done" and kind == "drain" and self.jobs is not None:
-                self.jobs.on_drain(self, node, reason, now)
-            return st
         try:
-            if kind == "requeue" and job_id:
+            if kind == "drain" and node:
+                self.slurm.drain(node, reason)
+                self.store.set_node(
+                    node, babysitter_drained=True, drain_reason=reason, drained_at=now
+                )
+                self.metrics.drains.labels("done").inc()
+                # the drain's follow-up is an action of its own, retried like any other
+                self.store.record_action(
+                    "requeue_jobs",
+                    node=node,
+                    reason=reason,
+                    rule=REQUEUE_RULE,
+                    requested_by="policy",
+                )
+            elif kind == "resume" and node:
+                self.slurm.resume(node)
+                self.store.set_node(
+                    node, babysitter_drained=False, drain_reason=None, consecutive_clean=0
+                )
+                self.metrics.resumes.labels("done").inc()
+            elif kind == "requeue_jobs" and node:
+                ids = self.jobs.babysat_on(node, self._job_listing)
+                queued = [i for i in ids if self.jobs.record_requeue(i, [node], reason)]
+                outcome = (
+                    f"queued requeue of babysat job(s) {', '.join(map(str, queued))}"
+                    if queued
+                    else "no babysat job to requeue"
+                )
+            elif kind == "requeue" and job_id and a.get("rule") == REQUEUE_RULE:
+                bad = [n for n in (node or "").split(",") if n]
+                status, outcome = self.bounded(
+                    lambda: self.jobs.execute_requeue(job_id, bad, reason, now), ITEM_TIMEOUT_S
+                )
+            elif kind == "requeue" and job_id:
                 self.slurm.requeue(job_id)
                 self.metrics.requeues.labels("done").inc()
             elif kind == "guard_reset":
@@ -430,14 +625,9 @@ class RemediationEngine:
             else:
                 raise SlurmError(f"cannot execute {kind} without its target")
         except SlurmUnavailable as exc:
-            delay = min(30.0, 0.5 * 2**attempts)
-            self.store.update_action(
-                aid,
-                attempts=attempts + 1,
-                outcome=f"waiting: {exc}",
-                next_attempt_at=now + timedelta(seconds=delay),
-            )
-            return "pending"
+            # skip the rest of this tick's Slurm calls instead of waiting out each timeout
+            self.slurm_ok = False
+            return self._retry_later(a, now, f"waiting: {exc}")
         except SlurmNotOwned as exc:
             self.store.update_action(aid, status="skipped", done_at=now, outcome=str(exc))
             return "skipped"
@@ -447,8 +637,10 @@ class RemediationEngine:
             )
             if kind == "drain":
                 self.metrics.drains.labels("failed").inc()
+            if kind == "requeue" and job_id:
+                self.metrics.requeues.labels("failed").inc()
             return "failed"
         self.store.update_action(
-            aid, status="done", done_at=now, attempts=attempts + 1, outcome="ok"
+            aid, status=status, done_at=now, attempts=attempts + 1, outcome=outcome[:1000]
         )
-        return "done"
+        return status

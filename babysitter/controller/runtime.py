@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import gc
-import importlib
 import logging
 import threading
 import time
@@ -15,11 +14,14 @@ from sqlalchemy import text
 
 from babysitter.config import Config
 from babysitter.controller.api import create_app
-from babysitter.controller.auth import Authenticator, read_secret
+from babysitter.controller.auth import Authenticator
 from babysitter.controller.fastpath import with_fast_ingest
 from babysitter.controller.metrics import ControllerMetrics
+from babysitter.controller.remediation import RemediationEngine, make_engine
 from babysitter.controller.store import Store
+from babysitter.errors import ConfigError
 from babysitter.sdnotify import notify, watchdog_interval_s
+from babysitter.secretfile import check_private, read_secret
 
 log = logging.getLogger(__name__)
 LEADER_LOCK_KEY = 0x6261627973697474  # "babysitt"
@@ -27,15 +29,20 @@ LEADER_LOCK_KEY = 0x6261627973697474  # "babysitt"
 
 class Leadership:
     """Only one controller acts on Slurm. Postgres: a session advisory lock held on a dedicated
-    connection (lost with the connection, so a dead leader frees it). SQLite: always leader."""
+    connection (lost with the connection, so a dead leader frees it). SQLite: always leader.
+    Only controllers that remediate compete: an ingest-only replica (`remediation = false`)
+    never takes the lock, so it can never hold leadership while nobody acts."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, compete: bool = True) -> None:
         self.store = store
+        self.compete = compete
         self.is_postgres = store.engine.dialect.name == "postgresql"
         self._conn: Any = None
-        self.leader = not self.is_postgres
+        self.leader = compete and not self.is_postgres
 
     def refresh(self) -> bool:
+        if not self.compete:
+            return False
         if not self.is_postgres:
             return True
         try:
@@ -72,32 +79,48 @@ class Controller:
         admin = read_secret(c.admin_token_file, "admin token").decode()
         read = read_secret(c.read_token_file, "read token").decode() if c.read_token_file else None
         self.auth = Authenticator(secret, admin, read)
-        self.store = Store(c.database_url)
+        if bool(c.tls_cert_file) != bool(c.tls_key_file):
+            raise ConfigError("controller.tls_cert_file and tls_key_file go together")
+        if c.tls_key_file:
+            check_private(c.tls_key_file, "controller.tls_key_file")
+        self.store = Store(c.database_url, max_open_findings=c.max_open_findings_per_node)
         self.metrics = ControllerMetrics()
-        self.state: dict[str, Any] = {"heartbeat_timeout_s": c.heartbeat_timeout_s, "leader": False}
-        self.leadership = Leadership(self.store)
-        self.loops: list[tuple[str, Callable[[], None]]] = []
+        self.state: dict[str, Any] = {
+            "heartbeat_timeout_s": c.heartbeat_timeout_s,
+            "leader": False,
+            "remediation": c.remediation,
+        }
+        self.leadership = Leadership(self.store, compete=c.remediation)
+        self.loops: list[tuple[str, Callable[[], object]]] = []
+        self.engine: RemediationEngine | None = None
         self._stop = threading.Event()
         self.retention: Any = None
+        # monotonic time the policy loop last finished an iteration: the systemd watchdog is
+        # pinged only while this moves, so a stuck loop gets the service restarted
+        self.last_progress = time.monotonic()
 
-    def add_loop(self, name: str, fn: Callable[[], None]) -> None:
+    def add_loop(self, name: str, fn: Callable[[], object]) -> None:
         self.loops.append((name, fn))
 
     def setup(self) -> None:
         self.store.upgrade()
         self.store.start()
-        try:
-            remediation = importlib.import_module("babysitter.controller.remediation")
-        except ImportError:
-            remediation = None
-        if remediation is not None and self.cfg.controller.remediation:
-            engine = remediation.make_engine(self.cfg, self.store, self.metrics)
-            self.add_loop("remediation", engine.tick)
+        # tokens of known nodes are recognised without the node header (older agents)
+        self.auth.learn({n["name"] for n in self.store.node_rows()})
+        if self.cfg.controller.remediation:
+            self.engine = make_engine(self.cfg, self.store, self.metrics)
+            self.add_loop("remediation", self.engine.tick)
         # its own thread: a prune never delays a policy tick
         from babysitter.controller.retention import Retention
 
+        # the leader prunes; an ingest-only replica on SQLite prunes its own database
         self.retention = Retention(
-            self.store, self.cfg.controller, lambda: bool(self.state["leader"])
+            self.store,
+            self.cfg.controller,
+            lambda: (
+                bool(self.state["leader"])
+                or not (self.leadership.compete or self.leadership.is_postgres)
+            ),
         )
         self.retention.start()
 
@@ -106,16 +129,38 @@ class Controller:
         while not self._stop.is_set():
             started = time.monotonic()
             self.state["leader"] = self.leadership.refresh()
-            if self.state["leader"]:
+            # an ingest-only replica on SQLite still prunes its own database
+            owner = self.state["leader"] or not (
+                self.leadership.compete or self.leadership.is_postgres
+            )
+            if owner:
                 for name, fn in self.loops:
+                    if name != "retention" and not self.state["leader"]:
+                        continue
                     try:
                         fn()
                     except Exception:
                         log.exception("loop %s failed", name)
+            self.last_progress = time.monotonic()
+            self.state["loop_progress_at"] = time.time()
             self._stop.wait(max(0.05, interval - (time.monotonic() - started)))
 
+    def watchdog_ok(self, watchdog_s: float) -> bool:
+        """Ping systemd only while the policy loop finished an iteration within the watchdog
+        period (plus one loop interval and the Slurm timeout a tick may legitimately wait)."""
+        limit = 2 * watchdog_s + self.cfg.controller.loop_interval_s
+        return time.monotonic() - self.last_progress <= limit
+
     def app(self) -> Any:
-        return with_fast_ingest(create_app(self.store, self.auth, self.metrics, self.state))
+        return with_fast_ingest(
+            create_app(
+                self.store,
+                self.auth,
+                self.metrics,
+                self.state,
+                max_body=self.cfg.controller.max_body_bytes,
+            )
+        )
 
     def serve(self) -> None:
         import uvicorn
@@ -130,13 +175,15 @@ class Controller:
                 port=int(port),
                 log_level="warning",
                 access_log=False,
+                ssl_certfile=self.cfg.controller.tls_cert_file,
+                ssl_keyfile=self.cfg.controller.tls_key_file,
             )
         )
         wd = watchdog_interval_s()
 
         def watchdog() -> None:
             while not self._stop.is_set():
-                if server.started:
+                if server.started and self.watchdog_ok(wd or 10):
                     notify("WATCHDOG=1")
                 self._stop.wait(wd or 10)
 
@@ -153,6 +200,8 @@ class Controller:
             server.run()
         finally:
             self._stop.set()
+            if self.engine is not None:
+                self.engine.close()
             if self.retention is not None:
                 self.retention.stop()
             self.store.close()

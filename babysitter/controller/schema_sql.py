@@ -1,9 +1,10 @@
-"""Render sql/schema.sql (PostgreSQL DDL) from the models, for DBAs. Kept in sync by a test;
-regenerate with `python -m babysitter.controller.schema_sql --write`."""
+"""Render babysitter/sql/schema.sql (PostgreSQL DDL) from the models, for DBAs. Kept in sync by
+a test; regenerate with `python -m babysitter.controller.schema_sql --write`."""
 
 from __future__ import annotations
 
 import sys
+from importlib.resources import files
 from pathlib import Path
 
 from sqlalchemy.dialects import postgresql
@@ -11,14 +12,14 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from babysitter.controller.models import metadata
 
-PATH = Path(__file__).resolve().parents[2] / "sql" / "schema.sql"
+PATH = Path(str(files("babysitter") / "sql" / "schema.sql"))
 
 
 def render() -> str:
     dialect = postgresql.dialect()
     out = [
         "-- babysitter database schema (PostgreSQL), generated from",
-        "-- babysitter/controller/models.py; migrations live in sql/versions/.",
+        "-- babysitter/controller/models.py; migrations live in babysitter/sql/versions/.",
         "",
     ]
     for table in metadata.sorted_tables:

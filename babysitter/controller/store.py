@@ -5,6 +5,8 @@ commit, so a crash never loses an acknowledged report and a retried report is st
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 import queue
 import threading
@@ -14,11 +16,22 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, create_engine, delete, event, func, select, update
+from sqlalchemy import (
+    Engine,
+    String,
+    bindparam,
+    create_engine,
+    delete,
+    event,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
 
 from babysitter.controller import models as m
-from babysitter.finding import Finding, Severity
+from babysitter.finding import Action, Finding, Severity
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +47,18 @@ def aware(dt: datetime | None) -> datetime | None:
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
+# NaN/Infinity are not JSON: Postgres refuses them, SQLite would keep text no JSON reader takes.
+# Refused when the value is bound (a data error: that report alone is refused, see _write_loop).
+_json = functools.partial(json.dumps, allow_nan=False)
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(
+            url,
+            connect_args={"timeout": 30, "check_same_thread": False},
+            json_serializer=_json,
+        )
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _: Any) -> None:
@@ -57,6 +79,7 @@ def make_engine(url: str) -> Engine:
         max_overflow=5,
         pool_timeout=10,
         connect_args={"connect_timeout": 5},
+        json_serializer=_json,
     )
 
 
@@ -78,6 +101,19 @@ class Report:
 
 class IngestError(Exception):
     pass
+
+
+class ReportRejected(IngestError):
+    """The database refused this report itself (a value it cannot store), not the batch."""
+
+
+# Errors that belong to the data of a statement, not to the database being away: retrying
+# the same report cannot help, the other reports of its batch are fine.
+_DATA_ERRORS = (DataError, IntegrityError, ValueError, TypeError)
+
+# The open findings a node keeps at most; the rest fold into one finding that counts them.
+MAX_OPEN_FINDINGS = 256
+FOLDED_CODE = "ingest.findings_folded"
 
 
 def _resolve(
@@ -108,11 +144,14 @@ def _settle(
 
 
 class Store:
-    def __init__(self, url: str, batch_max: int = 500) -> None:
+    def __init__(
+        self, url: str, batch_max: int = 500, max_open_findings: int = MAX_OPEN_FINDINGS
+    ) -> None:
         self.url = url
         self.engine = make_engine(url)
         self.insert = _insert(self.engine)
         self.batch_max = batch_max
+        self.max_open_findings = max_open_findings
         self._insert_report = (
             self.insert(m.reports)
             .on_conflict_do_nothing(index_elements=["report_id"])
@@ -121,6 +160,7 @@ class Store:
         self._q: queue.Queue[tuple[Report, asyncio.Future[bool]] | None] = queue.Queue()
         self._writer: threading.Thread | None = None
         self.ingested_batches = 0
+        self.split_batches = 0  # batches the database refused, retried report by report
 
     # ---- lifecycle
     def upgrade(self) -> None:
@@ -183,9 +223,26 @@ class Store:
                 outcome = self.ingest([r for r, _ in batch])
                 self.ingested_batches += 1
             except Exception as exc:
+                if len(batch) > 1 and _is_data_error(exc):
+                    self._one_by_one(batch)
+                    continue
                 log.exception("ingest batch of %d failed", len(batch))
-                outcome = IngestError(str(exc))
+                outcome = _rejected(exc) if _is_data_error(exc) else IngestError(str(exc))
             _resolve(batch, outcome)
+
+    def _one_by_one(self, batch: Sequence[tuple[Report, asyncio.Future[bool]]]) -> None:
+        """A batch the database refused for its data: one bad report must not fail the
+        others, so each is written in its own transaction and answered on its own."""
+        self.split_batches += 1
+        for item in batch:
+            outcome: list[bool] | BaseException
+            try:
+                outcome = self.ingest([item[0]])
+            except Exception as exc:
+                log.warning("report %s of %s refused: %s", item[0].report_id, item[0].node, exc)
+                outcome = _rejected(exc) if _is_data_error(exc) else IngestError(str(exc))
+            _resolve([item], outcome)
+        self.ingested_batches += 1
 
     def _ingest(self, conn: Connection, batch: Sequence[Report]) -> list[bool]:
         received = now()
@@ -242,14 +299,22 @@ class Store:
 
     def _update_nodes(self, conn: Connection, reports: list[Report], received: datetime) -> None:
         """Fold a batch of reports into node state with two executemany statements (one
-        INSERT for nodes seen the first time, one UPDATE), not one statement per node."""
+        INSERT for nodes seen the first time, one UPDATE), not one statement per node.
+        State only moves forward: a report sent before the node's newest applied one (a spool
+        replay, a late retry) stays in the history but changes nothing and is not counted as
+        clean; it still shows the agent is alive."""
         if not reports:
             return
         names = sorted({r.node for r in reports})
         existing = {
             row.name: row._asdict()
             for row in conn.execute(
-                select(m.nodes.c.name, m.nodes.c.consecutive_clean).where(m.nodes.c.name.in_(names))
+                select(
+                    m.nodes.c.name,
+                    m.nodes.c.consecutive_clean,
+                    m.nodes.c.last_sent_at,
+                    m.nodes.c.last_report_id,
+                ).where(m.nodes.c.name.in_(names))
             )
         }
         # The stored JSON is only needed where it survives the batch: open findings under an
@@ -288,9 +353,17 @@ class Store:
                     "open_findings": [],
                     "consecutive_clean": 0,
                     "metrics": None,
+                    "last_sent_at": None,
                 }
+        applied: set[str] = set()
         for r in reports:
             node = existing[r.node]
+            # a clock ahead of the controller's must not freeze the node's state
+            at = min(aware(r.sent_at) or received, received)
+            last = aware(node.get("last_sent_at"))
+            if last is not None and at < last:
+                continue
+            applied.add(r.node)
             problems = [f.to_json_dict() for f in r.findings if f.severity in _PROBLEM]
             if r.kind == "event":
                 keys = {(f["check"], f["component"], f["code"]) for f in problems}
@@ -304,6 +377,8 @@ class Store:
             else:
                 open_f = problems
                 clean = 0 if problems else (node["consecutive_clean"] or 0) + 1
+            if len(open_f) > self.max_open_findings:
+                open_f = _fold(open_f, self.max_open_findings, received)
             worst = max(
                 (Severity(f["severity"]) for f in open_f),
                 default=Severity.OK,
@@ -314,23 +389,31 @@ class Store:
                 consecutive_clean=clean,
                 worst_severity=str(worst),
                 last_report_id=r.report_id,
+                last_sent_at=at,
                 metrics=r.metrics or node.get("metrics"),
             )
-        conn.execute(
-            NODE_STATE_UPDATE,
-            [
-                {
-                    "b_name": n,
-                    "open_findings": existing[n]["open_findings"],
-                    "consecutive_clean": existing[n]["consecutive_clean"],
-                    "worst_severity": existing[n]["worst_severity"],
-                    "last_report_at": received,
-                    "last_report_id": existing[n]["last_report_id"],
-                    "metrics": existing[n].get("metrics"),
-                }
-                for n in names
-            ],
-        )
+        if applied:
+            conn.execute(
+                NODE_STATE_UPDATE,
+                [
+                    {
+                        "b_name": n,
+                        "open_findings": existing[n]["open_findings"],
+                        "consecutive_clean": existing[n]["consecutive_clean"],
+                        "worst_severity": existing[n]["worst_severity"],
+                        "last_report_at": received,
+                        "last_report_id": existing[n]["last_report_id"],
+                        "last_sent_at": existing[n]["last_sent_at"],
+                        "metrics": existing[n].get("metrics"),
+                    }
+                    for n in sorted(applied)
+                ],
+            )
+        stale = [n for n in names if n not in applied]
+        if stale:
+            conn.execute(
+                NODE_ALIVE_UPDATE, [{"b_name": n, "last_report_at": received} for n in stale]
+            )
 
     # ---- reads
     def node_rows(self) -> list[dict[str, Any]]:
@@ -459,6 +542,7 @@ class Store:
     # ---- jobs
     def upsert_job(self, job_id: int, **values: Any) -> None:
         ts = now()
+        values = _clamped(m.jobs, values)
         with self.engine.begin() as c:
             exists = c.execute(select(m.jobs.c.job_id).where(m.jobs.c.job_id == job_id)).first()
             if exists:
@@ -525,8 +609,15 @@ NODE_STATE_UPDATE = (
         worst_severity=bindparam("worst_severity"),
         last_report_at=bindparam("last_report_at"),
         last_report_id=bindparam("last_report_id"),
+        last_sent_at=bindparam("last_sent_at"),
         metrics=bindparam("metrics"),
     )
+)
+# A report that is older than the node's state: only the node's liveness moves.
+NODE_ALIVE_UPDATE = (
+    update(m.nodes)
+    .where(m.nodes.c.name == bindparam("b_name"))
+    .values(last_report_at=bindparam("last_report_at"))
 )
 
 # plain dict lookups: Severity's rich comparisons are Python calls, ~10 per report on ingest
@@ -536,3 +627,62 @@ _PROBLEM = frozenset(s for s in Severity if s > Severity.INFO)
 
 def _worst(findings: Iterable[Finding]) -> Severity:
     return max((f.severity for f in findings), default=Severity.OK, key=_RANK.__getitem__)
+
+
+def _fold(open_f: list[dict[str, Any]], cap: int, at: datetime) -> list[dict[str, Any]]:
+    """Keep the `cap - 1` most severe (then newest) open findings and count the rest in one
+    finding: a node that sends ever new finding keys cannot grow its state without bound,
+    and the worst severity survives the fold (a folded critical still counts)."""
+    folded = 0
+    codes: set[str] = set()
+    plain = []
+    for f in open_f:
+        if f.get("code") == FOLDED_CODE and f.get("check") == "babysitter.ingest":
+            folded += int((f.get("details") or {}).get("folded", 0))
+            codes.update((f.get("details") or {}).get("codes", []))
+        else:
+            plain.append(f)
+    plain.sort(key=lambda f: (_RANK[Severity(f["severity"])], str(f["observed_at"])), reverse=True)
+    kept, rest = plain[: cap - 1], plain[cap - 1 :]
+    folded += len(rest)
+    codes.update(str(f["code"]) for f in rest)
+    sev = max(
+        (Severity(f["severity"]) for f in rest), default=Severity.WARNING, key=_RANK.__getitem__
+    )
+    summary = Finding(
+        check="babysitter.ingest",
+        component="host",
+        severity=max(sev, Severity.WARNING, key=_RANK.__getitem__),
+        code=FOLDED_CODE,
+        message=f"{folded} more open findings than the controller keeps per node (worst {sev})",
+        action=Action.INSPECT,
+        observed_at=at,
+        details={"folded": folded, "codes": sorted(codes)[:20]},
+    )
+    return [*kept, summary.to_json_dict()]
+
+
+def _is_data_error(exc: BaseException) -> bool:
+    """True for an error in the data of a statement (a value the database refuses), false
+    for the database being away or broken."""
+    if isinstance(exc, StatementError) and not isinstance(exc, DBAPIError):
+        return True  # raised while binding a value (e.g. encoding JSON)
+    return isinstance(exc, _DATA_ERRORS)
+
+
+def _rejected(exc: BaseException) -> ReportRejected:
+    """The reason, without the statement and its parameters (they hold the whole report)."""
+    orig = getattr(exc, "orig", None) or exc
+    return ReportRejected((str(orig).splitlines() or [type(orig).__name__])[0][:200])
+
+
+def _clamped(table: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """Strings cut to their column's width (Postgres refuses longer ones; SQLite would keep
+    them): job names, users and states come from users and Slurm."""
+    out = dict(values)
+    for k, v in values.items():
+        col = table.c.get(k)
+        width = col.type.length if col is not None and isinstance(col.type, String) else None
+        if isinstance(v, str) and width is not None and len(v) > width:
+            out[k] = v[:width]
+    return out

@@ -126,9 +126,13 @@ class DevCluster:
         if install is None and slurm is not None:
             host = SlurmInstall()
             if slurm != host.version_str:
+                from babysitter.devcluster import source
                 from babysitter.devcluster.roots import ensure_root
 
-                install = SlurmInstall(ensure_root(slurm))
+                if slurm in source.SOURCES:  # no Debian suite ships it: built from source
+                    install = SlurmInstall(prefix=source.ensure_prefix(slurm))
+                else:
+                    install = SlurmInstall(ensure_root(slurm))
         self.install = install or SlurmInstall()
         # 26.05's slurmrestd refuses to run as root and a non-root one refuses root's
         # changes over the local socket (notes: slurm-versions.md): not started there
@@ -164,6 +168,10 @@ class DevCluster:
 
             roots.mount(self.install.root, self.base)
             bin_dir = str(roots.write_wrappers(self._p("bin"), self.install.root))
+        elif self.install.prefix is not None:
+            from babysitter.devcluster import source
+
+            bin_dir = str(source.write_wrappers(self._p("bin"), self.install.prefix))
         # one more port for the slurmd-less nodes: nothing ever listens on it
         ports = _pick_ports(self.base, self.n_nodes + 1 + (1 if self.extra_nodes else 0))
         host = socket.gethostname().split(".")[0]
@@ -178,7 +186,7 @@ class DevCluster:
             node_host=host,
             munge_socket=self._p("munge", "munge.socket"),
             slurm_version=self.install.version,
-            extra_lines=self.extra_conf,
+            extra_lines=self.extra_conf + self._source_conf_lines(),
             extra_nodes=self.extra_nodes,
             extra_port=ports[-1] if self.extra_nodes else None,
         )
@@ -187,7 +195,7 @@ class DevCluster:
             base=str(self.base),
             slurm_conf=str(slurm_conf),
             nodes=spec.node_names,
-            restd_socket=str(self._p("run", "slurmrestd.socket")),
+            restd_socket=str(self._restd_socket(name)),
             ctld_port=ports[0],
             node_ports=ports[1 : self.n_nodes + 1],
             munge_socket=str(spec.munge_socket),
@@ -229,12 +237,14 @@ class DevCluster:
             raise DevClusterError(f"cannot resume the fake nodes: {r.stderr.strip()[:300]}")
 
     def _plugin_lines(self) -> list[str]:
-        # slurm-plugins/ (SPANK + job_submit.lua) are installed when their module is present
+        # slurm_plugins/ (SPANK + job_submit.lua) are installed when their module is present
         try:
             plugins = importlib.import_module("babysitter.devcluster.plugins")
         except ImportError:
             return []
-        lines: list[str] = plugins.configure(self.base, self._p("etc"), self.install.root)
+        lines: list[str] = plugins.configure(
+            self.base, self._p("etc"), self.install.root, prefix=self.install.prefix
+        )
         return lines
 
     def _make_gpu_devices(self) -> None:
@@ -307,7 +317,50 @@ class DevCluster:
             os.kill(pid, 9)
             terminate([pid], grace_s=1)
 
+    # ---- Slurm built from source (25.11): slurmrestd as the slurm user with JWT (source.py)
+    def _source_conf_lines(self) -> list[str]:
+        if self.install.prefix is None or not self.restd:
+            return []
+        from babysitter.devcluster import source
+
+        return source.jwt_conf_lines(self._p("etc"))
+
+    def _restd_socket(self, name: str) -> Path:
+        if self.install.prefix is None:
+            return self._p("run", "slurmrestd.socket")
+        from babysitter.devcluster import source
+
+        return source.restd_socket(name)
+
+    def _start_source_restd(self, info: ClusterInfo) -> None:
+        from babysitter.devcluster import source
+
+        token = source.write_root_token(
+            self.install.argv("scontrol"), info.env(), self._p("etc", "jwt.token")
+        )
+        info.extra["jwt_token_file"] = str(token)
+        self._p(STATE_FILE).write_text(json.dumps(asdict(info), indent=2))
+        sock = Path(info.restd_socket)
+        args, extra_env = source.prepare_restd(sock)
+        env = {**self._env(info), **extra_env}
+        argv = self.install.argv("slurmrestd", *args, "-s", "openapi/slurmctld", f"unix:{sock}")
+        logf = open(self._p("log", "slurmrestd.log"), "ab")  # noqa: SIM115 - handed to child
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=str(self.base),
+        )
+        logf.close()
+        self._p("run", "slurmrestd.pid").write_text(str(proc.pid))
+        self._wait(sock.exists, 10, "slurmrestd socket")
+
     def _start_restd(self, info: ClusterInfo) -> None:
+        if self.install.prefix is not None:
+            self._start_source_restd(info)
+            return
         sock = Path(info.restd_socket)
         sock.unlink(missing_ok=True)
         env = self._env(info)
@@ -436,6 +489,10 @@ class DevCluster:
             from babysitter.devcluster import roots
 
             roots.unmount(root, self.base)
+        if self._p(STATE_FILE).exists():
+            sock_dir = Path(self.load_info().restd_socket).parent
+            if sock_dir.name.startswith("babysitter-restd-"):  # source build's, outside base
+                shutil.rmtree(sock_dir, ignore_errors=True)
         self._p(STATE_FILE).unlink(missing_ok=True)
 
     def __enter__(self) -> ClusterInfo:

@@ -16,6 +16,7 @@ from typing import Any
 from babysitter.controller.auth import node_token
 from babysitter.devcluster import config as conf
 from babysitter.devcluster.sim import _toml
+from babysitter.secretfile import write_private
 
 NODES = ["node1", "node2", "node3"]
 CTLD_HOST = "slurmctld"
@@ -81,8 +82,8 @@ def render(out: Path) -> None:
     conf.write_all(s, lines)
     secret = out / "cluster.secret"
     if not secret.exists():
-        secret.write_text(secrets.token_hex(32))
-        (out / "admin.token").write_text(secrets.token_hex(16))
+        write_private(secret, secrets.token_hex(32))
+        write_private(out / "admin.token", secrets.token_hex(16))
     key = out / "munge.key"
     if not key.exists():
         key.write_bytes(os.urandom(1024))
@@ -90,7 +91,7 @@ def render(out: Path) -> None:
     (out / "controller.toml").write_text(_toml(controller_config(out)))
     for node in NODES:
         (out / f"agent-{node}.toml").write_text(_toml(agent_config(out, node)))
-        (out / f"{node}.token").write_text(node_token(secret.read_bytes().strip(), node))
+        write_private(out / f"{node}.token", node_token(secret.read_bytes().strip(), node))
 
 
 if __name__ == "__main__":

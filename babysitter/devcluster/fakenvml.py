@@ -1,7 +1,7 @@
-"""Simulated GPUs: builds the fake libnvidia-ml.so.1 (C source in tests/fakenvml/) and writes
-its state file atomically, so tests, the demo and benchmarks can inject faults into a running
-agent. The agent itself never knows: it loads "libnvidia-ml.so.1" through pynvml as usual
-(LD_LIBRARY_PATH=<lib dir> for a subprocess, or `preload()` in-process)."""
+"""Simulated GPUs: builds the fake libnvidia-ml.so.1 (C source: fakenvml.c beside this
+module) and writes its state file atomically, so tests, the demo and benchmarks can inject
+faults into a running agent. The agent itself never knows: it loads "libnvidia-ml.so.1" through
+pynvml as usual (LD_LIBRARY_PATH=<lib dir> for a subprocess, or `preload()` in-process)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import hashlib
 import os
 import subprocess
 import tempfile
+from importlib.resources import files
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-SOURCE = REPO / "tests" / "fakenvml" / "fakenvml.c"
+# Package data: `babysitter devcluster` and the demo simulate GPUs from an installed wheel too.
+SOURCE = Path(str(files("babysitter.devcluster") / "fakenvml.c"))
 DEFAULT_CACHE = Path(os.environ.get("BABYSITTER_FAKENVML_CACHE", "/tmp/babysitter-fakenvml"))
 ENV_STATE = "FAKE_NVML_STATE"
 

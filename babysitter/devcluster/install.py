@@ -1,5 +1,6 @@
-"""Where the Slurm binaries of a cluster live: the host's, or a Debian root (newer Slurm run
-through chroot). The one place that builds argv for a Slurm binary."""
+"""Where the Slurm binaries of a cluster live: the host's, a Debian root (newer Slurm run
+through chroot), or a prefix built from source (25.11, run in place). The one place that builds
+argv for a Slurm binary."""
 
 from __future__ import annotations
 
@@ -17,9 +18,14 @@ SBIN = {"slurmctld", "slurmd", "slurmrestd", "munged", "slurmstepd"}
 @dataclass(frozen=True)
 class SlurmInstall:
     root: Path | None = None  # None: the host's installation
+    prefix: Path | None = None  # Slurm built from source (devcluster/source.py); munged: host's
 
     def path(self, prog: str) -> str:
         """Absolute path of a program (inside the root when there is one)."""
+        if self.prefix is not None:
+            for d in ("sbin", "bin"):
+                if (self.prefix / d / prog).exists():
+                    return str(self.prefix / d / prog)
         if self.root is None:
             found = shutil.which(prog) or shutil.which(prog, path="/usr/sbin:/usr/bin:/sbin:/bin")
             if not found:

@@ -1,16 +1,17 @@
-"""Install slurm-plugins/ (the babysit SPANK plugin and job_submit.lua) into a devcluster, so
-tests and the demo use the real plugin. The plugin is built against the Slurm headers of the
-cluster's installation (`include_dir`; a chroot's own headers for newer versions)."""
+"""Install babysitter/slurm_plugins/ (the babysit SPANK plugin and job_submit.lua) into a
+devcluster, so tests and the demo use the real plugin. The plugin is built against the Slurm
+headers of the cluster's installation (`include_dir`; a chroot's own headers for newer versions)."""
 
 from __future__ import annotations
 
 import hashlib
 import shutil
 import subprocess
+from importlib.resources import files
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-PLUGIN_DIR = REPO / "slurm-plugins"
+# Package data: admins build the plugin from an installed wheel, the devcluster does the same.
+PLUGIN_DIR = Path(str(files("babysitter") / "slurm_plugins"))
 SOURCE = PLUGIN_DIR / "babysit_spank.c"
 LUA = PLUGIN_DIR / "job_submit.lua"
 
@@ -45,10 +46,13 @@ def build_plugin(
     return so
 
 
-def configure(base: Path, etc_dir: Path, root: Path | None = None) -> list[str]:
+def configure(
+    base: Path, etc_dir: Path, root: Path | None = None, prefix: Path | None = None
+) -> list[str]:
     """Called by DevCluster.up(): write plugstack.conf and job_submit.lua, return the
     slurm.conf lines that enable them. With a Debian root (newer Slurm), the plugin is built
-    inside it against that version's headers (the base dir is bind-mounted there)."""
+    inside it against that version's headers (the base dir is bind-mounted there); with a
+    source-built prefix (25.11), against the prefix's headers."""
     if root is not None:
         src = base / "plugins" / "babysit_spank.c"
         src.parent.mkdir(parents=True, exist_ok=True)
@@ -71,6 +75,8 @@ def configure(base: Path, etc_dir: Path, root: Path | None = None) -> list[str]:
             capture_output=True,
             timeout=120,
         )
+    elif prefix is not None:  # Slurm built from source: its own headers
+        so = build_plugin(base / "plugins", include_dir=prefix / "include")
     elif not (Path("/usr/include/slurm/spank.h")).exists() or shutil.which("gcc") is None:
         return []  # no libslurm-dev / compiler: the --comment fallback still works
     else:

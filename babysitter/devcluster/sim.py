@@ -21,6 +21,7 @@ from babysitter.controller.auth import node_token
 from babysitter.devcluster import simib
 from babysitter.devcluster.cluster import ClusterInfo, DevCluster
 from babysitter.devcluster.fakenvml import FakeGpus, build
+from babysitter.secretfile import write_private
 
 
 def _free_port() -> int:
@@ -88,11 +89,13 @@ class SimCluster:
     webhook_url: str | None = None
     alertmanager_url: str | None = None
     policy: dict[str, Any] = field(default_factory=dict)
+    validation: dict[str, Any] = field(default_factory=dict)  # the [validation] section
     agent_interval_s: float = 1.0
     check_interval_s: float = 1.0
     extra_slurm_conf: list[str] = field(default_factory=list)
     ib_ports: int = 0  # simulated InfiniBand ports per node (0: no fabric)
-    slurm_version: str | None = None  # 24.11 / 26.05 run from Debian roots
+    slurm_version: str | None = None  # 24.11 / 26.05 run from Debian roots, 25.11 from source
+    slurm_backend: str = "cli"  # slurm.backend of the controller and agents
     cluster: DevCluster | None = None
     info: ClusterInfo | None = None
     nodes: dict[str, SimNode] = field(default_factory=dict)
@@ -150,6 +153,7 @@ class SimCluster:
             "slurm": self.slurm_section(),
             "policy": {"max_drained_fraction": 0.5, "resume_after_clean_checks": 2, **self.policy},
             "alerts": alerts,
+            **({"validation": self.validation} if self.validation else {}),
         }
 
     def agent_config(self, node: str) -> dict[str, dict[str, Any]]:
@@ -179,6 +183,12 @@ class SimCluster:
     def slurm_section(self) -> dict[str, Any]:
         assert self.info is not None
         section: dict[str, Any] = {"slurm_conf": self.info.slurm_conf}
+        if self.slurm_backend != "cli":
+            section["backend"] = self.slurm_backend
+        if self.slurm_backend == "rest":
+            section["slurmrestd_url"] = f"unix://{self.info.restd_socket}"
+            if self.info.extra.get("jwt_token_file"):
+                section["jwt_token_file"] = self.info.extra["jwt_token_file"]
         if self.info.bin:
             section["bin_dir"] = self.info.bin
         return section
@@ -203,7 +213,7 @@ class SimCluster:
         d = self.base / "nodes" / node
         d.mkdir(parents=True, exist_ok=True)
         secret = (self.base / "etc" / "cluster.secret").read_bytes().strip()
-        (d / "node.token").write_text(node_token(secret, node))
+        write_private(d / "node.token", node_token(secret, node))
         kmsg = d / "kmsg"
         kmsg.touch()
         cfg = d / "agent.toml"

@@ -167,6 +167,38 @@ class Scontrol:
     def release(self, job_id: int) -> None:
         self.run("scontrol", "release", str(job_id), what=f"release {job_id}")
 
+    # validation jobs: a MAINT reservation on one node, a job inside it, its outcome
+    def create_reservation(self, name: str, node: str, user: str, minutes: int) -> None:
+        self.run(
+            "scontrol",
+            "create",
+            "reservation",
+            f"ReservationName={name}",
+            f"Nodes={node}",
+            f"Users={user}",
+            "StartTime=now",
+            f"Duration={minutes}",
+            "Flags=MAINT,IGNORE_JOBS",
+            what=f"reserve {node}",
+        )
+
+    def delete_reservation(self, name: str) -> None:
+        try:
+            self.run("scontrol", "delete", f"ReservationName={name}", what=f"unreserve {name}")
+        except SlurmNotFound:
+            pass  # already gone (expired, or deleted by an admin)
+
+    def sbatch(self, args: list[str]) -> int:
+        out = self.run("sbatch", "--parsable", *args, what="sbatch")
+        return validate_job_id(out.strip().split(";", 1)[0])
+
+    def job_outcome(self, job_id: int) -> tuple[str, str]:
+        """(JobState, ExitCode) of a job slurmctld still remembers (MinJobAge)."""
+        out = self.run("scontrol", "show", "job", "-o", str(job_id), what=f"show job {job_id}")
+        state = re.search(r"\bJobState=(\S+)", out)
+        code = re.search(r"\bExitCode=(\S+)", out)
+        return (state.group(1) if state else "UNKNOWN", code.group(1) if code else "")
+
 
 class OwnedClient(SlurmClient):
     """Ownership rules (NHC's) on top of a backend's reads and `_set_*` writes. Writes go
@@ -337,3 +369,26 @@ class OwnedClient(SlurmClient):
 
     def release(self, job_id: int) -> None:
         self.sc.release(validate_job_id(job_id))
+
+    def start_validation(
+        self, node: str, reservation: str, user: str, minutes: int, sbatch_args: list[str]
+    ) -> int:
+        """Reserve NODE (MAINT: nothing but the validation job may start there), return it to
+        Slurm inside the reservation and submit the job. The reservation exists before the
+        node is resumed, so no user job can slip in."""
+        validate_node(node)
+        self.sc.create_reservation(reservation, node, user, minutes)
+        try:
+            self.resume(node)
+            return self.sc.sbatch(
+                [f"--reservation={reservation}", f"--nodelist={node}", *sbatch_args]
+            )
+        except SlurmError:
+            self.sc.delete_reservation(reservation)
+            raise
+
+    def validation_outcome(self, job_id: int) -> tuple[str, str]:
+        return self.sc.job_outcome(validate_job_id(job_id))
+
+    def end_validation(self, reservation: str) -> None:
+        self.sc.delete_reservation(reservation)

@@ -159,3 +159,16 @@ class SlurmClient:
 
     def release(self, job_id: int) -> None:
         raise NotImplementedError
+
+    def start_validation(
+        self, node: str, reservation: str, user: str, minutes: int, sbatch_args: list[str]
+    ) -> int:
+        """Run a validation job on a babysitter-drained NODE; returns its job id."""
+        raise NotImplementedError
+
+    def validation_outcome(self, job_id: int) -> tuple[str, str]:
+        """(state, exit code) of a validation job."""
+        raise NotImplementedError
+
+    def end_validation(self, reservation: str) -> None:
+        raise NotImplementedError

@@ -1,6 +1,8 @@
 """Route alerts to sinks by severity, dedup per (node, condition), resolve when a condition
 clears, and group storms: more than `group_threshold` new alerts of one condition in one
-round become ONE alert that says how many nodes."""
+round become ONE alert that says how many nodes (for sinks that do not group themselves).
+Firing alerts are re-sent to refreshing sinks (Alertmanager) every `sink.resend`, so they do
+not expire there. With a sender, delivery happens on its thread; without one, inline."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from babysitter.controller.alerts.model import Alert
+from babysitter.controller.alerts.sender import AlertSender, Delivery
 from babysitter.controller.alerts.sinks import (
     AlertmanagerSink,
     PagerDutySink,
@@ -31,7 +34,8 @@ def sinks_from_config(cfg: Any) -> list[tuple[Sink, str]]:
     t = a.timeout_s
     out: list[tuple[Sink, str]] = []
     if a.alertmanager_url:
-        out.append((AlertmanagerSink(a.alertmanager_url, timeout_s=t), a.route_alertmanager))
+        am = AlertmanagerSink(a.alertmanager_url, resend_s=a.alertmanager_resend_s, timeout_s=t)
+        out.append((am, a.route_alertmanager))
     if a.slack_webhook_url:
         out.append((SlackSink(a.slack_webhook_url, timeout_s=t), a.route_slack))
     if a.pagerduty_routing_key:
@@ -54,23 +58,59 @@ class AlertRouter:
         repeat_interval: timedelta = timedelta(hours=4),
         group_threshold: int = 3,
         on_sent: Any = None,
+        sender: AlertSender | None = None,
     ) -> None:
         self.sinks = sinks
         self.state = state
         self.repeat_interval = repeat_interval
         self.group_threshold = group_threshold
         self.on_sent = on_sent  # callback(sink_name, state) for metrics
+        self.sender = sender
         self.sent: list[Alert] = []  # what went out (for the demo and tests)
+        self._refreshed: dict[str, datetime] = {}  # key -> last post to refreshing sinks
+        self._outbox: list[Delivery] = []
 
-    def _deliver(self, alert: Alert) -> dict[str, str]:
-        results = {}
-        for sink, min_sev in self.sinks:
-            if alert.resolved or SEV_RANK.get(alert.severity, 2) >= SEV_RANK.get(min_sev, 2):
+    def _wanted(self, alert: Alert, sinks: list[Sink] | None = None) -> list[Sink]:
+        return [
+            sink
+            for sink, min_sev in self.sinks
+            if (sinks is None or sink in sinks)
+            and (alert.resolved or SEV_RANK.get(alert.severity, 2) >= SEV_RANK.get(min_sev, 2))
+        ]
+
+    def _deliver(
+        self, alert: Alert, sinks: list[Sink] | None = None, record: bool = True
+    ) -> dict[str, str]:
+        targets = self._wanted(alert, sinks)
+        self.sent.append(alert)
+        if not targets:
+            return {}
+        if self.sender is None:
+            results = {}
+            for sink in targets:
                 results[sink.name] = sink.send(alert)
                 if self.on_sent:
                     self.on_sent(sink.name, "resolved" if alert.resolved else "firing")
-        self.sent.append(alert)
-        return results
+            return results
+
+        def done(results: dict[str, str]) -> None:
+            if record:
+                try:
+                    self.state.upsert_alert(alert.key, sink_results=results)
+                except Exception:  # the delivery happened; only its record is lost
+                    pass
+
+        # submitted at the end of the round, after the alert's row is written
+        self._outbox.append(Delivery(alert, targets, done))
+        return {s.name: "queued" for s in targets}
+
+    def _refresh_due(self, key: str, last: datetime | None, now: datetime) -> list[Sink]:
+        since = self._refreshed.get(key, last)
+        return [
+            s
+            for s, _ in self.sinks
+            if s.refresh and (since is None or now - since >= getattr(s, "resend", timedelta(0)))
+        ]
 
     def process(
         self,
@@ -90,11 +130,21 @@ class AlertRouter:
             if last is not None and last.tzinfo is None:
                 last = last.replace(tzinfo=UTC)
             if prev and prev["state"] == "firing" and last and now - last < self.repeat_interval:
+                due = self._refresh_due(a.key, last, now)
+                if due:  # still firing: keep it alive where alerts expire
+                    started = prev.get("started_at") or a.starts_at
+                    if started.tzinfo is None:
+                        started = started.replace(tzinfo=UTC)
+                    a.starts_at = started
+                    self._deliver(a, due, record=False)
+                    self._refreshed[a.key] = now
                 continue
             fresh.append(a)
         by_cond: dict[str, list[Alert]] = defaultdict(list)
         for a in fresh:
             by_cond[a.condition].append(a)
+        grouping = [s for s, _ in self.sinks if s.groups]
+        single = [s for s, _ in self.sinks if not s.groups]
         for cond, group in by_cond.items():
             if len(group) > self.group_threshold:
                 nodes = sorted({a.node or "cluster" for a in group})
@@ -110,10 +160,13 @@ class AlertRouter:
                     nodes=nodes,
                     details={"count": len(nodes)},
                 )
-                results = self._deliver(g)
+                results = self._deliver(g, grouping, record=False) if grouping else {}
                 out.append(g)
                 for a in group:  # remember each node's condition so it can resolve later
-                    self._record(a, now, results)
+                    mine = dict(results)
+                    if single:
+                        mine.update(self._deliver(a, single))
+                    self._record(a, now, mine)
             else:
                 for a in group:
                     results = self._deliver(a)
@@ -139,12 +192,21 @@ class AlertRouter:
             )
             results = self._deliver(r)
             out.append(r)
+            self._refreshed.pop(key, None)
             self.state.upsert_alert(
                 key, state="resolved", resolved_at=now, last_sent_at=now, sink_results=results
             )
+        outbox, self._outbox = self._outbox, []
+        if self.sender is not None:
+            for d in outbox:
+                self.sender.submit(d)
         return out
 
+    def firing_keys(self) -> set[str]:
+        return {row["key"] for row in self.state.alerts() if row["state"] == "firing"}
+
     def _record(self, a: Alert, now: datetime, results: dict[str, str]) -> None:
+        self._refreshed[a.key] = now
         self.state.upsert_alert(
             a.key,
             node=a.node,

@@ -1,5 +1,5 @@
 -- babysitter database schema (PostgreSQL), generated from
--- babysitter/controller/models.py; migrations live in sql/versions/.
+-- babysitter/controller/models.py; migrations live in babysitter/sql/versions/.
 
 CREATE TABLE actions (
 	id BIGSERIAL NOT NULL, 
@@ -37,7 +37,7 @@ CREATE TABLE alerts (
 
 CREATE TABLE jobs (
 	job_id BIGSERIAL NOT NULL, 
-	name VARCHAR(255), 
+	name VARCHAR(1024), 
 	"user" VARCHAR(64), 
 	nodes JSON NOT NULL, 
 	state VARCHAR(64), 
@@ -63,6 +63,7 @@ CREATE TABLE nodes (
 	first_seen_at TIMESTAMP WITH TIME ZONE NOT NULL, 
 	last_report_at TIMESTAMP WITH TIME ZONE, 
 	last_report_id VARCHAR(36), 
+	last_sent_at TIMESTAMP WITH TIME ZONE, 
 	open_findings JSON NOT NULL, 
 	worst_severity VARCHAR(16) NOT NULL, 
 	consecutive_clean INTEGER NOT NULL, 

@@ -5,13 +5,13 @@ deletes the oldest reports in small batches; without these both scan whole table
 by ~2,000 reports/s on a 10,000-node cluster.
 
 Revision ID: 0002_slurm10k
-Revises: 0001
+Revises: 0002_ingress
 """
 
 from alembic import op
 
 revision = "0002_slurm10k"
-down_revision = "0001"
+down_revision = "0002_ingress"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,33 @@
+"""GET /api/v1/guard: the blast-radius guard's state and why (written by the remediation loop
+each time it changes; `babysitter status` shows it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import Depends, FastAPI
+
+from babysitter.controller.store import Store
+
+GUARD_KEY = "guard_tripped"
+GUARD_INFO_KEY = "guard"
+
+
+def guard_view(store: Store) -> dict[str, Any]:
+    info = dict(store.kv_get(GUARD_INFO_KEY) or {})
+    tripped = bool(store.kv_get(GUARD_KEY, False))
+    if not info:  # the loop has not run yet (or runs elsewhere and has not written)
+        info = {"reason": "", "rule": "", "since": None, "blocked": [], "slurm_data": None}
+    # the breaker flag is the truth (an admin reset clears it before the loop rewrites info)
+    info["tripped"] = tripped
+    if not tripped:
+        info.update(rule="", reason="", since=None, blocked=[])
+    info["state"] = "tripped" if tripped else ("undecided" if info.get("undecided") else "armed")
+    return info
+
+
+def add_guard_route(app: FastAPI, store: Store, reader: Callable[..., Any]) -> None:
+    @app.get("/api/v1/guard")
+    def get_guard(_: Any = Depends(reader)) -> dict[str, Any]:
+        return guard_view(store)
