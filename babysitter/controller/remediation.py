@@ -142,13 +142,13 @@ class RemediationEngine:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- facts
-    def _read_slurm(self) -> None:
+    def _read_slurm(self, force: bool = False) -> bool:
         """One snapshot of every Slurm node, shared by every decision of the tick. At 10,000
         nodes each read costs slurmctld ~20 ms of CPU (bench/slurm_load.py), so it is re-read
         at a bounded rate; ownership is re-checked by the drain/resume call itself."""
         fresh = time.monotonic() - self._slurm_read_at < self.cfg.slurm.node_refresh_s
-        if self.slurm_ok and fresh and not self._slurm_stale:
-            return
+        if self.slurm_ok and fresh and not self._slurm_stale and not force:
+            return False
         try:
             self.slurm_nodes = {n.name: n for n in self.slurm.nodes()}
             self.slurm_ok = True
@@ -158,6 +158,7 @@ class RemediationEngine:
             if self.slurm_ok:
                 log.warning("Slurm unavailable, decisions will wait: %s", exc)
             self.slurm_ok = False
+        return True
 
     def facts(self, now: datetime) -> tuple[list[NodeFacts], ClusterFacts]:
         rows = self.store.node_rows()
@@ -245,11 +246,16 @@ class RemediationEngine:
     # ---- the loop body
     def tick(self, now: datetime | None = None) -> list[Decision]:
         now = now or datetime.now(UTC)
-        self._read_slurm()
+        read = self._read_slurm()
         facts, cluster = self.facts(now)
         result = decide(facts, cluster, self.settings, now)
         # actions recorded during this tick (follow-ups, admin requests) run from the next one
         pending = self.store.pending_actions()
+        due = any(not ((nxt := aware(a["next_attempt_at"])) and nxt > now) for a in pending)
+        if due and not read:
+            # actions are due: they must not run against a slurmctld that went away since the
+            # snapshot (only while there is work, so the steady state keeps its budget)
+            self._read_slurm(force=True)
         firing: list[Alert] = []
         clearing: list[tuple[str | None, str]] = []
         self._batch = []

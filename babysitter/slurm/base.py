@@ -347,13 +347,19 @@ class OwnedClient(SlurmClient):
     def _set_drain_many(self, nodes: list[str], reason: str) -> None:
         """One `scontrol update NodeName=a,b,c`: one RPC, and Slurm applies it to all or none
         (an unknown name fails the whole call, which is why names are checked first)."""
-        if len(nodes) == 1:
+        if type(self)._set_drain is not OwnedClient._set_drain:  # a backend's own way (pyslurm)
+            for n in nodes:
+                self._set_drain(n, reason)
+        elif len(nodes) == 1:
             self._set_drain(nodes[0], reason)
         else:
             self.sc.drain(",".join(nodes), reason)
 
     def _set_resume_many(self, nodes: list[str]) -> None:
-        if len(nodes) == 1:
+        if type(self)._set_resume is not OwnedClient._set_resume:
+            for n in nodes:
+                self._set_resume(n)
+        elif len(nodes) == 1:
             self._set_resume(nodes[0])
         else:
             self.sc.resume(",".join(nodes))
