@@ -41,6 +41,13 @@ class AgentConfig(Section):
     )
     spool_max_reports: int = Field(10_000, ge=10, description="spool bound; oldest dropped")
     interval_s: float = Field(30.0, gt=0, description="report cycle; checks keep own intervals")
+    fast_interval_s: float = Field(
+        1.0, gt=0, description="fast-tier period: cheap reads of job-killing faults (GPU lost, DBE)"
+    )
+    boot_id_path: Path = Field(
+        Path("/proc/sys/kernel/random/boot_id"),
+        description="identifies this boot: event findings are kept until it changes",
+    )
     token_file: Path = Field(
         Path("/etc/babysitter/node.token"), description="this node's API token"
     )
@@ -228,6 +235,10 @@ class CheckConfig(Section):
     enabled: bool = Field(True, description="run this check")
     interval_s: float | None = Field(None, gt=0, description="override the check's interval")
     timeout_s: float | None = Field(None, gt=0, description="override the check's timeout")
+    signal_intervals: dict[str, float | Literal["fast"]] = Field(
+        default_factory=dict,
+        description='per-signal interval overrides, {"gpu.memory/sbe_volatile" = 30 | "fast"}',
+    )
 
 
 class GpuCheckConfig(CheckConfig):
@@ -241,6 +252,9 @@ class GpuCheckConfig(CheckConfig):
 class XidCheckConfig(CheckConfig):
     actions: dict[int, str] = Field(
         default_factory=dict, description="XID -> action overrides of the NVIDIA catalog"
+    )
+    sbe_events_per_hour_warn: float = Field(
+        100.0, gt=0, description="corrected-ECC events per GPU per hour that make a warning"
     )
 
 

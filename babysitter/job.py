@@ -119,15 +119,20 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def heartbeat(step: int, ckpt: str | os.PathLike[str] | None = None) -> None:
-    """Progress signal read by babysitter's hang detection; cheap enough to call every step."""
+    """Progress signal read by babysitter's hang detection; cheap enough to call every step.
+    Best effort: a signal that cannot be written (a full disk, a state directory that is not
+    the job's) never stops training."""
     d = _ckpt_dir(ckpt)
     if d is None:
         return
     job = os.environ.get("SLURM_JOB_ID", "local")
-    _atomic_write(
-        d / STATE_DIR / f"heartbeat-{job}.json",
-        json.dumps({"step": int(step), "time": time.time(), "job_id": job}),
-    )
+    try:
+        _atomic_write(
+            d / STATE_DIR / f"heartbeat-{job}.json",
+            json.dumps({"step": int(step), "time": time.time(), "job_id": job}),
+        )
+    except OSError:
+        pass
 
 
 def mark_checkpoint_complete(path: str | os.PathLike[str]) -> None:

@@ -6,4 +6,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.gpu",
     "tests.fixtures.controller",
     "tests.fixtures.alerts",
+    "tests.fixtures.users",
 ]

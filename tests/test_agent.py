@@ -54,7 +54,10 @@ def start_agent(env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 def spooled_ids(path: Path) -> list[str]:
     with sqlite3.connect(path) as db:
-        return [r[0] for r in db.execute("SELECT report_id FROM spool ORDER BY seq")]
+        try:
+            return [r[0] for r in db.execute("SELECT report_id FROM spool ORDER BY seq")]
+        except sqlite3.OperationalError:  # the agent has created the file, not yet the table
+            return []
 
 
 def test_spool_is_bounded_and_drops_oldest_first(tmp_path):

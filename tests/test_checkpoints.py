@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import os
+import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -11,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from babysitter.checkpoints import find_latest_complete, read_resume_json, write_resume_json
+from babysitter.checkpoints import (
+    find_latest_complete,
+    owner,
+    read_resume_json,
+    write_resume_json,
+)
+from babysitter.checkpoints.discover import discover
+from babysitter.checkpoints.safefs import Budget, Refused
 
 OLD = time.time() - 3600
 
@@ -23,6 +33,15 @@ def zipbytes() -> bytes:
     return b.getvalue()
 
 
+def safetensors(data_len: int = 16, cut: int = 0) -> bytes:
+    """A valid safetensors file (one uint8 tensor), minus `cut` bytes at the end."""
+    hdr = json.dumps(
+        {"w": {"dtype": "U8", "shape": [data_len], "data_offsets": [0, data_len]}}
+    ).encode()
+    full = len(hdr).to_bytes(8, "little") + hdr + b"\1" * data_len
+    return full[: len(full) - cut]
+
+
 def put(p: Path, data: bytes = b"weights") -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(data)
@@ -30,7 +49,7 @@ def put(p: Path, data: bytes = b"weights") -> None:
 
 def age(root: Path) -> None:
     for p in [root, *root.rglob("*")]:
-        os.utime(p, (OLD, OLD))
+        os.utime(p, (OLD, OLD), follow_symlinks=False)
 
 
 def dcp(root: Path, step: int, complete: bool = True) -> None:
@@ -43,7 +62,7 @@ def dcp(root: Path, step: int, complete: bool = True) -> None:
 
 def hf(root: Path, step: int, complete: bool = True) -> None:
     d = root / f"checkpoint-{step}"
-    put(d / "model.safetensors")
+    put(d / "model.safetensors", safetensors())
     if complete:
         put(d / "trainer_state.json", b"{}")
 
@@ -54,6 +73,11 @@ def generic(root: Path, name: str, complete: bool = True, zero: bool = False) ->
     put(d / "shard1.bin", b"" if zero else b"w")
     if complete:
         put(d / ".complete", b"")
+
+
+def ds_step(root: Path, step: int) -> None:
+    put(root / f"global_step{step}" / "mp_rank_00_model_states.pt", zipbytes())
+    put(root / f"global_step{step}" / "zero_pp_rank_0_mp_rank_00_optim_states.pt", zipbytes())
 
 
 Layout = Callable[[Path], None]
@@ -111,7 +135,7 @@ ZOO: list[tuple[str, Layout, str | None]] = [
             put(r / "iter_0001000" / "m.pt", zipbytes()),
             put(r / "latest_checkpointed_iteration.txt", b"2000"),
         ),
-        None,
+        "iter_0001000",  # the tracker names a missing iteration: the newest older one
     ),
     (
         "megatron release",
@@ -162,6 +186,198 @@ ZOO: list[tuple[str, Layout, str | None]] = [
         "step3",
     ),
     ("temp dir name", lambda r: (generic(r, "step3"), generic(r, "step4.tmp")), "step3"),
+    # ---- issue #15: the framework's pointer, fallback, format-aware completeness
+    (
+        "deepspeed tag dir with a stray file only",
+        lambda r: (put(r / "global_step5" / "notes.txt"), put(r / "latest", b"global_step5")),
+        None,
+    ),
+    (
+        "deepspeed pointed-to incomplete falls back to the newest older complete",
+        lambda r: (
+            ds_step(r, 1),
+            ds_step(r, 2),
+            put(r / "global_step3" / "mp_rank_00_model_states.pt", zipbytes()[:100]),
+            put(r / "latest", b"global_step3"),
+        ),
+        "global_step2",
+    ),
+    (
+        "deepspeed dir newer than latest is still being written",
+        lambda r: (ds_step(r, 2), ds_step(r, 3), put(r / "latest", b"global_step2")),
+        "global_step2",
+    ),
+    (
+        "deepspeed latest names a missing tag: older one",
+        lambda r: (ds_step(r, 2), put(r / "latest", b"global_step3")),
+        "global_step2",
+    ),
+    (
+        "megatron pointed-to truncated falls back",
+        lambda r: (
+            put(r / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt", zipbytes()),
+            put(r / "iter_0000003" / "mp_rank_00" / "model_optim_rng.pt", zipbytes()[:-30]),
+            put(r / "latest_checkpointed_iteration.txt", b"3"),
+        ),
+        "iter_0000002",
+    ),
+    (
+        "megatron distributed checkpoint",
+        lambda r: (
+            put(r / "iter_0000007" / ".metadata", b"meta"),
+            put(r / "iter_0000007" / "__0_0.distcp"),
+            put(r / "latest_checkpointed_iteration.txt", b"7\n"),
+        ),
+        "iter_0000007",
+    ),
+    (
+        "hf truncated safetensors falls back",
+        lambda r: (
+            hf(r, 100),
+            put(r / "checkpoint-200" / "model.safetensors", safetensors(cut=5)),
+            put(r / "checkpoint-200" / "trainer_state.json", b"{}"),
+        ),
+        "checkpoint-100",
+    ),
+    (
+        "hf safetensors with trailing garbage",
+        lambda r: (
+            hf(r, 100),
+            put(r / "checkpoint-200" / "model.safetensors", safetensors() + b"xx"),
+            put(r / "checkpoint-200" / "trainer_state.json", b"{}"),
+        ),
+        "checkpoint-100",
+    ),
+    (
+        "hf index names a missing shard",
+        lambda r: (
+            hf(r, 100),
+            put(r / "checkpoint-200" / "model-00001-of-00002.safetensors", safetensors()),
+            put(
+                r / "checkpoint-200" / "model.safetensors.index.json",
+                json.dumps(
+                    {
+                        "weight_map": {
+                            "a": "model-00001-of-00002.safetensors",
+                            "b": "model-00002-of-00002.safetensors",
+                        }
+                    }
+                ).encode(),
+            ),
+            put(r / "checkpoint-200" / "trainer_state.json", b"{}"),
+        ),
+        "checkpoint-100",
+    ),
+    (
+        "hf truncated pytorch_model.bin",
+        lambda r: (
+            hf(r, 100),
+            put(r / "checkpoint-200" / "pytorch_model.bin", zipbytes()[:-10]),
+            put(r / "checkpoint-200" / "trainer_state.json", b"{}"),
+        ),
+        "checkpoint-100",
+    ),
+    (
+        "generic with a truncated .pt",
+        lambda r: (
+            generic(r, "step1"),
+            put(r / "step2" / "model.pt", zipbytes()[:-1]),
+            put(r / "step2" / ".complete", b""),
+        ),
+        "step1",
+    ),
+    (
+        "dcp empty .metadata",
+        lambda r: (
+            dcp(r, 1),
+            put(r / "step2" / "__0_0.distcp"),
+            put(r / "step2" / ".metadata", b""),
+        ),
+        "step1",
+    ),
+    (
+        "lightning dangling last.ckpt link",
+        lambda r: (
+            put(r / "epoch=1-step=100.ckpt", zipbytes()),
+            (r / "last.ckpt").symlink_to("epoch=2-step=200.ckpt"),
+        ),
+        "epoch=1-step=100.ckpt",
+    ),
+    (
+        "lightning last.ckpt link followed inside the directory",
+        lambda r: (
+            put(r / "epoch=1-step=100.ckpt", zipbytes()),
+            put(r / "epoch=2-step=200.ckpt", zipbytes()),
+            (r / "last.ckpt").symlink_to("epoch=2-step=200.ckpt"),
+        ),
+        "epoch=2-step=200.ckpt",
+    ),
+    # ---- issue #14: hostile directories never steer discovery out of ckpt or stop it
+    ("latest names ..", lambda r: (generic(r, "step1"), put(r / "latest", b"..")), "step1"),
+    ("latest names /etc", lambda r: (generic(r, "step1"), put(r / "latest", b"/etc")), "step1"),
+    (
+        "links to /etc",
+        lambda r: (
+            generic(r, "step1"),
+            (r / "step9").symlink_to("/etc"),
+            (r / "etc").symlink_to("/etc"),
+            (r / "step8").symlink_to("../../../../../../../etc"),
+        ),
+        "step1",
+    ),
+    (
+        "symlink loop",
+        lambda r: (generic(r, "step1"), (r / "a").symlink_to("b"), (r / "b").symlink_to("a")),
+        "step1",
+    ),
+    (
+        "link inside a checkpoint to /etc/shadow",
+        lambda r: (
+            generic(r, "step1"),
+            (r / "step1" / "shadow").symlink_to("/etc/shadow"),
+        ),
+        "step1",
+    ),
+    (
+        "FIFO as DeepSpeed latest",
+        lambda r: (generic(r, "step1"), os.mkfifo(r / "latest")),
+        "step1",
+    ),
+    (
+        "FIFO inside a checkpoint",
+        lambda r: (generic(r, "step1"), generic(r, "step2"), os.mkfifo(r / "step2" / "pipe")),
+        "step1",
+    ),
+    (
+        "1 MB tracker",
+        lambda r: (
+            generic(r, "step1"),
+            put(r / "iter_0000001" / "m.pt", zipbytes()),
+            put(r / "latest_checkpointed_iteration.txt", b"1" * 1_000_000),
+        ),
+        "step1",
+    ),
+    (
+        "tracker of non-ASCII digits",
+        lambda r: (
+            generic(r, "step1"),
+            put(r / "latest_checkpointed_iteration.txt", "²".encode()),
+        ),
+        "step1",
+    ),
+    (
+        "tracker of 5000 digits",
+        lambda r: (
+            generic(r, "step1"),
+            put(r / "latest_checkpointed_iteration.txt", b"9" * 5000),
+        ),
+        "step1",
+    ),
+    (
+        "non-ASCII digits in names",
+        lambda r: (generic(r, "step1"), generic(r, "step\u0663"), generic(r, "step\u00b2")),
+        "step1",
+    ),
     (
         "babysitter state dir ignored",
         lambda r: (generic(r, "step3"), put(r / ".babysitter" / "resume.json", b"{}")),
@@ -186,7 +402,7 @@ def test_zoo(tmp_path, name, layout, expected):
 
 
 def test_zoo_is_big_enough():
-    assert len(ZOO) >= 20
+    assert len(ZOO) >= 45
 
 
 def test_directory_still_being_written_is_skipped(tmp_path):
@@ -210,3 +426,170 @@ def test_resume_json_roundtrip_is_atomic(tmp_path):
     doc = read_resume_json(root)
     assert doc is not None and doc["path"] == str(root / "step3") and doc["job_id"] == 7
     assert [f.name for f in p.parent.iterdir()] == ["resume.json"]  # no temp files left
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        lambda r: (ds_step(r, 1), ds_step(r, 7), put(r / "latest", b"global_step7")),
+        lambda r: (
+            put(r / "iter_0000007" / "mp_rank_00" / "model_optim_rng.pt", zipbytes()),
+            put(r / "latest_checkpointed_iteration.txt", b"7"),
+        ),
+    ],
+    ids=["deepspeed", "megatron"],
+)
+def test_pointer_marks_completion_even_moments_after_the_write(tmp_path, layout):
+    """The pointer is written last: a checkpoint it names is complete however fresh it is."""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    layout(root)  # not aged: everything was modified just now
+    choice = find_latest_complete(root, settle_s=30)
+    assert choice is not None and choice.step == 7, choice and choice.explanation
+    assert "written last by the framework" in choice.explanation
+
+
+def test_hostile_entries_are_skipped_with_reasons(tmp_path):
+    root = tmp_path / "ckpt"
+    generic(root, "step1")
+    (root / "etc").symlink_to("/etc")
+    (root / "a").symlink_to("b")
+    (root / "b").symlink_to("a")
+    (root / "gone.ckpt").symlink_to("nowhere.ckpt")
+    put(root / "latest_checkpointed_iteration.txt", b"1" * 1_000_000)
+    age(root)
+    scan = discover(root)
+    choice = scan.choice()
+    assert choice is not None and choice.path.name == "step1"
+    text = choice.explanation
+    assert "etc -> /etc leaves the checkpoint directory" in text
+    assert "gone.ckpt: dangling link" in text
+    assert any("a symbolic link" in s or "link to a link" in s for s in scan.skipped), scan.skipped
+    assert "latest_checkpointed_iteration.txt is 1000000 bytes, over the 4096-byte cap" in text
+
+
+def test_pointer_refusals_are_explained(tmp_path):
+    root = tmp_path / "ckpt"
+    generic(root, "step1")
+    put(root / "latest", b"../../etc")
+    put(root / "latest_checkpointed_iteration.txt", "²".encode())
+    age(root)
+    choice = find_latest_complete(root)
+    assert choice is not None and choice.path.name == "step1"
+    assert "`latest` names '../../etc': refused" in choice.explanation
+    assert "holds '²': not a number of at most 12 ASCII digits" in choice.explanation
+
+
+def test_walk_gives_up_and_says_so(tmp_path):
+    root = tmp_path / "ckpt"
+    generic(root, "step1")
+    for i in range(300):
+        put(root / "step2" / f"shard{i}.bin")
+    put(root / "step2" / ".complete", b"")
+    age(root)
+    scan = discover(root, budget=Budget(max_entries=100))
+    assert scan.gave_up.startswith("gave up: ") and "entries" in scan.gave_up
+    assert "gave up" in scan.explain_none() or "gave up" in (scan.choice() or scan).explanation
+
+
+def test_old_checkpoints_do_not_spend_the_walk_budget(tmp_path):
+    """Contents are read newest first: 40 kept checkpoints of 50 files each fit a budget of
+    200 entries, because only the newest complete one is read."""
+    root = tmp_path / "ckpt"
+    for s in range(1, 41):
+        for i in range(50):
+            put(root / f"step{s}" / f"__{i}_0.distcp")
+        put(root / f"step{s}" / ".metadata", b"m")
+    age(root)
+    scan = discover(root, budget=Budget(max_entries=200))
+    choice = scan.choice()
+    assert not scan.gave_up and choice is not None and choice.path.name == "step40"
+
+
+def test_files_vanishing_mid_scan_never_abort_discovery(tmp_path):
+    """A writer creates and deletes files and directories while discovery runs: each run
+    finishes and still picks the complete checkpoint."""
+    root = tmp_path / "ckpt"
+    generic(root, "step1")
+    age(root)
+    stop = threading.Event()
+
+    def churn() -> None:
+        i = 0
+        while not stop.is_set():
+            d = root / f"step{2 + i % 3}"
+            for name in ("a.bin", "b.pt", ".complete"):
+                with contextlib.suppress(OSError):
+                    put(d / name, b"x")
+            with contextlib.suppress(OSError):
+                (root / f"last{i % 2}.ckpt").symlink_to(f"gone{i}.ckpt")
+            for p in list(d.glob("*")):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            with contextlib.suppress(OSError):
+                d.rmdir()
+            with contextlib.suppress(OSError):
+                (root / f"last{i % 2}.ckpt").unlink()
+            i += 1
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        for _ in range(300):
+            choice = find_latest_complete(root)
+            assert choice is not None  # step1 always, or a churned step that was complete
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_resume_json_never_written_through_a_link(tmp_path):
+    root = tmp_path / "ckpt"
+    generic(root, "step3")
+    other = tmp_path / "other" / ".babysitter"
+    other.mkdir(parents=True)
+    (root / ".babysitter").symlink_to(other)
+    choice = find_latest_complete(root)
+    assert choice is not None
+    with pytest.raises(Refused, match="symbolic link"):
+        write_resume_json(root, choice, job_id=7, restart_count=1)
+    assert list(other.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["run-é-日本-🚀", os.fsdecode(b"run-\xff\xfe-latin1-\xe9")])
+def test_resume_json_keeps_any_path_exactly(tmp_path, name):
+    root = tmp_path / name
+    generic(root, "step3")
+    choice = find_latest_complete(root)
+    assert choice is not None
+    p = write_resume_json(root, choice, job_id=7, restart_count=1)
+    p.read_bytes().decode("ascii")  # ASCII JSON: \u escapes, surrogateescape bytes as \udcXX
+    doc = read_resume_json(root)
+    assert doc is not None and os.fsencode(doc["path"]) == os.fsencode(root / "step3")
+
+
+# ---- the helper process (as this process's user here; as real users in test_users_ckpt.py)
+
+
+def test_helper_prepares_resume_and_reads_a_fifo_heartbeat_without_blocking(tmp_path):
+    root = tmp_path / "ckpt"
+    generic(root, "step3")
+    age(root)
+    out = owner.prepare_resume(str(root), None, 7, 1, settle_s=10)
+    assert out.resume_point == str(root / "step3") and out.step == 3
+    assert read_resume_json(root)["path"] == str(root / "step3")  # type: ignore[index]
+    os.mkfifo(root / ".babysitter" / "heartbeat-7.json")
+    age_s = owner.heartbeat_age(str(root), None, 7, OLD + 3600 + 100)
+    assert age_s is not None  # fell back to the newest file: the FIFO was refused, not read
+
+
+def test_helper_answers_for_a_missing_dir_and_an_unknown_owner(tmp_path):
+    out = owner.prepare_resume(str(tmp_path / "none"), None, 7, 1, settle_s=10)
+    assert out.resume_point is None and "no complete checkpoint" in out.explanation
+    out = owner.prepare_resume(str(tmp_path), "no-such-user-xyz", 7, 1, settle_s=10)
+    assert out.resume_point is None and "unknown" in out.explanation
+
+
+def test_helper_wall_time_limit_kills_it(tmp_path):
+    with pytest.raises(owner.HelperError, match="timed out"):
+        owner.run_helper({"op": "discover", "ckpt": str(tmp_path)}, None, wall_s=0.001)

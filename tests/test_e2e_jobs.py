@@ -52,8 +52,25 @@ def sim(tmp_path: Path, receiver: Receiver) -> Iterator[SimCluster]:
         s.down()
 
 
+def agents_reporting(sim: SimCluster) -> None:
+    """Every agent has reported twice: its NVML event set is registered (NVML, like the fake,
+    delivers an XID only to event sets that existed when it happened)."""
+    first: dict[str, str] = {}
+
+    def twice() -> bool:
+        for n in sim.api("/api/v1/nodes"):
+            if n.get("last_report_at"):
+                first.setdefault(n["name"], n["last_report_at"])
+        return len(first) == sim.n_nodes and all(
+            n.get("last_report_at") != first[n["name"]] for n in sim.api("/api/v1/nodes")
+        )
+
+    wait_for(twice, 90, "every agent reporting")
+
+
 def test_babysat_job_requeued_from_last_complete_checkpoint(sim, receiver, tmp_path):
     info = sim.info
+    agents_reporting(sim)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (tmp_path / "train.py").write_text(TRAIN.format(repo=str(REPO)))

@@ -86,3 +86,20 @@ def test_stalled_job_with_idle_gpus_alerts_and_requeues_when_configured(
     [alert] = _tick(clean_cluster, tmp_path, receiver, job, cl, util=0, requeue_hung_jobs=True)
     assert "made no progress" in alert["summary"] and "requeued" in alert["action_taken"]
     wait_for(lambda: cl.job(job).restart_count == 1, 30, "requeued")
+
+
+def test_heartbeat_that_is_a_fifo_or_a_link_never_blocks(tmp_path):
+    """The job owns its checkpoint directory: a FIFO where the heartbeat should be would block
+    a plain read forever; a link could point anywhere. Both are ignored."""
+    import os
+
+    d = tmp_path / ".babysitter"
+    d.mkdir()
+    os.mkfifo(d / "heartbeat-7.json")
+    (tmp_path / "step1").write_text("x")
+    age = jobs.heartbeat_age(str(tmp_path), 7, 1e10)  # falls back to the newest file
+    assert age is not None and age > 0
+    secret = tmp_path / "elsewhere.json"
+    secret.write_text('{"time": 1.0}')
+    (d / "heartbeat-8.json").symlink_to(secret)
+    assert jobs.heartbeat_age(str(tmp_path), 8, 1e10) != 1e10 - 1.0

@@ -86,12 +86,19 @@ def test_watchdog_pings_only_while_the_loop_makes_progress(secrets, tmp_path):
     )
     ctl = Controller(cfg)
     ctl.store.upgrade()
-    release = threading.Event()
-    ctl.add_loop("stuck", lambda: release.wait(30))
+    stuck, release = threading.Event(), threading.Event()
+
+    def item() -> None:
+        if stuck.is_set():
+            release.wait(30)
+
+    ctl.add_loop("item", item)
     t = threading.Thread(target=ctl.loop_forever, daemon=True)
-    assert ctl.watchdog_ok(0.2)  # just started
     t.start()
+    wait_for(lambda: ctl.watchdog_ok(0.2), 10, "pings while the loop runs")
+    stuck.set()
     wait_for(lambda: not ctl.watchdog_ok(0.2), 10, "watchdog withheld while stuck")
+    stuck.clear()
     release.set()
     wait_for(lambda: ctl.watchdog_ok(0.2), 10, "watchdog resumes with progress")
     ctl._stop.set()

@@ -205,3 +205,60 @@ def test_requeue_waits_out_a_slurmctld_outage_and_runs_once(
     [row] = [j for j in store.jobs() if j["job_id"] == job]
     assert row["requeues"] == 1
     eng.close()
+
+
+def test_one_requeue_limit_alert_per_job_resolved_when_released_or_ended(
+    clean_cluster, store, receiver
+):
+    cl = CliSlurmClient(slurm_conf=Path(clean_cluster.slurm_conf))
+    jobs = [
+        submit(clean_cluster, "--exclusive", "--comment=babysit=max_requeues=0") for _ in range(2)
+    ]
+    wait_for(lambda: all(cl.job(j).running for j in jobs), 30, "jobs running")
+    eng = engine(store, clean_cluster, receiver)
+    for n in clean_cluster.nodes:
+        send(store, n)
+    for j in jobs:
+        send(store, cl.job(j).nodes[0], XID79)
+    for _ in range(3):  # drains; follow-ups; the requeues (held: limit 0)
+        tick(eng)
+
+    def limit_alerts(state: str) -> set[str]:
+        return {
+            b["condition"]
+            for b in receiver.bodies("/hook")
+            if b["condition"].startswith("job_requeue_limit_") and b["state"] == state
+        }
+
+    want = {f"job_requeue_limit_{j}" for j in jobs}
+    assert limit_alerts("firing") == want  # one per job, the second is not suppressed
+    slurm(clean_cluster, "scancel", str(jobs[0]))
+    slurm(clean_cluster, "scontrol", "release", str(jobs[1]))
+    wait_for(
+        lambda: tick(eng) is None and limit_alerts("resolved") == want,
+        30,
+        "both resolved: one ended, one released",
+    )
+    eng.close()
+
+
+def test_job_that_requires_the_bad_node_is_not_stranded_silently(
+    clean_cluster, store, receiver, tmp_path
+):
+    """`-w node2` and node2 breaks: excluding node2 would leave the job pending forever with
+    no word. It is requeued without that exclude, and on-call is told it waits for node2."""
+    cl = CliSlurmClient(slurm_conf=Path(clean_cluster.slurm_conf))
+    job = submit(clean_cluster, "-w", "node2", f"--comment=babysit=ckpt={tmp_path}")
+    wait_for(lambda: cl.job(job).running, 30, "job running")
+    assert cl.job(job).extra["required_nodes"] == "node2"
+    eng = engine(store, clean_cluster, receiver)
+    for n in clean_cluster.nodes:
+        send(store, n)
+    send(store, "node2", XID79)
+    for _ in range(3):  # drain; follow-up; requeue
+        tick(eng)
+    wait_for(lambda: cl.job(job).restart_count == 1, 30, "requeued")
+    assert "node2" not in cl.job(job).excluded_nodes
+    [a] = [b for b in receiver.bodies("/hook") if b["condition"] == f"job_unplaceable_{job}"]
+    assert "requires node(s) node2" in a["summary"]
+    eng.close()

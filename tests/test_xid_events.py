@@ -106,3 +106,48 @@ def test_slow_call_does_not_block_event_thread(gpus, fakenvml_lib, tmp_path):
         p.kill()
         p.wait(timeout=10)
     assert f["component"] == "gpu2" and f["action"] == "reset_gpu"
+
+
+def test_xid_at_the_end_of_a_100_mb_log_is_found_in_bounded_memory(tmp_path):
+    import tracemalloc
+
+    from babysitter.checks.base import CheckContext
+    from babysitter.checks.xid import KmsgXidCheck
+    from babysitter.config import Config
+
+    log = tmp_path / "kern.log"
+    filler = b"[12345.678] eth0: link is up, nothing to see here, carry on\n" * 16_384  # 0.94 MiB
+    with log.open("wb") as f:
+        for _ in range(110):
+            f.write(filler)
+        f.write(b"[99999.000] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n")
+    assert log.stat().st_size > 100 * 1024 * 1024
+    cfg = Config.model_validate({"agent": {"kmsg_path": str(log)}})
+    check = KmsgXidCheck(CheckContext(cfg, "n"))
+    tracemalloc.start()
+    try:
+        found = check.run()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [f.code for f in found if f.code.startswith("xid.")] == ["xid.79"]
+    assert peak < 8 * 1024 * 1024, f"peak {peak / 2**20:.1f} MiB while reading a 100 MB log"
+
+
+def test_a_line_across_a_read_boundary_is_never_split(tmp_path):
+    from babysitter.checks.xid import read_log_lines
+
+    log = tmp_path / "kern.log"
+    log.write_bytes(
+        b"noise\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1\nNVRM: Xid (PCI:0000:3c:00): 48, x\npart"
+    )
+    for chunk in (1, 3, 7, 16, 33, 4096):
+        with log.open("rb") as fh:
+            lines, offset = read_log_lines(fh, 0, chunk=chunk)
+        assert [parse_kmsg_line(x)[1] for x in lines] == [79, 48], chunk  # type: ignore[index]
+        assert offset == log.stat().st_size - len(b"part")  # the incomplete line: read again
+    with log.open("ab") as f:
+        f.write(b"ial NVRM: Xid (PCI:0000:3b:00): 31, y\n")
+    with log.open("rb") as fh:
+        lines, _ = read_log_lines(fh, offset, chunk=5)
+    assert [parse_kmsg_line(x)[1] for x in lines] == [31]  # type: ignore[index]

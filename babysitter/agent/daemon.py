@@ -10,18 +10,24 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
+from babysitter.agent.sticky import StickyFindings, read_boot_id
 from babysitter.checks.all import select_checks
 from babysitter.checks.base import (
     EVENT_SOURCES,
+    TIER_STATS,
     Check,
     CheckContext,
+    CheckResult,
     EventSource,
+    execute,
     is_hung,
-    run_check,
+    mark_hung,
+    timeout_result,
 )
 from babysitter.config import Config
 from babysitter.errors import ConfigError
@@ -57,10 +63,15 @@ class Agent:
         self.checks: list[Check] = select_checks(self.ctx)
         self.sources: list[EventSource] = []
         self.latest: dict[str, list[Finding]] = {}
-        self.event_findings: dict[tuple[str, str, str], Finding] = {}
+        # event findings (XIDs, NVML events) last until the node reboots, across agent restarts
+        self.sticky = StickyFindings(
+            Path(f"{a.spool_path}.events.json"), read_boot_id(a.boot_id_path)
+        )
         self.durations: dict[str, float] = {}
         self._due: dict[str, float] = {}
-        self._running: set[str] = set()
+        self._running: dict[str, float] = {}  # check name -> when its current run started
+        self._timed_out: set[str] = set()
+        self._go: dict[str, threading.Event] = {}  # wakes each check's worker thread
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.metrics = None
@@ -82,6 +93,7 @@ class Agent:
             "findings": [f.to_json_dict() for f in findings],
             "metrics": {
                 "check_duration_s": dict(self.durations),
+                "tiers": TIER_STATS.snapshot(),
                 "spool_size": self.spool.size(),
                 "spool_dropped": self.spool.counter("dropped"),
                 "spool_replayed_total": self.spool.counter("replayed"),
@@ -91,44 +103,79 @@ class Agent:
         }
 
     def emit_event(self, findings: list[Finding]) -> None:
-        """Event sources call this from their thread: ship at once, keep them in later reports."""
-        with self._lock:
-            for f in findings:
-                self.event_findings[f.key] = f
+        """Event sources call this from their thread: ship at once, keep them in later reports
+        (until the node reboots, or NVML shows the condition gone)."""
+        self.sticky.add([f for f in findings if f.severity >= Severity.WARNING])
         self.shipper.submit(self._report(findings, "event"))
 
     def full_report(self) -> dict[str, Any]:
         with self._lock:
             findings = [f for fs in self.latest.values() for f in fs]
-            findings += list(self.event_findings.values())
+        findings += self.sticky.values()
         report = self._report(findings, "full")
         if self.metrics is not None:
             m = report["metrics"]
             self.metrics.update(findings, dict(self.durations), m["spool_size"], m["spool_dropped"])
             self.metrics.refused.set(m["reports_refused"])
+            self.metrics.update_tiers(m["tiers"])
         return report
 
     # ---- checks
+    def _store(self, check: Check, res: CheckResult) -> None:
+        with self._lock:
+            before = {f.key: f.severity for f in self.latest.get(check.name, [])}
+            self.latest[check.name] = res.findings
+            self.durations[check.name] = round(res.duration_s, 4)
+        # A polled signal that just got worse (GPU lost, DBE, IB port down; a PCIe link trained
+        # down) is reported now, not at the next report cycle: the node should stop taking jobs
+        # at once, and a degradation should not wait another interval to be seen.
+        if any(
+            f.severity >= Severity.WARNING and f.severity > before.get(f.key, Severity.OK)
+            for f in res.findings
+        ):
+            self.shipper.submit(self.full_report())
+
+    def _worker(self, check: Check, go: threading.Event) -> None:
+        """One long-lived thread per check (starting a thread per run costs more than most
+        fast-tier runs); the main loop watches the clock (see _watch_timeouts)."""
+        while not self._stop.is_set():
+            go.wait()
+            go.clear()
+            if self._stop.is_set():
+                return
+            self._run_one(check)
+
     def _run_one(self, check: Check) -> None:
         try:
-            res = run_check(check)
+            started = time.time()
+            res = execute(check)
             with self._lock:
-                was_critical = {
-                    f.key
-                    for f in self.latest.get(check.name, [])
-                    if f.severity is Severity.CRITICAL
-                }
-                self.latest[check.name] = res.findings
-                self.durations[check.name] = round(res.duration_s, 4)
-            # A polled check that just turned critical (GPU lost, DBE, IB port down) is reported
-            # now, not at the next report cycle: the node should stop taking jobs at once.
-            if any(
-                f.severity is Severity.CRITICAL and f.key not in was_critical for f in res.findings
-            ):
-                self.shipper.submit(self.full_report())
+                late = check.name in self._timed_out
+            if not late:
+                if not res.unknown:
+                    self.sticky.clear_gone(check.name, res.findings, started)
+                self._store(check, res)
         finally:
             with self._lock:
-                self._running.discard(check.name)
+                self._running.pop(check.name, None)
+                self._timed_out.discard(check.name)
+            mark_hung(check, False)
+
+    def _watch_timeouts(self) -> None:
+        """A run past its timeout becomes a critical finding; the check is not started again
+        while that run hangs (a hung driver call cannot be interrupted)."""
+        now = time.monotonic()
+        for c in self.checks:
+            with self._lock:
+                started = self._running.get(c.name)
+                if started is None or c.name in self._timed_out:
+                    continue
+                timeout = c.effective_timeout()
+                if now - started < timeout:
+                    continue
+                self._timed_out.add(c.name)
+            mark_hung(c, True)
+            self._store(c, timeout_result(c, timeout, now - started))
 
     def run_due_checks(self) -> None:
         now = time.monotonic()
@@ -137,16 +184,34 @@ class Agent:
                 continue
             self._due[c.name] = now + c.effective_interval()
             with self._lock:
-                self._running.add(c.name)
-            threading.Thread(
-                target=self._run_one, args=(c,), name=f"check:{c.name}", daemon=True
-            ).start()
+                self._running[c.name] = time.monotonic()
+            go = self._go.get(c.name)
+            if go is None:
+                go = self._go[c.name] = threading.Event()
+                threading.Thread(
+                    target=self._worker, args=(c, go), name=f"check:{c.name}", daemon=True
+                ).start()
+            go.set()
+
+    def next_wake(self) -> float:
+        """Seconds until a check is due or a running one times out (the loop sleeps till then)."""
+        now = time.monotonic()
+        times = [self._due.get(c.name, now) for c in self.checks if c.name not in self._running]
+        with self._lock:
+            by_name = {c.name: c for c in self.checks}
+            times += [
+                t0 + by_name[n].effective_timeout()
+                for n, t0 in self._running.items()
+                if n not in self._timed_out
+            ]
+        return max(0.01, min(times, default=now + 1.0) - now)
 
     def wait_first_results(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self._watch_timeouts()
             with self._lock:
-                if not self._running:
+                if all(n in self._timed_out for n in self._running):
                     return
             time.sleep(0.02)
 
@@ -172,15 +237,24 @@ class Agent:
         notify("READY=1", f"STATUS=agent for {self.node}: {len(self.checks)} checks")
         wd = watchdog_interval_s()
         next_report = time.monotonic() + self.cfg.agent.interval_s
+        last_wd = 0.0
         while not self._stop.is_set():
+            self._watch_timeouts()
             self.run_due_checks()
-            if time.monotonic() >= next_report:
-                next_report = time.monotonic() + self.cfg.agent.interval_s
+            now = time.monotonic()
+            if now >= next_report:
+                next_report = now + self.cfg.agent.interval_s
                 self.shipper.submit(self.full_report())
-            if wd:
+            if wd and now - last_wd >= wd / 2:
+                last_wd = now
                 notify("WATCHDOG=1")
-            self._stop.wait(min(0.2, wd or 0.2))
+            # sleep until something is due: waking 5x a second for nothing costs CPU on every
+            # node of the cluster
+            wake = min(self.next_wake(), next_report - now, (wd / 2) if wd else 5.0)
+            self._stop.wait(max(0.01, wake))
         notify("STOPPING=1")
+        for go in self._go.values():
+            go.set()  # workers see the stop and end
         for s in self.sources:
             s.stop()
         self.shipper.stop()

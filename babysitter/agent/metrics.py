@@ -3,7 +3,10 @@ the latest findings, check durations, spool size and drops."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+import os
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from babysitter.finding import Finding
 
@@ -38,6 +41,30 @@ class AgentMetrics:
             "was created.",
             registry=r,
         )
+        # per polling tier (fast / slow): what the checks cost, so the cost on a real GPU can be
+        # estimated from rate(nvml calls) x the driver's cost per call
+        self.tier_cpu = Counter(
+            "babysitter_agent_tier_cpu_seconds",
+            "CPU seconds spent in check runs, by polling tier.",
+            ["tier"],
+            registry=r,
+        )
+        self.tier_calls = Counter(
+            "babysitter_agent_nvml_calls",
+            "NVML calls made by check runs, by polling tier.",
+            ["tier"],
+            registry=r,
+        )
+        self.tier_runs = Counter(
+            "babysitter_agent_check_runs", "Check runs, by polling tier.", ["tier"], registry=r
+        )
+        self.process_cpu = Gauge(
+            "babysitter_agent_process_cpu_seconds",
+            "CPU seconds of the whole agent process (every thread).",
+            registry=r,
+        )
+        self.process_cpu.set_function(lambda: sum(os.times()[:2]))
+        self._seen: dict[tuple[str, str], float] = {}
         host, _, port = listen.rpartition(":")
         start_http_server(int(port), addr=host or "127.0.0.1", registry=r)
 
@@ -55,3 +82,16 @@ class AgentMetrics:
             self.duration.labels(check).set(d)
         self.spool.set(spool_size)
         self.dropped.set(dropped)
+
+    def update_tiers(self, snap: dict[str, dict[str, Any]]) -> None:
+        """Feed the cumulative per-tier totals (TierStats.snapshot) into the counters."""
+        for kind, counter in (
+            ("cpu_s", self.tier_cpu),
+            ("nvml_calls", self.tier_calls),
+            ("runs", self.tier_runs),
+        ):
+            for tier, total in snap.get(kind, {}).items():
+                prev = self._seen.get((kind, tier), 0.0)
+                if total > prev:
+                    counter.labels(tier).inc(total - prev)
+                    self._seen[(kind, tier)] = float(total)

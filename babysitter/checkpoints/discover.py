@@ -1,31 +1,70 @@
-"""Checkpoint discovery.
+"""Checkpoint discovery: the newest COMPLETE checkpoint under a directory, and why.
 
-Formats and how a complete one is recognised (shared notes: domain.md):
+Formats, and what makes one complete (shared notes: domain.md):
+- DeepSpeed: `latest` names a tag directory. The framework writes `latest` last, so the pointer
+  IS the completion marker (no "modified moments ago" rejection); the tag directory must hold
+  `*model_states.pt` files (a stray file is not a checkpoint). Older `global_stepN` directories
+  were each named by `latest` once: when the pointed-to one is incomplete, the newest older
+  complete one is used. Newer ones are still being written.
+- Megatron-LM: `latest_checkpointed_iteration.txt` (ASCII digits or `release`) names `iter_NNNNNNN/`
+  (model `.pt` files or a distributed checkpoint); same pointer and fallback rules.
 - PyTorch DCP: a directory holding `.metadata` (the coordinator writes it last).
-- DeepSpeed: `latest` names a tag directory (e.g. `global_step1200`) that exists and holds files.
-- Megatron-LM: `latest_checkpointed_iteration.txt` (a number or `release`) and `iter_NNNNNNN/`.
-- Hugging Face Trainer: `checkpoint-<step>/` with `trainer_state.json`.
-- Lightning / NeMo: `*.ckpt` files (torch zip archives; a truncated one fails zip validation).
-- Generic: `<dir>/<name>/` with a `.complete` marker (what `babysitter.job.mark_checkpoint_complete`
+- Hugging Face Trainer: `checkpoint-<step>/` with `trainer_state.json`; each `.safetensors`
+  file's header must account for the file size exactly, index shards must exist.
+- Lightning / NeMo: `*.ckpt` files (torch zip archives: a truncated one has no central
+  directory). `last.ckpt` as a link inside the directory is followed once.
+- Generic: `<name>/` with a `.complete` marker (what `babysitter.job.mark_checkpoint_complete`
   writes, last).
 
-Never picked: a directory still being written (a temp name, or modified within `settle_s`), a
-zero-size shard, a truncated zip, a pointer to a missing directory, a newer-but-incomplete step
-beside an older complete one (the older one wins).
+Everywhere: `.pt/.pth/.ckpt` files must be valid zip archives whose members fit in the file (the
+central directory is read, not every byte: a 40 GB shard is checked in milliseconds), no
+zero-size shard, no temporary names. Links are followed only inside the directory, one hop;
+dangling links and files that vanish mid-scan are skipped with a reason. The walk is bounded
+(entries, depth, time) and says "gave up: N entries" when it stops. All access goes through
+safefs (no link followed by the kernel, no blocking open, regular files only, capped reads).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from babysitter.checkpoints.safefs import (
+    JSON_INDEX_CAP,
+    POINTER_CAP,
+    Budget,
+    Entry,
+    GaveUp,
+    Refused,
+    ascii_int,
+    check_name,
+    last_number,
+    lstat_rel,
+    open_file,
+    open_rel,
+    open_root,
+    read_capped,
+    resolve_link,
+    scan,
+    walk,
+    why,
+)
+
 MARKER = ".complete"
+DS_POINTER = "latest"
+MG_POINTER = "latest_checkpointed_iteration.txt"
 _TMP_RE = re.compile(r"(\.tmp|\.partial|\.incomplete|~)$|^(tmp|\.tmp)", re.I)
-_STEP_RE = re.compile(r"(\d+)")
+_ITER_RE = re.compile(r"iter_[0-9]+$", re.ASCII)
+_ZIP_SUFFIXES = (".pt", ".pth", ".ckpt")
+_SAFETENSORS_HEADER_CAP = 100 * 1024 * 1024  # the format's own limit
+MAX_NOTES = 20
 
 
 @dataclass
@@ -35,6 +74,8 @@ class Candidate:
     step: int
     complete: bool
     why: str
+    # the content check still to run (discovery runs them newest first, see check_newest_first)
+    check: Callable[[], tuple[bool, str]] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -44,6 +85,7 @@ class Choice:
     step: int
     explanation: str
     rejected: list[Candidate] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -52,177 +94,416 @@ class Choice:
             "step": self.step,
             "explanation": self.explanation,
             "rejected": [{"path": str(c.path), "why": c.why} for c in self.rejected],
+            "skipped": list(self.skipped),
         }
 
 
-def _step(name: str) -> int:
-    nums = _STEP_RE.findall(name)
-    return int(nums[-1]) if nums else -1
+@dataclass
+class Scan:
+    """Everything one discovery saw: candidates, entries skipped (with reasons), and whether
+    the walk gave up."""
 
+    root: Path
+    candidates: list[Candidate] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    gave_up: str = ""
 
-def _recent(p: Path, settle_s: float, now: float) -> bool:
-    """Anything under p modified within settle_s: probably still being written."""
-    try:
-        newest = max((q.stat().st_mtime for q in [p, *p.rglob("*")]), default=0.0)
-    except OSError:
-        return True
-    return now - newest < settle_s
-
-
-def _files_ok(d: Path) -> tuple[bool, str]:
-    files = [f for f in d.rglob("*") if f.is_file()]
-    if not files:
-        return False, "empty directory"
-    zero = [
-        f
-        for f in files
-        if f.stat().st_size == 0 and f.name != MARKER and not f.name.startswith(".")
-    ]
-    if zero:
-        return False, f"zero-size shard {zero[0].name}"
-    for f in files:
-        if f.suffix in (".ckpt", ".pt", ".pth") and not _zip_ok(f):
-            return False, f"truncated archive {f.name}"
-    return True, "all shards present"
-
-
-def _zip_ok(f: Path) -> bool:
-    try:
-        if not zipfile.is_zipfile(f):
-            return False
-        with zipfile.ZipFile(f) as z:
-            return z.testzip() is None
-    except (OSError, zipfile.BadZipFile, EOFError):
-        return False
-
-
-def _dir_candidate(
-    d: Path, fmt: str, step: int, need: str | None, settle_s: float, now: float
-) -> Candidate:
-    if _TMP_RE.search(d.name):
-        return Candidate(d, fmt, step, False, "temporary name: still being written")
-    if need and not (d / need).exists():
-        return Candidate(d, fmt, step, False, f"no {need}: not finished")
-    ok, why = _files_ok(d)
-    if not ok:
-        return Candidate(d, fmt, step, False, why)
-    if _recent(d, settle_s, now) and not (need and (d / need).exists()):
-        return Candidate(d, fmt, step, False, "modified moments ago: still being written")
-    return Candidate(d, fmt, step, True, f"{need or 'files'} present; {why}")
-
-
-def candidates(root: Path, settle_s: float = 0.0, now: float | None = None) -> list[Candidate]:
-    now = time.time() if now is None else now
-    out: list[Candidate] = []
-    if not root.is_dir():
-        return out
-    entries = sorted(p for p in root.iterdir() if not p.name.startswith(".babysitter"))
-
-    # DeepSpeed: `latest` names the tag
-    latest = root / "latest"
-    if latest.is_file():
-        tag = latest.read_text(errors="replace").strip()
-        d = root / tag
-        if not tag or "/" in tag or not d.is_dir():
-            out.append(
-                Candidate(
-                    d,
-                    "deepspeed",
-                    _step(tag),
-                    False,
-                    f"`latest` points to {tag!r}, which does not exist",
-                )
+    def choice(self) -> Choice | None:
+        complete = [c for c in self.candidates if c.complete]
+        rejected = [c for c in self.candidates if not c.complete]
+        if not complete:
+            return None
+        best = max(complete, key=lambda c: (c.step, c.path.name))
+        newer_bad = [c for c in rejected if c.step > best.step]
+        text = f"{best.format} checkpoint at step {best.step}: {best.why}"
+        if newer_bad:
+            text += "; newer but incomplete: " + "; ".join(
+                f"{c.path.name} ({c.why})" for c in sorted(newer_bad, key=lambda c: -c.step)[:5]
             )
-        else:
-            out.append(_dir_candidate(d, "deepspeed", _step(tag), None, settle_s, now))
-    # Megatron-LM
-    tracker = root / "latest_checkpointed_iteration.txt"
-    if tracker.is_file():
-        it = tracker.read_text(errors="replace").strip()
-        name = "release" if it == "release" else (f"iter_{int(it):07d}" if it.isdigit() else "")
-        d = root / name if name else root / "?"
-        if not name or not d.is_dir():
-            out.append(
-                Candidate(
-                    d,
-                    "megatron",
-                    _step(it),
-                    False,
-                    f"tracker says {it!r} but {d.name} does not exist",
-                )
+        text += self._notes()
+        return Choice(best.path, best.format, best.step, text, rejected, self.skipped[:MAX_NOTES])
+
+    def explain_none(self) -> str:
+        text = "no complete checkpoint"
+        if self.candidates:
+            text += ": " + "; ".join(
+                f"{c.path.name} ({c.why})"
+                for c in sorted(self.candidates, key=lambda c: -c.step)[:5]
             )
-        else:
-            out.append(_dir_candidate(d, "megatron", _step(it), None, settle_s, now))
-    for p in entries:
-        if p.is_dir():
-            if (p / ".metadata").exists() or (
-                p.name.startswith("step")
-                and not any((p / n).exists() for n in ("trainer_state.json", MARKER))
+        return text + self._notes()
+
+    def _notes(self) -> str:
+        notes = [*self.skipped[:MAX_NOTES]]
+        if len(self.skipped) > MAX_NOTES:
+            notes.append(f"{len(self.skipped) - MAX_NOTES} more skipped")
+        if self.gave_up:
+            notes.append(self.gave_up)
+        return ("; skipped: " + "; ".join(notes)) if notes else ""
+
+
+class _Bad(Exception):
+    pass
+
+
+def _zip_problem(dirfd: int, name: str) -> str | None:
+    fd, st = open_file(dirfd, name)
+    with os.fdopen(fd, "rb") as f:
+        try:
+            with zipfile.ZipFile(f) as z:
+                infos = z.infolist()
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, OSError):
+            return f"truncated or invalid archive {name}"
+    if not infos:
+        return f"empty archive {name}"
+    end = max(i.header_offset + i.compress_size for i in infos)
+    if end > st.st_size:
+        return f"truncated archive {name}"
+    return None
+
+
+def _safetensors_problem(dirfd: int, name: str) -> str | None:
+    fd, st = open_file(dirfd, name)
+    with os.fdopen(fd, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"truncated safetensors {name} (no header)"
+        n = int.from_bytes(head, "little")
+        if n > _SAFETENSORS_HEADER_CAP or 8 + n > st.st_size:
+            return f"truncated safetensors {name} (header of {n} bytes, file {st.st_size})"
+        try:
+            hdr = json.loads(f.read(n))
+        except ValueError:
+            return f"invalid safetensors header in {name}"
+    if not isinstance(hdr, dict):
+        return f"invalid safetensors header in {name}"
+    end = 0
+    for k, v in hdr.items():
+        if k == "__metadata__":
+            continue
+        offs = v.get("data_offsets") if isinstance(v, dict) else None
+        if (
+            not isinstance(offs, list)
+            or len(offs) != 2
+            or not all(type(x) is int and x >= 0 for x in offs)
+        ):
+            return f"invalid safetensors header in {name}"
+        end = max(end, offs[1])
+    if 8 + n + end != st.st_size:
+        return f"truncated safetensors {name} (tensors end at {8 + n + end}, file {st.st_size})"
+    return None
+
+
+class _Scanner:
+    def __init__(self, root: Path, rootfd: int, budget: Budget, settle_s: float, now: float):
+        self.root, self.rootfd, self.budget = root, rootfd, budget
+        self.settle_s, self.now = settle_s, now
+        self.out = Scan(root)
+
+    def path(self, rel: tuple[str, ...]) -> Path:
+        return self.root.joinpath(*rel)
+
+    def skip(self, what: str) -> None:
+        self.out.skipped.append(what)
+
+    # ---- content of one candidate directory
+    def content(self, rel: tuple[str, ...], fmt: str) -> tuple[bool, str]:
+        try:
+            dfd = open_rel(self.rootfd, rel)
+        except OSError as exc:
+            return False, f"cannot open: {why(exc)}"
+        files: list[str] = []
+
+        def visit(pfd: int, name: str, e: Entry) -> None:
+            base = name.rsplit("/", 1)[-1]
+            if e.is_link:
+                return  # links inside a checkpoint are not followed (nor needed)
+            if not e.is_file:
+                raise _Bad(f"{name} is not a regular file")
+            files.append(name)
+            if e.st.st_size == 0 and base != MARKER:
+                raise _Bad(f"zero-size shard {name}")
+            problem = None
+            if base.endswith(_ZIP_SUFFIXES) or (
+                fmt == "hf_trainer" and base.startswith("pytorch_model") and base.endswith(".bin")
             ):
-                out.append(
-                    _dir_candidate(p, "torch_dcp", _step(p.name), ".metadata", settle_s, now)
-                )
-            elif p.name.startswith("checkpoint-"):
-                out.append(
-                    _dir_candidate(
-                        p, "hf_trainer", _step(p.name), "trainer_state.json", settle_s, now
-                    )
-                )
-            elif (p / MARKER).exists():
-                out.append(_dir_candidate(p, "generic", _step(p.name), MARKER, settle_s, now))
-            elif re.match(r"iter_\d+$", p.name) and not tracker.is_file():
-                out.append(
-                    Candidate(
-                        p,
-                        "megatron",
-                        _step(p.name),
-                        False,
-                        "no latest_checkpointed_iteration.txt names it",
-                    )
-                )
-            elif p.name.startswith("global_step") and not latest.is_file():
-                out.append(
-                    Candidate(p, "deepspeed", _step(p.name), False, "no `latest` file names it")
-                )
-            elif _STEP_RE.search(p.name) and p.name not in {c.path.name for c in out}:
-                out.append(
-                    Candidate(
-                        p, "generic", _step(p.name), False, f"no completion marker ({MARKER})"
-                    )
-                )
-        elif p.suffix == ".ckpt":
-            if _TMP_RE.search(p.name):
-                out.append(Candidate(p, "lightning", _step(p.stem), False, "temporary name"))
-            elif p.stat().st_size == 0 or not _zip_ok(p):
-                out.append(
-                    Candidate(p, "lightning", _step(p.stem), False, "truncated or invalid archive")
-                )
-            elif now - p.stat().st_mtime < settle_s:
-                out.append(Candidate(p, "lightning", _step(p.stem), False, "modified moments ago"))
+                problem = _zip_problem(pfd, base)
+            elif base.endswith(".safetensors"):
+                problem = _safetensors_problem(pfd, base)
+            if problem:
+                raise _Bad(problem)
+
+        try:
+            walk(dfd, self.budget, visit)
+            if fmt == "hf_trainer" and "model.safetensors.index.json" in files:
+                idx = json.loads(read_capped(dfd, "model.safetensors.index.json", JSON_INDEX_CAP))
+                wm = idx.get("weight_map") if isinstance(idx, dict) else None
+                shards = set(wm.values()) if isinstance(wm, dict) else set()
+                missing = sorted(str(s) for s in shards if s not in files)
+                if missing:
+                    return False, f"index names missing shard {missing[0]}"
+        except _Bad as bad:
+            return False, str(bad)
+        except FileNotFoundError:
+            return False, "a file vanished during the scan"
+        except (Refused, ValueError) as exc:
+            return False, str(exc)
+        except OSError as exc:
+            return False, f"cannot read: {why(exc)}"
+        finally:
+            os.close(dfd)
+        if not files:
+            return False, "empty directory"
+        if fmt == "deepspeed" and not any(f.endswith("model_states.pt") for f in files):
+            return False, "no *model_states.pt: not a DeepSpeed checkpoint"
+        if fmt == "megatron" and not any(
+            f.endswith(".pt") or f in (".metadata", "metadata.json") for f in files
+        ):
+            return False, "no model files"
+        return True, "all shards present"
+
+    def has(self, rel: tuple[str, ...], name: str) -> bool:
+        try:
+            st = lstat_rel(self.rootfd, (*rel, name))
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode)
+
+    # ---- framework pointers
+    def pointer(self, names: dict[str, Entry], fname: str, fmt: str) -> tuple[str, int] | None:
+        """(pointed-to name, its step) from a pointer file, and a candidate for it."""
+        e = names.get(fname)
+        if e is None or e.is_link or e.is_dir:
+            return None  # a link named `latest` is an ordinary link, handled with the others
+        try:
+            raw = read_capped(self.rootfd, fname, POINTER_CAP)
+        except (Refused, OSError) as exc:
+            msg = str(exc) if isinstance(exc, Refused) else why(exc)
+            self.skip(f"{fname}: {msg}" if isinstance(exc, OSError) else msg)
+            return None
+        text = os.fsdecode(raw.strip())
+        if fmt == "megatron":
+            n = ascii_int(text)
+            if text == "release":
+                name, step = "release", -1
+            elif n is None:
+                self.skip(f"{fname} holds {text[:40]!r}: not a number of at most 12 ASCII digits")
+                return None
             else:
-                step = _step(p.stem) if p.stem != "last" else 10**12 + int(p.stat().st_mtime)
-                out.append(Candidate(p, "lightning", step, True, "valid zip archive"))
-    return out
+                name, step = f"iter_{n:07d}", n
+        else:
+            name, step = text, last_number(text)
+        try:
+            check_name(name)
+        except Refused:
+            self.skip(f"`{fname}` names {name[:80]!r}: refused (not a name inside the directory)")
+            return None
+        p = self.path((name,))
+        try:
+            st = lstat_rel(self.rootfd, (name,))
+        except OSError:
+            self.out.candidates.append(
+                Candidate(p, fmt, step, False, f"`{fname}` names {name!r}, which does not exist")
+            )
+            return name, step
+        if not stat.S_ISDIR(st.st_mode):
+            self.out.candidates.append(
+                Candidate(p, fmt, step, False, f"`{fname}` names {name!r}: not a directory")
+            )
+            return name, step
+
+        def check() -> tuple[bool, str]:
+            ok, detail = self.content((name,), fmt)
+            return (
+                ok,
+                f"named by `{fname}` (written last by the framework); {detail}" if ok else detail,
+            )
+
+        self.out.candidates.append(Candidate(p, fmt, step, False, "", check))
+        return name, step
+
+    def older(
+        self, rel: tuple[str, ...], fmt: str, step: int, ptr: tuple[str, int] | None, fname: str
+    ) -> Candidate:
+        p = self.path(rel)
+        if ptr is None:
+            return Candidate(p, fmt, step, False, f"no `{fname}` names it")
+        if ptr[1] < 0 or step >= ptr[1]:
+            return Candidate(p, fmt, step, False, f"newer than `{fname}` ({ptr[0]}): not finished")
+
+        def check() -> tuple[bool, str]:
+            ok, detail = self.content(rel, fmt)
+            return ok, f"older than `{fname}` ({ptr[0]}); {detail}"
+
+        return Candidate(p, fmt, step, False, "", check)
+
+    # ---- one top-level entry
+    def classify(
+        self,
+        rel: tuple[str, ...],
+        e: Entry,
+        ds: tuple[str, int] | None,
+        mg: tuple[str, int] | None,
+    ) -> Candidate | None:
+        name = rel[-1]
+        p = self.path(rel)
+        step = last_number(name)
+        if e.is_file:
+            if not name.endswith(".ckpt"):
+                return None
+            if _TMP_RE.search(name):
+                return Candidate(p, "lightning", step, False, "temporary name")
+            if e.st.st_size == 0:
+                return Candidate(p, "lightning", step, False, "zero-size archive")
+            try:
+                d = open_rel(self.rootfd, rel[:-1])
+                try:
+                    problem = _zip_problem(d, name)
+                finally:
+                    os.close(d)
+            except (Refused, OSError) as exc:
+                problem = str(exc) if isinstance(exc, Refused) else why(exc)
+            if problem:
+                return Candidate(p, "lightning", step, False, problem)
+            if self.now - e.st.st_mtime < self.settle_s:
+                return Candidate(p, "lightning", step, False, "modified moments ago")
+            if name == "last.ckpt":
+                step = 10**12 + int(e.st.st_mtime)
+            return Candidate(p, "lightning", step, True, "valid zip archive")
+        if not e.is_dir:
+            return None
+        if _TMP_RE.search(name):
+            return Candidate(p, "generic", step, False, "temporary name: still being written")
+        if (ds is not None and name == ds[0]) or (mg is not None and name == mg[0]):
+            return None  # the pointer's own candidate
+        if name.startswith("global_step"):
+            return self.older(rel, "deepspeed", step, ds, DS_POINTER)
+        if _ITER_RE.match(name):
+            return self.older(rel, "megatron", step, mg, MG_POINTER)
+        try:
+            dfd = open_rel(self.rootfd, rel)
+            os.close(dfd)
+        except OSError as exc:
+            if _TMP_RE.search(name) or step < 0:
+                return None
+            return Candidate(p, "generic", step, False, f"cannot open: {why(exc)}")
+        if self.has(rel, ".metadata") or (
+            name.startswith("step")
+            and not any(self.has(rel, n) for n in ("trainer_state.json", MARKER))
+        ):
+            return self.with_marker(rel, "torch_dcp", step, ".metadata")
+        if name.startswith("checkpoint-"):
+            return self.with_marker(rel, "hf_trainer", step, "trainer_state.json")
+        if self.has(rel, MARKER):
+            return self.with_marker(rel, "generic", step, MARKER)
+        if step >= 0:
+            return Candidate(p, "generic", step, False, f"no completion marker ({MARKER})")
+        return None
+
+    def with_marker(self, rel: tuple[str, ...], fmt: str, step: int, need: str) -> Candidate:
+        p = self.path(rel)
+        if not self.has(rel, need):
+            return Candidate(p, fmt, step, False, f"no {need}: not finished")
+
+        def check() -> tuple[bool, str]:
+            ok, detail = self.content(rel, fmt)
+            return ok, f"{need} present; {detail}" if ok else detail
+
+        return Candidate(p, fmt, step, False, "", check)
+
+    def run(self) -> Scan:
+        try:
+            top = scan(self.rootfd, self.budget, self.out.skipped)
+            names = {e.name: e for e in top}
+            ds = self.pointer(names, DS_POINTER, "deepspeed")
+            mg = self.pointer(names, MG_POINTER, "megatron")
+            done: set[tuple[str, ...]] = set()
+            for e in top:
+                if e.name.startswith(".babysitter") or (
+                    e.name in (DS_POINTER, MG_POINTER) and not e.is_link
+                ):
+                    continue  # state dir; pointer files were read above
+                rel: tuple[str, ...] = (e.name,)
+                if e.is_link:
+                    try:
+                        rel = resolve_link(self.rootfd, self.root, (), e.name)
+                        st = lstat_rel(self.rootfd, rel)
+                    except Refused as r:
+                        self.skip(str(r))
+                        continue
+                    except FileNotFoundError:
+                        self.skip(f"{e.name}: dangling link")
+                        continue
+                    except OSError as exc:
+                        self.skip(f"{e.name}: link target {why(exc)}")
+                        continue
+                    if stat.S_ISLNK(st.st_mode):
+                        self.skip(f"{e.name}: link to a link: not followed")
+                        continue
+                    if len(rel) == 1 and rel[0] in names:
+                        continue  # the target is a candidate of its own
+                    e = Entry(rel[-1], st)
+                if rel in done:
+                    continue
+                done.add(rel)
+                c = self.classify(rel, e, ds, mg)
+                if c is not None:
+                    self.out.candidates.append(c)
+            self.check_newest_first()
+        except GaveUp as g:
+            self.out.gave_up = str(g)
+            for c in self.out.candidates:
+                if c.check is not None:
+                    c.check, c.why = None, f"not checked: {g}"
+        return self.out
+
+    def check_newest_first(self) -> None:
+        """Read the contents of candidates newest first and stop at the first complete one:
+        the cost (and the walk budget) goes to the checkpoints that can win, not to the fifty
+        older ones a run keeps."""
+        best = max((c.step for c in self.out.candidates if c.complete), default=None)
+        for c in sorted(self.out.candidates, key=lambda c: (c.step, c.path.name), reverse=True):
+            if c.check is None:
+                continue
+            if best is not None and c.step < best:
+                c.check, c.why = None, "not checked: a newer checkpoint is complete"
+                continue
+            check, c.check = c.check, None
+            c.complete, c.why = check()
+            if c.complete and (best is None or c.step > best):
+                best = c.step
+
+
+def discover(
+    root: str | Path,
+    settle_s: float = 0.0,
+    now: float | None = None,
+    budget: Budget | None = None,
+) -> Scan:
+    """Everything discovery sees under root (empty when root does not exist). Raises OSError
+    when root exists but cannot be opened."""
+    root = Path(root)
+    try:
+        rootfd = open_root(root)
+    except FileNotFoundError:
+        return Scan(root)
+    try:
+        now = time.time() if now is None else now
+        return _Scanner(root, rootfd, budget or Budget(), settle_s, now).run()
+    finally:
+        os.close(rootfd)
+
+
+def candidates(
+    root: str | Path, settle_s: float = 0.0, now: float | None = None
+) -> list[Candidate]:
+    return discover(root, settle_s, now).candidates
 
 
 def find_latest_complete(
     root: str | Path, settle_s: float = 0.0, now: float | None = None
 ) -> Choice | None:
     """The newest complete checkpoint under root, or None on a fresh start."""
-    root = Path(root)
-    cands = candidates(root, settle_s, now)
-    complete = [c for c in cands if c.complete]
-    rejected = [c for c in cands if not c.complete]
-    if not complete:
-        return None
-    best = max(complete, key=lambda c: (c.step, c.path.name))
-    newer_bad = [c for c in rejected if c.step > best.step]
-    why = f"{best.format} checkpoint at step {best.step}: {best.why}"
-    if newer_bad:
-        why += "; newer but incomplete: " + "; ".join(
-            f"{c.path.name} ({c.why})" for c in sorted(newer_bad, key=lambda c: -c.step)
-        )
-    return Choice(best.path, best.format, best.step, why, rejected)
+    return discover(root, settle_s, now).choice()
 
 
 def describe(choice: Choice | None) -> str:

@@ -8,6 +8,12 @@ Checks keep their own state between runs on `self` (counter deltas, flap windows
 instance lives as long as the agent. Checks report healthy components too (severity `ok`), so
 the controller can tell "fault gone" from "not reported".
 
+A check reads one or more *signals*, each on its own interval (`babysitter.checks.tiers`: the
+fast tier for cheap reads of job-killing faults, slower ones for the rest). The agent runs a
+check at its shortest signal interval; `begin()` tells the check which signals are due, and
+`keep()` remembers each signal's last findings so a run that reads only the fast signals still
+reports everything. A one-shot run (`babysitter check`) reads every signal.
+
 Event sources (NVML events, kmsg follow) are separate: `EventSource.start(emit)` runs a thread
 that calls `emit(findings)` as soon as something happens.
 """
@@ -20,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from babysitter.checks import tiers
 from babysitter.finding import Action, Finding, Severity
 
 if TYPE_CHECKING:
@@ -48,6 +55,59 @@ class Check:
         self.ctx = ctx
         # numbers a check wants to ship with every report (e.g. GPU utilisation), by name
         self.metrics: dict[str, object] = {}
+        self._next_due: dict[str, float] = {}
+        self._kept: dict[tuple[str, object], list[Finding]] = {}
+        self.tier = "slow"  # of the last run: "fast" when it read only fast-tier signals
+        self._intervals: dict[str, float] | None = None
+
+    # ---- signals and tiers
+    def signal_intervals(self) -> dict[str, float]:
+        """Interval of each signal this check reads (tiers table + config overrides)."""
+        if self._intervals is None:  # the config does not change while the check lives
+            self._intervals = self._signal_intervals()
+        return self._intervals
+
+    def _signal_intervals(self) -> dict[str, float]:
+        cfg = self.ctx.check_config(self.section)
+        forced = cfg.interval_s if cfg is not None and cfg.interval_s else None
+        table = tiers.table(self.name)
+        if not table:
+            return {"run": forced or self.interval_s}
+        fast = self.ctx.config.agent.fast_interval_s
+        overrides = cfg.signal_intervals if cfg is not None else {}
+        out: dict[str, float] = {}
+        for sig, v in table.items():
+            v = overrides.get(f"{self.name}/{sig}", v)
+            out[sig] = forced or (fast if v == tiers.FAST else float(v))
+        return out
+
+    def fast_signals(self) -> set[str]:
+        fast = self.ctx.config.agent.fast_interval_s
+        return {s for s, v in self.signal_intervals().items() if v <= fast}
+
+    def begin(self, now: float | None = None) -> set[str]:
+        """The signals due now (all of them on the first run); schedules their next read."""
+        now = time.monotonic() if now is None else now
+        intervals = self.signal_intervals()
+        # a little slack so a signal on a multiple of the run interval is not skipped by jitter
+        slack = 0.25 * min(intervals.values())
+        due = {s for s in intervals if now + slack >= self._next_due.get(s, 0.0)}
+        for s in due:
+            self._next_due[s] = now + intervals[s]
+        self.tier = "fast" if due <= self.fast_signals() else "slow"
+        return due
+
+    def keep(self, signal: str, key: object, findings: list[Finding]) -> None:
+        """Remember what `signal` found for `key` (a device, a port) until it is read again."""
+        self._kept[(signal, key)] = findings
+
+    def kept(self, key: object) -> list[Finding]:
+        """Everything the signals last found for `key`, in signal order."""
+        return [f for s in self.signal_intervals() for f in self._kept.get((s, key), [])]
+
+    def forget(self, key: object) -> None:
+        for k in [k for k in self._kept if k[1] == key]:
+            del self._kept[k]
 
     def supported(self) -> bool:
         """False when the hardware/software this check needs is absent (reported, not fatal)."""
@@ -58,8 +118,8 @@ class Check:
 
     # effective settings: config overrides the class defaults
     def effective_interval(self) -> float:
-        cfg = self.ctx.check_config(self.section)
-        return (cfg.interval_s if cfg and cfg.interval_s else None) or self.interval_s
+        """How often the agent runs the check: its most frequent signal."""
+        return min(self.signal_intervals().values())
 
     def effective_timeout(self) -> float:
         cfg = self.ctx.check_config(self.section)
@@ -135,42 +195,51 @@ class CheckResult:
     unknown: bool = False  # no verdict (timeout, crash)
 
 
-def run_check(check: Check, timeout_s: float | None = None) -> CheckResult:
-    """Run one check in a daemon thread and give up after its timeout.
+class TierStats:
+    """CPU seconds, NVML calls and runs per tier, for the agent's metrics (all threads)."""
 
-    A hung driver call cannot be interrupted from Python, so the thread is abandoned (daemon)
-    and the hang becomes a finding; the caller must not start the same check again while
-    `is_hung(check)` is true.
-    """
-    timeout = timeout_s if timeout_s is not None else check.effective_timeout()
-    out: dict[str, object] = {}
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cpu_s: dict[str, float] = {"fast": 0.0, "slow": 0.0}
+        self.nvml_calls: dict[str, int] = {"fast": 0, "slow": 0}
+        self.runs: dict[str, int] = {"fast": 0, "slow": 0}
 
-    def target() -> None:
-        try:
-            out["findings"] = check.run()
-        except Exception as exc:  # a check bug or bad input must not kill the run
-            out["error"] = f"{type(exc).__name__}: {exc}"
-        finally:
-            _HUNG.discard(id(check))
+    def add(self, tier: str, cpu_s: float, calls: int) -> None:
+        with self.lock:
+            self.cpu_s[tier] = self.cpu_s.get(tier, 0.0) + cpu_s
+            self.nvml_calls[tier] = self.nvml_calls.get(tier, 0) + calls
+            self.runs[tier] = self.runs.get(tier, 0) + 1
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        with self.lock:
+            return {
+                "cpu_s": {k: round(v, 6) for k, v in self.cpu_s.items()},
+                "nvml_calls": dict(self.nvml_calls),
+                "runs": dict(self.runs),
+            }
+
+
+TIER_STATS = TierStats()
+
+
+def execute(check: Check) -> CheckResult:
+    """Run a check in the calling thread: findings, or an error finding if it raised. Counts its
+    CPU time and NVML calls towards the tier of what it read."""
+    from babysitter.checks import nvml_counter
 
     start = time.monotonic()
-    _HUNG.add(id(check))
-    t = threading.Thread(target=target, name=f"check:{check.name}", daemon=True)
-    t.start()
-    t.join(timeout)
+    cpu0 = time.thread_time()
+    calls0 = nvml_counter.calls()
+    try:
+        findings = check.run()
+        err = None
+    except Exception as exc:  # a check bug or bad input must not kill the run
+        err = f"{type(exc).__name__}: {exc}"
+        findings = []
+    finally:
+        TIER_STATS.add(check.tier, time.thread_time() - cpu0, nvml_counter.calls() - calls0)
     duration = time.monotonic() - start
-    if t.is_alive():
-        f = check.finding(
-            "host",  # the check as a whole failed, not one component
-            Severity.CRITICAL,
-            "check.timeout",
-            f"check {check.name} did not finish within {timeout:g} s (hung driver or kernel call?)",
-            Action.INSPECT,
-            timeout_s=timeout,
-        )
-        return CheckResult(check.name, [f], duration, timed_out=True, unknown=True)
-    if "error" in out:
-        err = str(out["error"])
+    if err is not None:
         f = check.finding(
             "host",  # the check as a whole failed, not one component
             Severity.WARNING,
@@ -180,9 +249,45 @@ def run_check(check: Check, timeout_s: float | None = None) -> CheckResult:
             error=err[:500],
         )
         return CheckResult(check.name, [f], duration, error=err, unknown=True)
-    findings = out.get("findings") or []
-    assert isinstance(findings, list)
     return CheckResult(check.name, findings, duration)
+
+
+def timeout_result(check: Check, timeout: float, duration: float) -> CheckResult:
+    f = check.finding(
+        "host",  # the check as a whole failed, not one component
+        Severity.CRITICAL,
+        "check.timeout",
+        f"check {check.name} did not finish within {timeout:g} s (hung driver or kernel call?)",
+        Action.INSPECT,
+        timeout_s=timeout,
+    )
+    return CheckResult(check.name, [f], duration, timed_out=True, unknown=True)
+
+
+def run_check(check: Check, timeout_s: float | None = None) -> CheckResult:
+    """Run one check in a daemon thread and give up after its timeout.
+
+    A hung driver call cannot be interrupted from Python, so the thread is abandoned (daemon)
+    and the hang becomes a finding; the caller must not start the same check again while
+    `is_hung(check)` is true.
+    """
+    timeout = timeout_s if timeout_s is not None else check.effective_timeout()
+    out: list[CheckResult] = []
+
+    def target() -> None:
+        try:
+            out.append(execute(check))
+        finally:
+            _HUNG.discard(id(check))
+
+    start = time.monotonic()
+    _HUNG.add(id(check))
+    t = threading.Thread(target=target, name=f"check:{check.name}", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive() or not out:
+        return timeout_result(check, timeout, time.monotonic() - start)
+    return out[0]
 
 
 _HUNG: set[int] = set()
@@ -190,6 +295,14 @@ _HUNG: set[int] = set()
 
 def is_hung(check: Check) -> bool:
     return id(check) in _HUNG
+
+
+def mark_hung(check: Check, hung: bool) -> None:
+    """For callers that run checks in their own threads (the agent)."""
+    if hung:
+        _HUNG.add(id(check))
+    else:
+        _HUNG.discard(id(check))
 
 
 def run_checks(checks: list[Check]) -> list[CheckResult]:

@@ -41,31 +41,46 @@ class GpuCheck(Check):
     def thresholds(self, dev: Device) -> dict[str, float]:
         return thresholds_for(dev.name, self.cfg.profile, self.cfg.thresholds)
 
+    # a GPU lost since this list was read fails its own reads: gpu.presence reports it
+    DEVICE_LIST_MAX_AGE_S = 5.0
+
     def run(self) -> list[Finding]:
+        due = self.begin()
         try:
-            devs, _lost = nvml.devices()
+            devs, lost = nvml.devices(self.DEVICE_LIST_MAX_AGE_S)
         except nvml.NvmlUnavailable:
             return []  # gpu.presence reports the driver problem once
+        for gone in lost:
+            self.forget(gone.index)
         out: list[Finding] = []
         for dev in devs:
             try:
-                found = self.check_device(dev)
+                for sig in sorted(due):
+                    self.keep(sig, dev.index, self.read(sig, dev))
             except pynvml.NVMLError_GPUIsLost:
+                self.forget(dev.index)
                 continue  # fell off the bus between calls: gpu.presence reports it
             except pynvml.NVMLError as exc:
-                found = [
-                    self.finding(
-                        dev.component,
-                        Severity.WARNING,
-                        f"{self.code_prefix}.nvml_error",
-                        f"{dev.label}: NVML error reading {self.name}: {exc}",
-                        Action.INSPECT,
-                        **dev.ids(),
-                        nvml_error=exc.value,
-                    )
-                ]
-            out.extend(found or [self.ok(dev)])
+                self.keep(
+                    sig,
+                    dev.index,
+                    [
+                        self.finding(
+                            dev.component,
+                            Severity.WARNING,
+                            f"{self.code_prefix}.nvml_error",
+                            f"{dev.label}: NVML error reading {self.name}: {exc}",
+                            Action.INSPECT,
+                            **dev.ids(),
+                            nvml_error=exc.value,
+                        )
+                    ],
+                )
+            out.extend(self.kept(dev.index) or [self.ok(dev)])
         return out
+
+    def read(self, signal: str, dev: Device) -> list[Finding]:
+        raise NotImplementedError
 
     code_prefix = "gpu"
 
@@ -73,9 +88,6 @@ class GpuCheck(Check):
         return self.finding(
             dev.component, Severity.OK, f"{self.code_prefix}.ok", f"{dev.label}: ok", **dev.ids()
         )
-
-    def check_device(self, dev: Device) -> list[Finding]:
-        raise NotImplementedError
 
 
 @register
@@ -88,6 +100,7 @@ class GpuPresenceCheck(Check):
     timeout_s = 10.0
 
     def run(self) -> list[Finding]:
+        self.begin()  # one signal ("handles"), read on every run
         cfg = self.ctx.config.checks.gpu
         try:
             devs, lost = nvml.devices()
@@ -151,7 +164,11 @@ class GpuMemoryCheck(GpuCheck):
     interval_s = 60.0
     code_prefix = "memory"
 
-    def check_device(self, dev: Device) -> list[Finding]:
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self._dbe_volatile: dict[int, int] = {}
+
+    def read(self, signal: str, dev: Device) -> list[Finding]:
         t = self.thresholds(dev)
         h = dev.handle
         out: list[Finding] = []
@@ -163,103 +180,111 @@ class GpuMemoryCheck(GpuCheck):
                 )
             )
 
-        dbe_v = call(
-            pynvml.nvmlDeviceGetTotalEccErrors,
-            h,
-            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-            pynvml.NVML_VOLATILE_ECC,
-        )
-        if dbe_v is not NOT_SUPPORTED and dbe_v > t["dbe_volatile_max"]:
-            f(
-                Severity.CRITICAL,
-                "ecc.dbe.volatile",
-                f"{dbe_v} volatile uncorrected ECC error{'s' if dbe_v != 1 else ''}",
-                Action.RESET_GPU,
-                count=dbe_v,
+        if signal == "dbe_volatile":
+            dbe_v = call(
+                pynvml.nvmlDeviceGetTotalEccErrors,
+                h,
+                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                pynvml.NVML_VOLATILE_ECC,
             )
-        dbe_a = call(
-            pynvml.nvmlDeviceGetTotalEccErrors,
-            h,
-            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-            pynvml.NVML_AGGREGATE_ECC,
-        )
-        if dbe_a is not NOT_SUPPORTED and dbe_a > t["dbe_aggregate_max"] and not out:
-            f(
-                Severity.WARNING,
-                "ecc.dbe.aggregate",
-                f"{dbe_a} uncorrected ECC errors over the GPU's lifetime",
-                Action.WATCH,
-                count=dbe_a,
-            )
-        sbe_v = call(
-            pynvml.nvmlDeviceGetTotalEccErrors,
-            h,
-            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-            pynvml.NVML_VOLATILE_ECC,
-        )
-        if sbe_v is not NOT_SUPPORTED and sbe_v > t["sbe_volatile_warn"]:
-            f(
-                Severity.WARNING,
-                "ecc.sbe.volatile",
-                f"{sbe_v} volatile corrected ECC errors",
-                Action.WATCH,
-                count=sbe_v,
-            )
-
-        pending = call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
-        if pending is not NOT_SUPPORTED and pending:
-            f(
-                Severity.CRITICAL,
-                "retired_pages.pending",
-                "page retirement pending (needs a GPU reset)",
-                Action.RESET_GPU,
-            )
-        retired = 0
-        for cause in (
-            pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-            pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
-        ):
-            pages = call(pynvml.nvmlDeviceGetRetiredPages, h, cause)
-            if pages is not NOT_SUPPORTED:
-                retired += len(pages)
-        if retired > t["retired_pages_max"]:
-            f(
-                Severity.CRITICAL,
-                "retired_pages.limit",
-                f"{retired} retired pages (limit {int(t['retired_pages_max']) + 1})",
-                Action.INSPECT,
-                count=retired,
-            )
-
-        rows = call(pynvml.nvmlDeviceGetRemappedRows, h)
-        if rows is not NOT_SUPPORTED:
-            corr, unc, rpending, failure = rows
-            if failure:
+            if dbe_v is not NOT_SUPPORTED:
+                self._dbe_volatile[dev.index] = dbe_v
+            if dbe_v is not NOT_SUPPORTED and dbe_v > t["dbe_volatile_max"]:
                 f(
                     Severity.CRITICAL,
-                    "row_remap.failed",
-                    "row remapping failed: the GPU needs hardware inspection",
-                    Action.INSPECT,
-                    correctable=corr,
-                    uncorrectable=unc,
-                )
-            if rpending:
-                f(
-                    Severity.CRITICAL,
-                    "row_remap.pending",
-                    "row remapping pending (needs a GPU reset)",
+                    "ecc.dbe.volatile",
+                    f"{dbe_v} volatile uncorrected ECC error{'s' if dbe_v != 1 else ''}",
                     Action.RESET_GPU,
-                    correctable=corr,
-                    uncorrectable=unc,
+                    count=dbe_v,
                 )
-            if unc > t["remap_uncorrectable_max"]:
+        elif signal == "dbe_aggregate":
+            dbe_a = call(
+                pynvml.nvmlDeviceGetTotalEccErrors,
+                h,
+                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                pynvml.NVML_AGGREGATE_ECC,
+            )
+            # history only matters when nothing is wrong now (a volatile DBE says more)
+            fresh = self._dbe_volatile.get(dev.index, 0) <= t["dbe_volatile_max"]
+            if dbe_a is not NOT_SUPPORTED and dbe_a > t["dbe_aggregate_max"] and fresh:
+                f(
+                    Severity.WARNING,
+                    "ecc.dbe.aggregate",
+                    f"{dbe_a} uncorrected ECC errors over the GPU's lifetime",
+                    Action.WATCH,
+                    count=dbe_a,
+                )
+        elif signal == "sbe_volatile":
+            sbe_v = call(
+                pynvml.nvmlDeviceGetTotalEccErrors,
+                h,
+                pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                pynvml.NVML_VOLATILE_ECC,
+            )
+            if sbe_v is not NOT_SUPPORTED and sbe_v > t["sbe_volatile_warn"]:
+                f(
+                    Severity.WARNING,
+                    "ecc.sbe.volatile",
+                    f"{sbe_v} volatile corrected ECC errors",
+                    Action.WATCH,
+                    count=sbe_v,
+                )
+        elif signal == "retired_pending":
+            pending = call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
+            if pending is not NOT_SUPPORTED and pending:
                 f(
                     Severity.CRITICAL,
-                    "row_remap.limit",
-                    f"{unc} rows remapped for uncorrectable errors",
-                    Action.INSPECT,
-                    uncorrectable=unc,
+                    "retired_pages.pending",
+                    "page retirement pending (needs a GPU reset)",
+                    Action.RESET_GPU,
                 )
+        elif signal == "retired_pages":
+            retired = 0
+            for cause in (
+                pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+                pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+            ):
+                pages = call(pynvml.nvmlDeviceGetRetiredPages, h, cause)
+                if pages is not NOT_SUPPORTED:
+                    retired += len(pages)
+            if retired > t["retired_pages_max"]:
+                f(
+                    Severity.CRITICAL,
+                    "retired_pages.limit",
+                    f"{retired} retired pages (limit {int(t['retired_pages_max']) + 1})",
+                    Action.INSPECT,
+                    count=retired,
+                )
+        elif signal == "row_remap":
+            rows = call(pynvml.nvmlDeviceGetRemappedRows, h)
+            if rows is not NOT_SUPPORTED:
+                corr, unc, rpending, failure = rows
+                if failure:
+                    f(
+                        Severity.CRITICAL,
+                        "row_remap.failed",
+                        "row remapping failed: the GPU needs hardware inspection",
+                        Action.INSPECT,
+                        correctable=corr,
+                        uncorrectable=unc,
+                    )
+                if rpending:
+                    f(
+                        Severity.CRITICAL,
+                        "row_remap.pending",
+                        "row remapping pending (needs a GPU reset)",
+                        Action.RESET_GPU,
+                        correctable=corr,
+                        uncorrectable=unc,
+                    )
+                if unc > t["remap_uncorrectable_max"]:
+                    f(
+                        Severity.CRITICAL,
+                        "row_remap.limit",
+                        f"{unc} rows remapped for uncorrectable errors",
+                        Action.INSPECT,
+                        uncorrectable=unc,
+                    )
         return out
 
 
@@ -274,11 +299,20 @@ class GpuNvlinkCheck(GpuCheck):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self._last: dict[tuple[str, int, int], int] = {}
+        self._active: dict[int, list[int]] = {}  # active links per GPU, from the last state read
 
-    def check_device(self, dev: Device) -> list[Finding]:
+    def read(self, signal: str, dev: Device) -> list[Finding]:
+        if signal == "state":
+            return self._state(dev)
+        if dev.index not in self._active:
+            self._state(dev)
+        return self._errors(dev)
+
+    def _state(self, dev: Device) -> list[Finding]:
         t = self.thresholds(dev)
         out: list[Finding] = []
         expected = int(t.get("expected_nvlinks", 0))
+        active_links: list[int] = []
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
             try:
                 active = call(pynvml.nvmlDeviceGetNvLinkState, dev.handle, link)
@@ -286,21 +320,28 @@ class GpuNvlinkCheck(GpuCheck):
                 break  # past the last link of this board
             if active is NOT_SUPPORTED:
                 break
-            comp = f"nvlink:{dev.component}/{link}"
-            if not active:
-                sev = Severity.CRITICAL if link < expected or not expected else Severity.WARNING
-                out.append(
-                    self.finding(
-                        comp,
-                        sev,
-                        "nvlink.inactive",
-                        f"{dev.label}: NVLink {link} is inactive",
-                        Action.RESET_GPU,
-                        link=link,
-                        **dev.ids(),
-                    )
-                )
+            if active:
+                active_links.append(link)
                 continue
+            sev = Severity.CRITICAL if link < expected or not expected else Severity.WARNING
+            out.append(
+                self.finding(
+                    f"nvlink:{dev.component}/{link}",
+                    sev,
+                    "nvlink.inactive",
+                    f"{dev.label}: NVLink {link} is inactive",
+                    Action.RESET_GPU,
+                    link=link,
+                    **dev.ids(),
+                )
+            )
+        self._active[dev.index] = active_links
+        return out
+
+    def _errors(self, dev: Device) -> list[Finding]:
+        t = self.thresholds(dev)
+        out: list[Finding] = []
+        for link in self._active.get(dev.index, []):
             for counter in range(4):  # replay, recovery, CRC flit, CRC data
                 v = call(pynvml.nvmlDeviceGetNvLinkErrorCounter, dev.handle, link, counter)
                 if v is NOT_SUPPORTED:
@@ -311,7 +352,7 @@ class GpuNvlinkCheck(GpuCheck):
                 if prev is not None and v - prev > t["nvlink_error_delta_warn"]:
                     out.append(
                         self.finding(
-                            comp,
+                            f"nvlink:{dev.component}/{link}",
                             Severity.WARNING,
                             "nvlink.errors",
                             f"{dev.label}: NVLink {link} error counter {counter} "
@@ -334,46 +375,47 @@ class GpuPcieCheck(GpuCheck):
     interval_s = 300.0
     code_prefix = "pcie"
 
-    def check_device(self, dev: Device) -> list[Finding]:
+    def read(self, signal: str, dev: Device) -> list[Finding]:
         t = self.thresholds(dev)
         h = dev.handle
-        width = call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)
-        width_max = call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h)
-        gen = call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)
-        gen_max = call(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h)
         out: list[Finding] = []
-        if (
-            NOT_SUPPORTED not in (width, width_max)
-            and width_max
-            and (width < width_max * t["pcie_width_min_fraction"])
-        ):
-            out.append(
-                self.finding(
-                    dev.component,
-                    Severity.WARNING,
-                    "pcie.width_degraded",
-                    f"{dev.label}: PCIe link x{width} of x{width_max}",
-                    Action.INSPECT,
-                    width=width,
-                    width_max=width_max,
-                    gen=gen if gen is not NOT_SUPPORTED else None,
-                    **dev.ids(),
+        if signal == "width":
+            width = call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)
+            width_max = call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h)
+            if (
+                NOT_SUPPORTED not in (width, width_max)
+                and width_max
+                and (width < width_max * t["pcie_width_min_fraction"])
+            ):
+                out.append(
+                    self.finding(
+                        dev.component,
+                        Severity.WARNING,
+                        "pcie.width_degraded",
+                        f"{dev.label}: PCIe link x{width} of x{width_max}",
+                        Action.INSPECT,
+                        width=width,
+                        width_max=width_max,
+                        **dev.ids(),
+                    )
                 )
-            )
-        if NOT_SUPPORTED not in (gen, gen_max) and gen < gen_max:
-            # idle GPUs drop their PCIe generation to save power: informational only
-            out.append(
-                self.finding(
-                    dev.component,
-                    Severity.INFO,
-                    "pcie.gen_below_max",
-                    f"{dev.label}: PCIe gen {gen} of {gen_max}",
-                    Action.NONE,
-                    gen=gen,
-                    gen_max=gen_max,
-                    **dev.ids(),
+        elif signal == "generation":
+            gen = call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)
+            gen_max = call(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h)
+            if NOT_SUPPORTED not in (gen, gen_max) and gen < gen_max:
+                # idle GPUs drop their PCIe generation to save power: informational only
+                out.append(
+                    self.finding(
+                        dev.component,
+                        Severity.INFO,
+                        "pcie.gen_below_max",
+                        f"{dev.label}: PCIe gen {gen} of {gen_max}",
+                        Action.NONE,
+                        gen=gen,
+                        gen_max=gen_max,
+                        **dev.ids(),
+                    )
                 )
-            )
         return out
 
 
@@ -385,7 +427,7 @@ class GpuThermalCheck(GpuCheck):
     interval_s = 30.0
     code_prefix = "thermal"
 
-    def check_device(self, dev: Device) -> list[Finding]:
+    def read(self, signal: str, dev: Device) -> list[Finding]:
         t = self.thresholds(dev)
         h = dev.handle
         out: list[Finding] = []

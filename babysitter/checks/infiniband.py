@@ -10,6 +10,7 @@ port going down then back; 3 within the window make the port unhealthy, sticky f
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable
@@ -49,6 +50,20 @@ def _read(p: Path) -> str | None:
         return p.read_text(errors="replace").strip()[:200]
     except OSError:
         return None
+
+
+def _read_small(path: str) -> str | None:
+    """One small sysfs file (fast tier: plain os calls, no Path objects)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 200).decode(errors="replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def parse_state(text: str | None) -> str:
@@ -94,6 +109,8 @@ class InfinibandCheck(Check):
         super().__init__(*a, **kw)
         self.clock = clock or time.monotonic
         self.ports: dict[str, PortState] = {}
+        self._found: list[tuple[str, int, Path]] | None = None
+        self._rates: list[float | None] = []
 
     @property
     def cfg(self) -> InfinibandCheckConfig:
@@ -114,10 +131,7 @@ class InfinibandCheck(Check):
             rate = self.cfg.expected_rate_gbps
         return ports, rate
 
-    def run(self) -> list[Finding]:
-        now = self.clock()
-        want_ports, want_rate = self.expected()
-        out: list[Finding] = []
+    def _ports(self) -> list[tuple[str, int, Path]]:
         found: list[tuple[str, int, Path]] = []
         if self.root.is_dir():
             for dev in sorted(self.root.iterdir()):
@@ -127,16 +141,31 @@ class InfinibandCheck(Check):
                 for p in sorted(pdir.iterdir(), key=lambda x: x.name):
                     if p.name.isdigit():
                         found.append((dev.name, int(p.name), p))
-        active = 0
-        rates = [parse_rate(_read(pd / "rate")) for _, _, pd in found]
+        return found
+
+    def run(self) -> list[Finding]:
+        now = self.clock()
+        due = self.begin(now)
+        want_ports, want_rate = self.expected()
+        out: list[Finding] = []
+        if "counters" in due or self._found is None:
+            # the port list changes only with hardware or a driver reload: slow tier
+            self._found = self._ports()
+            self._rates = [parse_rate(_read(pd / "rate")) for _, _, pd in self._found]
+        found, rates = self._found, self._rates
         best = max((r for r in rates if r), default=None)
+        active = 0
         for (dev_name, port, pd), rate in zip(found, rates, strict=True):
             comp = f"ib:{dev_name}/{port}"
-            fs = self._port(comp, pd, rate, want_rate or best, now)
-            if parse_state(_read(pd / "state")) == "ACTIVE":
+            st = self.ports.setdefault(comp, PortState(at=now, last_change=now))
+            if "state" in due:
+                self.keep("state", comp, self._state(comp, pd, st, now))
+            if "counters" in due:
+                self.keep("counters", comp, self._slow(comp, pd, st, rate, want_rate or best, now))
+            if st.up:
                 active += 1
             out.extend(
-                fs
+                self.kept(comp)
                 or [
                     self.finding(comp, Severity.OK, "ib.ok", f"{comp} ACTIVE at {rate or '?'} Gb/s")
                 ]
@@ -156,13 +185,12 @@ class InfinibandCheck(Check):
             )
         return out
 
-    def _port(
-        self, comp: str, p: Path, rate: float | None, want_rate: float | None, now: float
-    ) -> list[Finding]:
-        st = self.ports.setdefault(comp, PortState(at=now, last_change=now))
+    def _state(self, comp: str, p: Path, st: PortState, now: float) -> list[Finding]:
+        """Fast tier: state + phys_state, link drops and flaps."""
         out: list[Finding] = []
-        state = parse_state(_read(p / "state"))
-        phys = parse_state(_read(p / "phys_state"))
+        base = str(p)
+        state = parse_state(_read_small(base + "/state"))
+        phys = parse_state(_read_small(base + "/phys_state"))
         up = state == "ACTIVE"
         if up != st.up:
             st.last_change = now
@@ -198,7 +226,20 @@ class InfinibandCheck(Check):
                     sticky_for_s=round(st.unhealthy_until - now),
                 )
             )
-        if up and want_rate and rate is not None and rate < want_rate:
+        return out
+
+    def _slow(
+        self,
+        comp: str,
+        p: Path,
+        st: PortState,
+        rate: float | None,
+        want_rate: float | None,
+        now: float,
+    ) -> list[Finding]:
+        """Slow tier: the link rate and the error counters."""
+        out: list[Finding] = []
+        if st.up and want_rate and rate is not None and rate < want_rate:
             out.append(
                 self.finding(
                     comp,

@@ -8,13 +8,20 @@ strings from the driver are made printable.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import pynvml
 
+from babysitter.checks import nvml_counter
+
 _lock = threading.Lock()
 _initialized = False
+# identity (name, UUID, PCI bus id) per index: read once, then only the handle lookup per call
+IDENTITY_TTL_S = 300.0
+_identity: dict[int, tuple[float, str, str, str]] = {}
+_cached: tuple[float, list[Device], list[LostDevice]] | None = None
 
 
 class NvmlUnavailable(Exception):
@@ -61,7 +68,8 @@ NOT_SUPPORTED = object()
 
 
 def call(fn: Any, *args: Any) -> Any:
-    """Call a pynvml function; NOT_SUPPORTED -> the NOT_SUPPORTED sentinel."""
+    """Call a pynvml function; NOT_SUPPORTED -> the NOT_SUPPORTED sentinel. Counted."""
+    nvml_counter.add()
     try:
         return fn(*args)
     except pynvml.NVMLError_NotSupported:
@@ -95,21 +103,35 @@ class LostDevice:
     code: int
 
 
-def devices() -> tuple[list[Device], list[LostDevice]]:
-    """All GPUs NVML reports; a GPU that is lost / fallen off the bus is listed apart."""
+def devices(max_age_s: float = 0.0) -> tuple[list[Device], list[LostDevice]]:
+    """All GPUs NVML reports; a GPU that is lost / fallen off the bus is listed apart.
+
+    The count and one handle lookup per GPU are read on every call (that is what finds a lost
+    GPU); name, UUID and PCI id are cached. `max_age_s` > 0 lets a caller that detects a lost
+    GPU by its own reads reuse a recent list instead."""
+    global _cached
+    now = time.monotonic()
+    if max_age_s > 0 and _cached is not None and now - _cached[0] <= max_age_s:
+        return list(_cached[1]), list(_cached[2])
     init()
-    n = pynvml.nvmlDeviceGetCount()
+    n = call(pynvml.nvmlDeviceGetCount)
     ok: list[Device] = []
     lost: list[LostDevice] = []
     for i in range(n):
         try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = printable(call(pynvml.nvmlDeviceGetName, h))
-            uuid = printable(call(pynvml.nvmlDeviceGetUUID, h))
-            pci_info = call(pynvml.nvmlDeviceGetPciInfo, h)
-            pci = "unknown" if pci_info is NOT_SUPPORTED else printable(pci_info.busId)
+            h = call(pynvml.nvmlDeviceGetHandleByIndex, i)
+            ident = _identity.get(i)
+            if ident is None or now - ident[0] > IDENTITY_TTL_S:
+                name = printable(call(pynvml.nvmlDeviceGetName, h))
+                uuid = printable(call(pynvml.nvmlDeviceGetUUID, h))
+                pci_info = call(pynvml.nvmlDeviceGetPciInfo, h)
+                pci = "unknown" if pci_info is NOT_SUPPORTED else printable(pci_info.busId)
+                ident = (now, name, uuid, pci)
+                _identity[i] = ident
         except pynvml.NVMLError as exc:
+            _identity.pop(i, None)  # whatever comes back after a reset is read anew
             lost.append(LostDevice(i, str(exc), exc.value))
             continue
-        ok.append(Device(i, h, name, uuid, pci))
-    return ok, lost
+        ok.append(Device(i, h, ident[1], ident[2], ident[3]))
+    _cached = (now, ok, lost)
+    return list(ok), list(lost)

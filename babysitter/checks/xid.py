@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,10 +110,7 @@ class KmsgXidCheck(Check):
                     size = path.stat().st_size
                     if size < self._offset:  # rotated / truncated: start over
                         self._offset = 0
-                    fh.seek(self._offset)
-                    data = fh.read(8 * 1024 * 1024)
-                    self._offset += len(data)
-                    new = data.decode("utf-8", "replace").splitlines()
+                    new, self._offset = read_log_lines(fh, self._offset)
                 else:  # /dev/kmsg: non-blocking reads of whole records
                     new = _read_devkmsg(fh)
         except FileNotFoundError:
@@ -159,6 +157,41 @@ class KmsgXidCheck(Check):
         ]
 
 
+CHUNK = 1024 * 1024
+MARKERS = (b"NVRM: Xid", b"GPU has fallen off the bus")
+
+
+def read_log_lines(fh: Any, offset: int, chunk: int = CHUNK) -> tuple[list[str], int]:
+    """The XID-related lines of a log file from `offset` to its last complete line, read in
+    chunks (memory bounded by one chunk and one line, whatever the log's size) without ever
+    splitting a line; returns them and the offset of the first incomplete line (read again
+    next time)."""
+    fh.seek(offset)
+    out: list[str] = []
+    carry = b""
+    carry_start = offset  # file offset where `carry` begins
+    while True:
+        data = fh.read(chunk)
+        if not data:
+            break
+        buf = carry + data
+        end = buf.rfind(b"\n")
+        if end < 0:
+            if len(buf) > MAX_LINE:  # longer than any XID line: drop its head, stay bounded
+                drop = len(buf) - MAX_LINE
+                carry, carry_start = buf[drop:], carry_start + drop
+            else:
+                carry = buf
+            continue
+        complete, carry = buf[: end + 1], buf[end + 1 :]
+        carry_start += end + 1
+        if any(m in complete for m in MARKERS):  # most chunks hold no XID: skip them whole
+            for line in complete.splitlines():
+                if any(m in line for m in MARKERS):
+                    out.append(line.decode("utf-8", "replace"))
+    return out, carry_start
+
+
 def _read_devkmsg(f: Any) -> list[str]:
     import os
 
@@ -178,16 +211,41 @@ def _read_devkmsg(f: Any) -> list[str]:
     return lines
 
 
-@register_event_source
-class NvmlXidEvents(EventSource):
-    """One thread blocked in nvmlEventSetWait_v2; each XID becomes findings at once."""
+# NVML event types that signal a fault (nvml.h), and what each becomes. XIDs go through the
+# catalog; single-bit ECC events are rate-based (a few are normal). Anything else in the mask
+# (PState, clock, power source, MIG changes) is not a fault and is not registered.
+EVENT_XID = 0x8
+EVENT_SBE = 0x1
+EVENT_FINDINGS: dict[int, tuple[str, Severity, Action, str]] = {
+    0x2: ("ecc.dbe.event", Severity.CRITICAL, Action.RESET_GPU, "uncorrectable (double-bit) ECC"),
+    0x200: ("ecc.sbe.storm", Severity.WARNING, Action.WATCH, "corrected ECC error storm"),
+    0x400: ("retirement.event", Severity.WARNING, Action.WATCH, "memory page/row retired"),
+    0x800: ("retirement.failed", Severity.CRITICAL, Action.INSPECT, "memory retirement failed"),
+    0x1000: ("poison.nonfatal", Severity.WARNING, Action.WATCH, "non-fatal poison error"),
+    0x2000: ("poison.fatal", Severity.CRITICAL, Action.RESET_GPU, "fatal poison error"),
+    0x4000: ("gpu.unavailable", Severity.CRITICAL, Action.REBOOT, "GPU unavailable"),
+    0x8000: ("gpu.recovery_action", Severity.CRITICAL, Action.RESET_GPU, "recovery required"),
+}
+FAULT_EVENTS = EVENT_XID | EVENT_SBE | sum(EVENT_FINDINGS)
+# nvmlDeviceGetGpuRecoveryAction values (eventData of 0x8000)
+_RECOVERY = {1: Action.RESET_GPU, 2: Action.REBOOT, 3: Action.DRAIN, 4: Action.RESET_GPU}
+SBE_WINDOW_S = 3600.0
 
-    name = "xid.nvml"
+
+@register_event_source
+class NvmlEvents(EventSource):
+    """One thread blocked in nvmlEventSetWait_v2, registered on every GPU for every fault event
+    type that GPU supports (NOT_SUPPORTED on a board is normal: the fast tier still polls the
+    same signal). Each event becomes findings at once."""
+
+    name = "nvml.events"
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.registered: dict[int, int] = {}  # GPU index -> event mask registered
+        self._sbe: dict[int, list[float]] = {}
 
     def supported(self) -> bool:
         try:
@@ -198,35 +256,95 @@ class NvmlXidEvents(EventSource):
 
     def start(self, emit: Callable[[list[Finding]], None]) -> None:
         self._thread = threading.Thread(
-            target=self._loop, args=(emit,), name="xid-events", daemon=True
+            target=self._loop, args=(emit,), name="nvml-events", daemon=True
         )
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread:
-            self._thread.join(timeout=2)
+            self._thread.join(timeout=1.5)
+
+    def _register(self, es: Any, dev: nvml.Device) -> int:
+        supported = nvml.call(pynvml.nvmlDeviceGetSupportedEventTypes, dev.handle)
+        if supported is nvml.NOT_SUPPORTED:
+            return 0
+        mask = int(supported) & FAULT_EVENTS
+        if not mask:
+            return 0
+        try:
+            if nvml.call(pynvml.nvmlDeviceRegisterEvents, dev.handle, mask, es) is None:
+                return mask
+        except pynvml.NVMLError:
+            pass
+        got = 0  # some boards refuse a combined mask: one type at a time
+        for bit in (1 << i for i in range(mask.bit_length())):
+            if mask & bit:
+                try:
+                    if nvml.call(pynvml.nvmlDeviceRegisterEvents, dev.handle, bit, es) is None:
+                        got |= bit
+                except pynvml.NVMLError:
+                    continue
+        return got
+
+    def finding_for(self, ev_type: int, data: int, dev: nvml.Device | None, idx: int) -> Any:
+        comp = f"gpu{idx}" if idx >= 0 else "host"
+        where = dev.label if dev else f"GPU {idx}"
+        ids = dev.ids() if dev else {}
+        if ev_type == EVENT_XID:
+            overrides = self.ctx.config.checks.xid.actions
+            return xid_finding("xid.nvml", data, overrides, comp, where, source="nvml-event", **ids)
+        if ev_type == EVENT_SBE:
+            now = time.monotonic()
+            times = [t for t in self._sbe.get(idx, []) if now - t <= SBE_WINDOW_S] + [now]
+            self._sbe[idx] = times
+            limit = self.ctx.config.checks.xid.sbe_events_per_hour_warn
+            if len(times) < limit:
+                return None
+            return Finding(
+                check="gpu.events",
+                component=comp,
+                severity=Severity.WARNING,
+                code="ecc.sbe.rate",
+                message=f"{where}: {len(times)} corrected ECC events in the last hour",
+                action=Action.WATCH,
+                details={"events": len(times), "event_type": hex(ev_type), **ids},
+            )
+        code, sev, action, what = EVENT_FINDINGS.get(
+            ev_type, ("event.unknown", Severity.WARNING, Action.INSPECT, "unknown NVML event")
+        )
+        if ev_type == 0x8000:
+            if data == 0:
+                return None  # "no recovery needed"
+            action = _RECOVERY.get(data, Action.INSPECT)
+        return Finding(
+            check="gpu.events",
+            component=comp,
+            severity=sev,
+            code=code,
+            message=f"{where}: {what} (NVML event {ev_type:#x}, data {data})",
+            action=action,
+            details={"event_type": hex(ev_type), "event_data": data, "source": "nvml-event", **ids},
+        )
 
     def _loop(self, emit: Callable[[list[Finding]], None]) -> None:
-        overrides = self.ctx.config.checks.xid.actions
         try:
             devs, _ = nvml.devices()
             es = pynvml.nvmlEventSetCreate()
-            by_uuid = {}
+            by_index = {}
             for d in devs:
                 try:
-                    pynvml.nvmlDeviceRegisterEvents(
-                        d.handle, pynvml.nvmlEventTypeXidCriticalError, es
-                    )
-                    by_uuid[d.index] = d
+                    self.registered[d.index] = self._register(es, d)
+                    by_index[d.index] = d
                 except pynvml.NVMLError as exc:
-                    log.warning("cannot register XID events on %s: %s", d.label, exc)
+                    log.warning("cannot register NVML events on %s: %s", d.label, exc)
         except (pynvml.NVMLError, nvml.NvmlUnavailable) as exc:
             log.warning("NVML events unavailable: %s", exc)
             return
         while not self._stop.is_set():
             try:
-                ev = pynvml.nvmlEventSetWait_v2(es, 500)
+                # the thread costs nothing while blocked; a stop is seen within a second
+                ev = pynvml.nvmlEventSetWait_v2(es, 1000)
             except pynvml.NVMLError_Timeout:
                 continue
             except pynvml.NVMLError as exc:
@@ -249,23 +367,13 @@ class NvmlXidEvents(EventSource):
                 idx = pynvml.nvmlDeviceGetIndex(ev.device)
             except pynvml.NVMLError:
                 idx = -1
-            found = by_uuid.get(idx)
-            comp = f"gpu{idx}" if idx >= 0 else "host"
-            where = found.label if found else f"GPU {idx}"
-            emit(
-                [
-                    xid_finding(
-                        "xid.nvml",
-                        int(ev.eventData),
-                        overrides,
-                        comp,
-                        where,
-                        source="nvml-event",
-                        **(found.ids() if found else {}),
-                    )
-                ]
-            )
+            f = self.finding_for(int(ev.eventType), int(ev.eventData), by_index.get(idx), idx)
+            if f is not None:
+                emit([f])
         try:
             pynvml.nvmlEventSetFree(es)
         except pynvml.NVMLError:
             pass
+
+
+NvmlXidEvents = NvmlEvents  # the older name

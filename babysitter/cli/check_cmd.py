@@ -7,8 +7,6 @@ resume."""
 from __future__ import annotations
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from babysitter.checks.all import select_checks
 from babysitter.checks.base import CheckContext, run_checks
@@ -16,8 +14,9 @@ from babysitter.cli.common import State, echo_json, pass_state
 from babysitter.controller.policy import HEALTHCHECK_MARK
 from babysitter.errors import UsageError
 from babysitter.finding import Finding, Severity, exit_code, worst
-from babysitter.slurm.client import SlurmError, SlurmNotOwned
 
+# As a HealthCheckProgram this runs every few minutes on every node: rich (tables) and the Slurm
+# client are imported only when used.
 _STYLE = {
     Severity.CRITICAL: "bold red",
     Severity.WARNING: "yellow",
@@ -64,6 +63,9 @@ def check(state: State, only: str, as_json: bool, slurm_drain: bool) -> int:
 
 
 def _print_table(findings: list[Finding]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     con = Console()
     problems = [f for f in findings if f.severity is not Severity.OK]
     healthy = {(f.check, f.component) for f in findings if f.severity is Severity.OK}
@@ -81,6 +83,9 @@ def _print_table(findings: list[Finding]) -> None:
 
 
 def _slurm_drain(state: State, node: str, findings: list[Finding]) -> None:
+    from rich.console import Console
+
+    from babysitter.slurm.client import SlurmError, SlurmNotOwned
     from babysitter.slurm.factory import make_client
 
     err = Console(stderr=True)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from babysitter.config import Config, load_config
+if TYPE_CHECKING:
+    from babysitter.config import Config
 
 
 class State:
@@ -20,6 +21,8 @@ class State:
     @property
     def config(self) -> Config:
         if self._config is None:
+            from babysitter.config import load_config  # pydantic: only for commands that need it
+
             self._config = load_config(self.config_path)
         return self._config
 

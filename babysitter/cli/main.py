@@ -1,5 +1,7 @@
 """Root of the `babysitter` command. Sub-commands live in their own modules, listed explicitly
-in COMMAND_MODULES; each module exposes `commands: list[click.Command]`."""
+in COMMAND_MODULES; each module exposes `commands: list[click.Command]`. A module is imported
+only when one of its commands runs (COMMANDS names them): `babysitter check` as a Slurm
+HealthCheckProgram and the agent on every node must not pay for the controller's imports."""
 
 from __future__ import annotations
 
@@ -13,6 +15,28 @@ import click
 from babysitter import __version__
 from babysitter.cli.common import State
 from babysitter.errors import BabysitterError
+
+COMMANDS: dict[str, str] = {
+    "config": "babysitter.cli.config_cmd",
+    "devcluster": "babysitter.cli.devcluster_cmd",
+    "slurm": "babysitter.cli.slurm_cmd",
+    "check": "babysitter.cli.check_cmd",
+    "controller": "babysitter.cli.daemon_cmd",
+    "agent": "babysitter.cli.daemon_cmd",
+    "token": "babysitter.cli.daemon_cmd",
+    "db": "babysitter.cli.daemon_cmd",
+    "status": "babysitter.cli.read_cmd",
+    "nodes": "babysitter.cli.read_cmd",
+    "findings": "babysitter.cli.read_cmd",
+    "jobs": "babysitter.cli.read_cmd",
+    "drain": "babysitter.cli.read_cmd",
+    "resume": "babysitter.cli.read_cmd",
+    "requeue": "babysitter.cli.read_cmd",
+    "guard": "babysitter.cli.read_cmd",
+    "resume-path": "babysitter.cli.job_cmd",
+    "demo": "babysitter.cli.demo_cmd",
+    "sdc-test": "babysitter.cli.sdc_cmd",
+}
 
 COMMAND_MODULES: list[str] = [
     "babysitter.cli.config_cmd",
@@ -28,7 +52,21 @@ COMMAND_MODULES: list[str] = [
 ]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """Imports a command's module when that command is asked for (help lists them all)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            mod = importlib.import_module(COMMANDS[cmd_name])
+            for cmd in mod.commands:
+                self.add_command(cmd)
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--config",
     "config_path",
@@ -47,14 +85,11 @@ def cli(ctx: click.Context, config_path: str | None, verbose: int) -> None:
     ctx.obj = State(config_path)
 
 
-def _register() -> None:
+def load_all_commands() -> None:
+    """Import every command module (docs, tests of the whole tree)."""
     for mod_name in COMMAND_MODULES:
-        mod = importlib.import_module(mod_name)
-        for cmd in mod.commands:
+        for cmd in importlib.import_module(mod_name).commands:
             cli.add_command(cmd)
-
-
-_register()
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -14,22 +14,20 @@ others."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-from babysitter.checkpoints import find_latest_complete, write_resume_json
+from babysitter.checkpoints import owner as ckpt_owner
 from babysitter.config import Config
 from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.store import Store
-from babysitter.job import babysit_spec
+from babysitter.job import parse_babysit_args
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmJob, SlurmNode
 
 log = logging.getLogger(__name__)
@@ -38,6 +36,7 @@ CKPT_SETTLE_S = 10.0  # marker-less formats: files this fresh may still be being
 REQUEUE_RULE = "job_on_failed_node"
 HISTORY_MAX = 50  # entries kept per job (a job failing every tick must not grow a row forever)
 HELD_REASONS = ("JobHeldAdmin", "JobHeldUser")
+HEARTBEAT_MAX = 64 * 1024
 
 
 # ---- the pure job policy
@@ -75,23 +74,26 @@ def decide_requeue(
 # ---- facts and execution
 
 
+def babysit_spec(j: SlurmJob) -> dict[str, Any] | None:
+    """The job's babysit arguments (AdminComment from the plugin, else the Comment fallback);
+    None when it did not opt in. Raises on an invalid spec, so the job's error can be shown
+    instead of the job being dropped silently."""
+    for text in (j.admin_comment, j.comment):
+        for token in (text or "").split():
+            if token == "babysit" or token.startswith("babysit="):
+                return parse_babysit_args(token)
+    return None
+
+
 def _clamp(text: str | None, n: int) -> str | None:
     return None if text is None else text[:n]
 
 
-def heartbeat_age(ckpt: str, job_id: int, now_ts: float) -> float | None:
+def heartbeat_age(ckpt: str, job_id: int, now_ts: float, user: str | None = None) -> float | None:
     """Seconds since the job's last progress signal: its heartbeat file (written by
-    babysitter.job.heartbeat), else the newest file under its checkpoint directory."""
-    hb = Path(ckpt) / ".babysitter" / f"heartbeat-{job_id}.json"
-    try:
-        return now_ts - float(json.loads(hb.read_text())["time"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    try:
-        newest = max((p.stat().st_mtime for p in Path(ckpt).rglob("*")), default=None)
-    except OSError:
-        return None
-    return None if newest is None else now_ts - newest
+    babysitter.job.heartbeat), else the newest file under its checkpoint directory. Read as
+    the job's owner `user` (None: as this process), see babysitter.checkpoints.owner."""
+    return ckpt_owner.heartbeat_age(ckpt, user, job_id, now_ts)
 
 
 class JobTracker:
@@ -102,7 +104,7 @@ class JobTracker:
         slurm: SlurmClient,
         metrics: ControllerMetrics,
         router: AlertRouter,
-        bounded: Callable[[Callable[[], Any], float], Any] | None = None,
+        bounded: Callable[[Callable[[], Any], float, str], Any] | None = None,
         item_timeout_s: float = 30.0,
     ) -> None:
         self.cfg = cfg
@@ -111,9 +113,10 @@ class JobTracker:
         self.metrics = metrics
         self.router = router
         # runs one job's work with a time limit (the engine's worker pool); inline when None
-        self.bounded = bounded or (lambda fn, _t: fn())
+        self.bounded = bounded or (lambda fn, _t, _k: fn())
         self.item_timeout_s = item_timeout_s
         self._last_scan = 0.0
+        self._hb_read: dict[int, float] = {}  # job -> monotonic time of its last heartbeat read
 
     # -- recording history and errors on the job
     def _history(self, job_id: int) -> list[dict[str, Any]]:
@@ -157,14 +160,16 @@ class JobTracker:
         down = {n for n, sn in slurm_nodes.items() if sn.down}
         for j in jobs:
             try:
-                self.bounded(partial(self._scan_one, j, down, now), self.item_timeout_s)
+                self.bounded(
+                    partial(self._scan_one, j, down, now), self.item_timeout_s, f"job {j.job_id}"
+                )
             except Exception as exc:
                 self.record_error(j.job_id, "scan", exc, now)
         self._resolve_requeue_limit_alerts({j.job_id: j for j in jobs})
 
     def _scan_one(self, j: SlurmJob, down: set[str], now: datetime) -> None:
         try:
-            spec = babysit_spec(j.admin_comment, j.comment)
+            spec = babysit_spec(j)
         except Exception as exc:
             # a babysit spec this parser chokes on: the job opted in, so show why it is not
             # babysat rather than dropping it silently
@@ -207,7 +212,7 @@ class JobTracker:
             if node not in j.nodes or not (j.running or "COMPLETING" in j.states):
                 continue
             try:
-                if babysit_spec(j.admin_comment, j.comment) is not None:
+                if babysit_spec(j) is not None:
                     out.append(j.job_id)
             except Exception:  # its error is recorded by the scan
                 continue
@@ -243,7 +248,13 @@ class JobTracker:
         return True if seen else None
 
     def _check_hang(self, j: SlurmJob, spec: dict[str, Any], now: datetime) -> None:
-        age = heartbeat_age(spec["ckpt"], j.job_id, now.timestamp())
+        # each read starts a helper process as the job's owner: at most every hang_timeout/10 s
+        if time.monotonic() - self._hb_read.get(j.job_id, -1e9) < max(
+            self.cfg.slurm.job_scan_s, spec["hang_timeout"] / 10
+        ):
+            return
+        self._hb_read[j.job_id] = time.monotonic()
+        age = heartbeat_age(spec["ckpt"], j.job_id, now.timestamp(), j.user)
         cond = f"job_hung_{j.job_id}"
         # no progress for hang_timeout AND its GPUs idle (when utilisation is known): a slow
         # step that keeps the GPUs busy is not a hang
@@ -287,7 +298,7 @@ class JobTracker:
         j = self.slurm.job(job_id)
         if not (j.running or "COMPLETING" in j.states):
             return "skipped", f"job {job_id} is {j.state or 'gone'}: nothing to requeue"
-        spec = babysit_spec(j.admin_comment, j.comment) or {}
+        spec = babysit_spec(j) or {}
         row = self._row(job_id) or {}
         history: list[dict[str, Any]] = list(row.get("history") or [])
         limit = max_requeues(spec)
@@ -300,16 +311,11 @@ class JobTracker:
         ckpt = spec.get("ckpt")
         explanation = "no checkpoint directory given: restarts from scratch"
         if ckpt:
-            try:
-                choice = find_latest_complete(ckpt, settle_s=CKPT_SETTLE_S)
-                if choice is not None:
-                    write_resume_json(ckpt, choice, j.job_id, j.restart_count + 1)
-                    resume_point = str(choice.path)
-                    explanation = choice.explanation
-                else:
-                    explanation = "no complete checkpoint yet: restarts from scratch"
-            except OSError as exc:
-                explanation = f"cannot read checkpoints in {ckpt}: {exc}"
+            # as the job's owner, in a bounded helper process: never raises
+            outcome = ckpt_owner.prepare_resume(
+                ckpt, j.user, j.job_id, j.restart_count + 1, settle_s=CKPT_SETTLE_S
+            )
+            resume_point, explanation = outcome.resume_point, outcome.explanation
         exclude = self._exclude(j, bad_nodes)
         self.slurm.requeue(j.job_id, exclude=exclude)
         self.metrics.requeues.labels("done").inc()

@@ -16,9 +16,10 @@ of the tick goes on. Work that touches job-owned files runs with a time limit.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -94,7 +95,10 @@ class RemediationEngine:
             group_threshold=cfg.alerts.group_threshold,
             sender=self.sender,
         )
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="bounded-item")
+        self._workers = 4
+        self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="bounded-item")
+        self._inflight: dict[str, Future[Any]] = {}
+        self._inflight_lock = threading.Lock()
         self.jobs = JobTracker(
             cfg, store, self.slurm, metrics, self.router, self.bounded, ITEM_TIMEOUT_S
         )
@@ -110,10 +114,19 @@ class RemediationEngine:
         self._guard_written: dict[str, Any] | None = None
 
     # ---- error boundaries
-    def bounded(self, fn: Callable[[], T], timeout_s: float) -> T:
+    def bounded(self, fn: Callable[[], T], timeout_s: float, key: str | None = None) -> T:
         """Run fn on a worker thread with a time limit. A call that overruns keeps its thread
-        (Python cannot kill it) but the loop moves on and the item records the time-out."""
-        fut = self._pool.submit(fn)
+        (Python cannot kill it) but the loop moves on and the item records the time-out; the
+        same item (key) is not started again while its last call still runs, and with every
+        worker stuck new items fail at once instead of each waiting out its limit."""
+        with self._inflight_lock:
+            self._inflight = {k: f for k, f in self._inflight.items() if not f.done()}
+            if key is not None and key in self._inflight:
+                raise TimeoutError("its previous run is still stuck")
+            if len(self._inflight) >= self._workers:
+                raise TimeoutError(f"all {self._workers} workers are stuck in other items")
+            fut = self._pool.submit(fn)
+            self._inflight[key or f"anon-{id(fut)}"] = fut
         try:
             return fut.result(timeout=timeout_s)
         except FutureTimeout:
@@ -178,9 +191,10 @@ class RemediationEngine:
         for f in self.store.findings(
             since=now - timedelta(hours=24), severity="critical", limit=10_000
         ):
-            if f["code"].startswith("xid.") and f["code"][4:].isdigit():
+            code = str(f["code"])
+            if code.startswith("xid.") and code[4:].isascii() and code[4:].isdigit():
                 xids.setdefault(f["node"], []).append(
-                    (f["component"], int(f["code"][4:]), f["observed_at"])
+                    (f["component"], int(code[4:12]), f["observed_at"])
                 )
         validations = summarise(actions)
         prefix = self.cfg.slurm.reason_prefix
@@ -621,7 +635,9 @@ class RemediationEngine:
             elif kind == "requeue" and job_id and a.get("rule") == REQUEUE_RULE:
                 bad = [n for n in (node or "").split(",") if n]
                 status, outcome = self.bounded(
-                    lambda: self.jobs.execute_requeue(job_id, bad, reason, now), ITEM_TIMEOUT_S
+                    lambda: self.jobs.execute_requeue(job_id, bad, reason, now),
+                    ITEM_TIMEOUT_S,
+                    key=f"job {job_id}",
                 )
             elif kind == "requeue" and job_id:
                 self.slurm.requeue(job_id)

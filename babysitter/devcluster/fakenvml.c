@@ -17,7 +17,15 @@
  *                                    clocks_event_reasons power_mw
  *   gpuN.err.<function>=<nvmlReturn> that function fails on that GPU (e.g. 3 NOT_SUPPORTED)
  *   delay.<function>=<seconds>       that function sleeps first (a hung driver)
- *   event.<seq>=<gpu>,<xid>          an XID event; seen by event sets registered before it
+ *   gpuN.event_types=<mask>          nvmlDeviceGetSupportedEventTypes (default 0xc1f: SBE, DBE,
+ *                                    PState, XID, clock, DRAM retirement event/failure); registering
+ *                                    a type outside the mask is NOT_SUPPORTED, as on real boards
+ *   event.<seq>=<gpu>,<data>[,<type>] an event (type default 0x8 XID critical, data = the XID);
+ *                                    seen by event sets registered for that type before it
+ *
+ * Call counting: with $FAKE_NVML_CALLS set, the number of calls per NVML function is written
+ * there (`<function> <count>` lines, atomically) at most once a second and at unload, so a
+ * benchmark can tell how many driver calls an agent makes.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -28,6 +36,9 @@
 #include <time.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <poll.h>
+#include <sys/inotify.h>
+#include <libgen.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -62,9 +73,51 @@ typedef struct {
 _Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t (v2) must be 32 bytes");
 
 typedef struct {
-    unsigned long long registered;  /* bitmask of GPUs */
+    unsigned long long types[MAX_GPUS];  /* event types registered per GPU */
     long last_seq;
 } fake_event_set;
+
+#define DEFAULT_EVENT_TYPES 0xc1fULL
+
+/* ---- call counting (names are string literals: compared by pointer first) */
+#define MAX_FNS 128
+static const char *fn_names[MAX_FNS];
+static unsigned long long fn_counts[MAX_FNS];
+static int nfns;
+static time_t last_dump;
+static pthread_mutex_t count_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void dump_counts_locked(void) {
+    const char *path = getenv("FAKE_NVML_CALLS");
+    if (!path) return;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    for (int i = 0; i < nfns; i++) fprintf(f, "%s %llu\n", fn_names[i], fn_counts[i]);
+    fclose(f);
+    rename(tmp, path);
+}
+
+static void count_call(const char *fn) {
+    pthread_mutex_lock(&count_lock);
+    int i;
+    for (i = 0; i < nfns; i++)
+        if (fn_names[i] == fn || strcmp(fn_names[i], fn) == 0) break;
+    if (i == nfns && nfns < MAX_FNS) fn_names[nfns++] = fn;
+    if (i < MAX_FNS) fn_counts[i]++;
+    if (getenv("FAKE_NVML_CALLS")) {
+        time_t now = time(NULL);
+        if (now != last_dump) { last_dump = now; dump_counts_locked(); }
+    }
+    pthread_mutex_unlock(&count_lock);
+}
+
+__attribute__((destructor)) static void dump_at_exit(void) {
+    pthread_mutex_lock(&count_lock);
+    dump_counts_locked();
+    pthread_mutex_unlock(&count_lock);
+}
 
 static fake_device devices[MAX_GPUS];
 static char keys[MAX_KV][64];
@@ -129,6 +182,7 @@ static int count(void) {
 /* common prologue for every call: reload state, apply delay and injected errors */
 static nvmlReturn_t enter(const char *fn, int gpu) {
     char k[128];
+    count_call(fn);
     pthread_mutex_lock(&lock);
     load_state();
     snprintf(k, sizeof k, "delay.%s", fn);
@@ -475,54 +529,89 @@ nvmlReturn_t nvmlEventSetCreate(void **set) {
     *set = s;
     return NVML_SUCCESS;
 }
+static unsigned long long supported_types(int gpu) {
+    const char *v = gget(gpu, "event_types");
+    return v ? strtoull(v, NULL, 0) : DEFAULT_EVENT_TYPES;
+}
 nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *device, unsigned long long *types) {
     DEVICE_ENTER("nvmlDeviceGetSupportedEventTypes");
-    *types = 0x8ULL | 0x4ULL | 0x2ULL;  /* XID critical, DBE, SBE... */
+    if (!types) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    *types = supported_types(gpu);
+    pthread_mutex_unlock(&lock);
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceRegisterEvents(void *device, unsigned long long types, void *set) {
     DEVICE_ENTER("nvmlDeviceRegisterEvents");
-    (void)types;
     if (!set) return NVML_ERROR_INVALID_ARGUMENT;
     fake_event_set *s = set;
     pthread_mutex_lock(&lock);
-    s->registered |= 1ULL << gpu;
+    unsigned long long ok = supported_types(gpu);
+    if (types & ~ok) { pthread_mutex_unlock(&lock); return NVML_ERROR_NOT_SUPPORTED; }
+    s->types[gpu] |= types;
     pthread_mutex_unlock(&lock);
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned int timeoutms) {
+    count_call("nvmlEventSetWait_v2");
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
     fake_event_set *s = set;
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
+    /* Block on inotify (the state file is replaced by rename) instead of polling: a real driver
+     * blocks in the kernel, and a polling fake would bill its own CPU to the agent. */
+    int ino = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    const char *path = getenv("FAKE_NVML_STATE");
+    if (ino >= 0 && path) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", path);
+        if (inotify_add_watch(ino, dirname(dir), IN_MOVED_TO | IN_CLOSE_WRITE | IN_CREATE) < 0) {
+            close(ino);
+            ino = -1;
+        }
+    }
     for (;;) {
         pthread_mutex_lock(&lock);
         load_state();
-        long best = -1; int best_gpu = -1; long long best_xid = 0;
+        long best = -1; int best_gpu = -1; long long best_data = 0;
+        unsigned long long best_type = 0;
         for (int i = 0; i < nkv; i++) {
             if (strncmp(keys[i], "event.", 6) != 0) continue;
             long seq = atol(keys[i] + 6);
-            int g = -1; long long xid = 0;
-            if (sscanf(vals[i], "%d,%lld", &g, &xid) != 2) continue;
+            int g = -1; long long ev_data = 0; unsigned long long type = 0x8ULL;
+            int n = sscanf(vals[i], "%d,%lld,%lli", &g, &ev_data, (long long *)&type);
+            if (n < 2) continue;
             if (seq <= s->last_seq || g < 0 || g >= MAX_GPUS) continue;
-            if (!(s->registered & (1ULL << g))) continue;
-            if (best < 0 || seq < best) { best = seq; best_gpu = g; best_xid = xid; }
+            if (!(s->types[g] & type)) continue;
+            if (best < 0 || seq < best) {
+                best = seq; best_gpu = g; best_data = ev_data; best_type = type;
+            }
         }
         if (best >= 0) {
             s->last_seq = best;
             pthread_mutex_unlock(&lock);
+            if (ino >= 0) close(ino);
             memset(data, 0, sizeof *data);
             data->device = &devices[best_gpu];
-            data->eventType = 0x8ULL;  /* nvmlEventTypeXidCriticalError */
-            data->eventData = (unsigned long long)best_xid;
+            data->eventType = best_type;
+            data->eventData = (unsigned long long)best_data;
             return NVML_SUCCESS;
         }
         pthread_mutex_unlock(&lock);
         clock_gettime(CLOCK_MONOTONIC, &now);
         double ms = (now.tv_sec - start.tv_sec) * 1e3 + (now.tv_nsec - start.tv_nsec) / 1e6;
-        if (ms >= timeoutms) return NVML_ERROR_TIMEOUT;
-        usleep(10000);
+        if (ms >= timeoutms) { if (ino >= 0) close(ino); return NVML_ERROR_TIMEOUT; }
+        if (ino >= 0) {
+            struct pollfd pfd = { .fd = ino, .events = POLLIN };
+            int left = (int)(timeoutms - ms) + 1;
+            if (poll(&pfd, 1, left > 0 ? left : 1) > 0) {
+                char buf[4096];
+                while (read(ino, buf, sizeof buf) > 0) {}
+            }
+        } else {
+            usleep(10000);
+        }
     }
 }
 nvmlReturn_t nvmlEventSetFree(void *set) {

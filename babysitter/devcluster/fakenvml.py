@@ -17,6 +17,13 @@ from pathlib import Path
 SOURCE = Path(str(files("babysitter.devcluster") / "fakenvml.c"))
 DEFAULT_CACHE = Path(os.environ.get("BABYSITTER_FAKENVML_CACHE", "/tmp/babysitter-fakenvml"))
 ENV_STATE = "FAKE_NVML_STATE"
+ENV_CALLS = "FAKE_NVML_CALLS"  # where the fake writes its per-function call counts
+
+# NVML event types (nvml.h) tests inject
+EVENT_SBE = 0x1
+EVENT_DBE = 0x2
+EVENT_XID = 0x8
+EVENT_DRAM_RETIREMENT_FAILURE = 0x800
 
 # nvmlReturn_t values tests inject
 NOT_SUPPORTED = 3
@@ -102,10 +109,18 @@ class FakeGpus:
 
     def xid(self, gpu: int, xid: int) -> FakeGpus:
         """An XID event, seen by event sets registered before it."""
+        return self.event(gpu, EVENT_XID, xid)
+
+    def event(self, gpu: int, event_type: int, data: int = 0) -> FakeGpus:
+        """Any NVML event (EVENT_DBE, ...), seen by event sets registered for it before it."""
         self._seq += 1
-        self.events.append((gpu, xid))
-        self.fields[f"event.{self._seq}"] = f"{gpu},{xid}"
+        self.events.append((gpu, data))
+        self.fields[f"event.{self._seq}"] = f"{gpu},{data},{event_type:#x}"
         return self.write()
+
+    def supported_events(self, gpu: int, mask: int | None) -> FakeGpus:
+        """What nvmlDeviceGetSupportedEventTypes says for this GPU (None: the default)."""
+        return self.set(gpu, event_types=None if mask is None else hex(mask))
 
     def write(self) -> FakeGpus:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,10 +131,28 @@ class FakeGpus:
         os.replace(tmp, self.path)  # readers never see a torn file
         return self
 
-    def env(self, lib_dir: Path) -> dict[str, str]:
-        """Environment for a subprocess (agent, `babysitter check`) using these GPUs."""
+    def env(self, lib_dir: Path, calls: Path | None = None) -> dict[str, str]:
+        """Environment for a subprocess (agent, `babysitter check`) using these GPUs; with
+        `calls`, the fake writes its NVML call counts there (see `read_calls`)."""
         ld = os.environ.get("LD_LIBRARY_PATH", "")
-        return {
+        env = {
             ENV_STATE: str(self.path),
             "LD_LIBRARY_PATH": f"{lib_dir}:{ld}" if ld else str(lib_dir),
         }
+        if calls is not None:
+            env[ENV_CALLS] = str(calls)
+        return env
+
+
+def read_calls(path: Path) -> dict[str, int]:
+    """The fake's call counts per NVML function ({} before its first dump)."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return {}
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, n = line.partition(" ")
+        if n.isdigit():
+            out[name] = int(n)
+    return out

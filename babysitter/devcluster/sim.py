@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,8 @@ class SimCluster:
                 "interval_s": self.agent_interval_s,
                 "request_timeout_s": 2,
                 "sysfs_root": str(d / "sysfs"),
+                # a simulated reboot writes a new boot id: the agent forgets event findings
+                "boot_id_path": str(d / "boot_id"),
             },
             "slurm": self.slurm_section(),
             "checks.gpu": {"expected_count": 8, "interval_s": self.check_interval_s},
@@ -216,6 +219,7 @@ class SimCluster:
         write_private(d / "node.token", node_token(secret, node))
         kmsg = d / "kmsg"
         kmsg.touch()
+        (d / "boot_id").write_text(str(uuid.uuid4()))
         cfg = d / "agent.toml"
         cfg.write_text(_toml(self.agent_config(node)))
         gpus = FakeGpus(d / "nvml-state", count=8)
@@ -240,6 +244,7 @@ class SimCluster:
         sim = self.nodes[node]
         sim.gpus.reset(8)
         sim.kmsg.write_text("")
+        (sim.config.parent / "boot_id").write_text(str(uuid.uuid4()))
         if self.ib_ports:
             simib.make_tree(sim.config.parent / "sysfs", devices=self.ib_ports)
         self.start_agent(node)

@@ -133,6 +133,8 @@ def job_from_json(raw: dict[str, Any]) -> SlurmJob:
         states = ()
     excl = raw.get("excluded_nodes")
     excluded = tuple(expand(excl)) if isinstance(excl, str) else tuple(excl or ())
+    req = raw.get("required_nodes")
+    required = tuple(expand(req)) if isinstance(req, str) and req else ()
     return SlurmJob(
         job_id=number(raw.get("job_id")),
         name=text(raw.get("name")),
@@ -150,6 +152,8 @@ def job_from_json(raw: dict[str, Any]) -> SlurmJob:
         work_dir=text(raw.get("current_working_directory")),
         stdout=text(raw.get("standard_output")),
         stderr=text(raw.get("standard_error")),
+        # --nodelist: a requeue that excludes one of these leaves the job nowhere to run
+        extra={"required_nodes": ",".join(required)} if required else {},
     )
 
 
@@ -239,6 +243,9 @@ def job_from_scontrol(line: str) -> SlurmJob:
         work_dir=val("WorkDir"),
         stdout=val("StdOut"),
         stderr=val("StdErr"),
+        extra=(
+            {"required_nodes": ",".join(expand(val("ReqNodeList")))} if val("ReqNodeList") else {}
+        ),
     )
 
 

@@ -13,10 +13,13 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <slurm/spank.h>
 
 SPANK_PLUGIN(babysit, 1);
@@ -112,24 +115,190 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
     return 0;
 }
 
-/* Find "key": "value" in a small JSON document (resume.json is written by babysitter). */
-static int json_string(const char *doc, const char *key, char *out, size_t outlen) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\"", key);
-    const char *p = strstr(doc, pat);
-    if (!p) return -1;
-    p += strlen(pat);
-    while (*p && (isspace((unsigned char)*p) || *p == ':')) p++;
-    if (*p != '"') return -1;
-    p++;
-    size_t i = 0;
-    while (*p && *p != '"' && i + 1 < outlen) {
-        if (*p == '\\' && p[1]) p++;
-        out[i++] = *p++;
+/*
+ * resume.json is read with a small, strict JSON reader: the top-level object's "path" string,
+ * decoded exactly as Python wrote it. json.dumps writes ASCII: non-ASCII characters are \uXXXX
+ * (surrogate pairs above U+FFFF) and bytes of a path that is not UTF-8 are lone surrogates
+ * \uDC80-\uDCFF (Python's surrogateescape), which map back to the byte 0x80-0xFF.
+ */
+struct jr { const char *p, *end; };
+
+static void jr_ws(struct jr *r) {
+    while (r->p < r->end && (*r->p == ' ' || *r->p == '\t' || *r->p == '\n' || *r->p == '\r')) r->p++;
+}
+
+static int jr_hex4(struct jr *r, unsigned *out) {
+    if (r->end - r->p < 4) return -1;
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = r->p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f') v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') v |= (unsigned)(c - 'A' + 10);
+        else return -1;
     }
-    if (*p != '"') return -1;
-    out[i] = 0;
+    r->p += 4;
+    *out = v;
     return 0;
+}
+
+static int put_byte(char *out, size_t outlen, size_t *n, unsigned char b) {
+    if (*n + 1 >= outlen) return -1;
+    out[(*n)++] = (char)b;
+    return 0;
+}
+
+static int put_utf8(char *out, size_t outlen, size_t *n, unsigned cp) {
+    if (cp < 0x80) return put_byte(out, outlen, n, (unsigned char)cp);
+    if (cp < 0x800)
+        return put_byte(out, outlen, n, (unsigned char)(0xC0 | (cp >> 6))) ||
+               put_byte(out, outlen, n, (unsigned char)(0x80 | (cp & 0x3F)));
+    if (cp < 0x10000)
+        return put_byte(out, outlen, n, (unsigned char)(0xE0 | (cp >> 12))) ||
+               put_byte(out, outlen, n, (unsigned char)(0x80 | ((cp >> 6) & 0x3F))) ||
+               put_byte(out, outlen, n, (unsigned char)(0x80 | (cp & 0x3F)));
+    return put_byte(out, outlen, n, (unsigned char)(0xF0 | (cp >> 18))) ||
+           put_byte(out, outlen, n, (unsigned char)(0x80 | ((cp >> 12) & 0x3F))) ||
+           put_byte(out, outlen, n, (unsigned char)(0x80 | ((cp >> 6) & 0x3F))) ||
+           put_byte(out, outlen, n, (unsigned char)(0x80 | (cp & 0x3F)));
+}
+
+/* A JSON string at r->p (the opening quote), decoded into out (NUL-terminated; out may be NULL
+ * to skip). -1 on malformed input, a NUL character, or no room. */
+static int jr_string(struct jr *r, char *out, size_t outlen) {
+    char scratch[8];
+    size_t n = 0;
+    if (!out) { out = scratch; outlen = sizeof scratch; }
+    int skipping = out == scratch;
+    if (r->p >= r->end || *r->p != '"') return -1;
+    r->p++;
+    while (r->p < r->end && *r->p != '"') {
+        unsigned char c = (unsigned char)*r->p++;
+        unsigned cp;
+        if (c < 0x20) return -1;
+        if (c != '\\') {
+            if (!skipping && put_byte(out, outlen, &n, c)) return -1;
+            continue;
+        }
+        if (r->p >= r->end) return -1;
+        c = (unsigned char)*r->p++;
+        switch (c) {
+        case '"': case '\\': case '/': cp = c; break;
+        case 'b': cp = '\b'; break;
+        case 'f': cp = '\f'; break;
+        case 'n': cp = '\n'; break;
+        case 'r': cp = '\r'; break;
+        case 't': cp = '\t'; break;
+        case 'u':
+            if (jr_hex4(r, &cp)) return -1;
+            if (cp >= 0xD800 && cp <= 0xDBFF && r->end - r->p >= 6 && r->p[0] == '\\' &&
+                r->p[1] == 'u') {
+                struct jr save = *r;
+                unsigned lo;
+                r->p += 2;
+                if (jr_hex4(r, &lo) == 0 && lo >= 0xDC00 && lo <= 0xDFFF) {
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                } else {
+                    *r = save;
+                    return -1;
+                }
+            } else if (cp >= 0xDC80 && cp <= 0xDCFF) {
+                /* surrogateescape: one raw byte of a name that is not UTF-8 */
+                if (!skipping && put_byte(out, outlen, &n, (unsigned char)(cp - 0xDC00))) return -1;
+                continue;
+            } else if (cp >= 0xD800 && cp <= 0xDFFF) {
+                return -1;
+            }
+            if (cp == 0) return -1;
+            break;
+        default:
+            return -1;
+        }
+        if (!skipping && put_utf8(out, outlen, &n, cp)) return -1;
+    }
+    if (r->p >= r->end) return -1;
+    r->p++;
+    if (!skipping) out[n] = 0;
+    return 0;
+}
+
+static int jr_skip(struct jr *r, int depth) {
+    jr_ws(r);
+    if (r->p >= r->end || depth > 32) return -1;
+    if (*r->p == '"') return jr_string(r, NULL, 0);
+    if (*r->p == '{' || *r->p == '[') {
+        char close = *r->p == '{' ? '}' : ']';
+        r->p++;
+        jr_ws(r);
+        if (r->p < r->end && *r->p == close) { r->p++; return 0; }
+        for (;;) {
+            if (close == '}') {
+                jr_ws(r);
+                if (jr_string(r, NULL, 0)) return -1;
+                jr_ws(r);
+                if (r->p >= r->end || *r->p++ != ':') return -1;
+            }
+            if (jr_skip(r, depth + 1)) return -1;
+            jr_ws(r);
+            if (r->p >= r->end) return -1;
+            if (*r->p == ',') { r->p++; continue; }
+            if (*r->p++ == close) return 0;
+            return -1;
+        }
+    }
+    while (r->p < r->end && (isalnum((unsigned char)*r->p) || *r->p == '-' || *r->p == '+' || *r->p == '.'))
+        r->p++;
+    return 0;
+}
+
+/* The top-level string member `key` of a JSON object. */
+static int json_string(const char *doc, size_t len, const char *key, char *out, size_t outlen) {
+    struct jr r = {doc, doc + len};
+    char name[64];
+    jr_ws(&r);
+    if (r.p >= r.end || *r.p++ != '{') return -1;
+    for (;;) {
+        jr_ws(&r);
+        if (jr_string(&r, name, sizeof name)) return -1;
+        jr_ws(&r);
+        if (r.p >= r.end || *r.p++ != ':') return -1;
+        jr_ws(&r);
+        if (!strcmp(name, key)) return r.p < r.end && *r.p == '"' ? jr_string(&r, out, outlen) : -1;
+        if (jr_skip(&r, 0)) return -1;
+        jr_ws(&r);
+        if (r.p >= r.end || *r.p++ != ',') return -1;
+    }
+}
+
+#define RESUME_CAP 65536
+
+/* <ckpt>/.babysitter/resume.json into doc: `.babysitter` and the file are opened without
+ * following links and without blocking (a FIFO is refused), only a regular file of at most
+ * RESUME_CAP bytes is read. This runs as the job's user (user_init drops privileges). */
+static ssize_t read_resume(const char *ckpt, char *doc, size_t cap) {
+    int root = open(ckpt, O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
+    if (root < 0) return -1;
+    int dir = openat(root, ".babysitter", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    close(root);
+    if (dir < 0) return -1;
+    int fd = openat(dir, "resume.json", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    close(dir);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (off_t)cap) {
+        close(fd);
+        return -2;
+    }
+    size_t n = 0;
+    while (n < cap) {
+        ssize_t k = read(fd, doc + n, cap - n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        n += (size_t)k;
+    }
+    close(fd);
+    return (ssize_t)n;
 }
 
 static void ckpt_of(const char *value, char *out, size_t outlen) {
@@ -155,23 +324,23 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av) {
     } else if (spank_getenv(sp, "SPANK_BABYSIT", value, sizeof value) != ESPANK_SUCCESS) {
         return 0;  /* not a babysat job */
     }
-    char ckpt[512];
+    char ckpt[MAX_ARG];
     ckpt_of(value, ckpt, sizeof ckpt);
     if (!ckpt[0]) return 0;
     spank_setenv(sp, "BABYSIT_CKPT", ckpt, 1);
-    char path[1024];
-    snprintf(path, sizeof path, "%s/.babysitter/resume.json", ckpt);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char doc[8192];
-    size_t n = fread(doc, 1, sizeof doc - 1, f);
-    fclose(f);
-    doc[n] = 0;
-    char resume[1024];
+    static char doc[RESUME_CAP];
+    ssize_t n = read_resume(ckpt, doc, sizeof doc);
+    if (n == -1) return 0;  /* no resume point: a fresh start */
+    char resume[PATH_MAX];
     struct stat st;
-    if (json_string(doc, "path", resume, sizeof resume) == 0 && stat(resume, &st) == 0)
+    if (n < 0) {
+        slurm_info("babysit: %s/.babysitter/resume.json is not a regular file of at most %d bytes; starting fresh", ckpt, RESUME_CAP);
+    } else if (json_string(doc, (size_t)n, "path", resume, sizeof resume) != 0) {
+        slurm_info("babysit: %s/.babysitter/resume.json is not valid; starting fresh", ckpt);
+    } else if (stat(resume, &st) != 0) {
+        slurm_info("babysit: %s/.babysitter/resume.json names no existing checkpoint; starting fresh", ckpt);
+    } else {
         spank_setenv(sp, "BABYSIT_RESUME_FROM", resume, 1);
-    else
-        slurm_info("babysit: %s names no existing checkpoint; starting fresh", path);
+    }
     return 0;
 }

@@ -1,0 +1,113 @@
+"""Event findings (XIDs, NVML events) that stay until the node reboots.
+
+An XID 79 is reported once, by an event; the fault lasts until the node reboots. So event
+findings are kept in a small JSON file beside the spool, keyed by the kernel's boot id: an
+agent restart keeps them, a reboot (new boot id) forgets them. A few can also be seen gone
+before a reboot, where NVML can tell (`CLEARED_BY`: a GPU reset zeroes the volatile ECC
+counters, so a DBE event is over once the fast tier reads the GPU's memory healthy again).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+from babysitter.finding import Finding
+
+log = logging.getLogger(__name__)
+
+# event finding code -> (polled check, its healthy code) that proves the condition is gone
+CLEARED_BY: dict[str, tuple[str, str]] = {
+    "ecc.dbe.event": ("gpu.memory", "memory.ok"),
+    "retirement.failed": ("gpu.memory", "memory.ok"),
+}
+
+
+def read_boot_id(path: Path) -> str:
+    try:
+        return path.read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+class StickyFindings:
+    def __init__(self, path: Path, boot_id: str) -> None:
+        self.path = Path(path)
+        self.boot_id = boot_id
+        self._lock = threading.Lock()
+        self.findings: dict[tuple[str, str, str], Finding] = {}
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable %s: %s", self.path, exc)
+            return
+        if not isinstance(data, dict) or data.get("boot_id") != self.boot_id:
+            log.info("node rebooted since %s was written: event findings cleared", self.path)
+            self._save()
+            return
+        for raw in data.get("findings", []):
+            try:
+                f = Finding.model_validate(raw)
+            except ValueError:
+                continue
+            self.findings[f.key] = f
+
+    def _save(self) -> None:
+        body = json.dumps(
+            {
+                "boot_id": self.boot_id,
+                "findings": [f.to_json_dict() for f in self.findings.values()],
+            }
+        )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".sticky-")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(body)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)  # a crash leaves the old file or the new, never half
+        except OSError as exc:
+            log.warning("cannot persist event findings to %s: %s", self.path, exc)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def add(self, findings: list[Finding]) -> None:
+        with self._lock:
+            for f in findings:
+                self.findings[f.key] = f
+            self._save()
+
+    def values(self) -> list[Finding]:
+        with self._lock:
+            return list(self.findings.values())
+
+    def clear_gone(self, check: str, polled: list[Finding], run_started_at: float) -> int:
+        """Drop the event findings that `check`'s run (started at `run_started_at`, a wall
+        clock time) saw healthy; only runs that began after the event count."""
+        healthy = {(f.component, f.code) for f in polled}
+        with self._lock:
+            gone = [
+                k
+                for k, f in self.findings.items()
+                if f.code in CLEARED_BY
+                and CLEARED_BY[f.code][0] == check
+                and (f.component, CLEARED_BY[f.code][1]) in healthy
+                and f.observed_at.timestamp() < run_started_at
+            ]
+            for k in gone:
+                del self.findings[k]
+            if gone:
+                self._save()
+        return len(gone)

@@ -1,0 +1,113 @@
+"""Event findings last until the node reboots: an agent restart keeps an XID 79, a new boot id
+forgets it. The real agent on the fake libnvidia-ml; it ships to a port where nothing listens,
+so its spool holds every report it sent, in order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+
+from babysitter.agent.sticky import StickyFindings
+from babysitter.finding import Finding, Severity
+from tests.fixtures.controller import free_port
+from tests.fixtures.gpu import babysitter_env
+from tests.fixtures.slurm import wait_for
+from tests.test_tiers import spooled
+
+
+def agent(env):
+    return subprocess.Popen(
+        [sys.executable, "-m", "babysitter.cli.main", "agent"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stop(p):
+    p.terminate()
+    p.wait(timeout=20)
+
+
+def test_xid79_survives_an_agent_restart_and_not_a_reboot(gpus, fakenvml_lib, tmp_path):
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text(str(uuid.uuid4()))
+    token = tmp_path / "node.token"
+    token.write_text("t")
+    spool = tmp_path / "spool.db"
+    env = babysitter_env(
+        gpus,
+        fakenvml_lib,
+        tmp_path,
+        agent__controller_url=f"http://127.0.0.1:{free_port()}",
+        agent__node_name="n1",
+        agent__token_file=str(token),
+        agent__spool_path=str(spool),
+        agent__request_timeout_s="0.5",
+        agent__boot_id_path=str(boot_id),
+        agent__enabled_checks='["gpu.presence"]',
+    )
+
+    def full_reports():
+        return [r for r in spooled(spool) if r["kind"] == "full"]
+
+    def has_xid79(report):
+        return any(f["code"] == "xid.79" and f["component"] == "gpu3" for f in report["findings"])
+
+    p = agent(env)
+    try:
+        wait_for(lambda: len(full_reports()) >= 1, 60, "first report")
+        gpus.xid(3, 79)
+        wait_for(lambda: any(has_xid79(r) for r in spooled(spool)), 30, "XID 79 event")
+    finally:
+        stop(p)
+    assert not has_xid79(full_reports()[0])  # before the fault
+
+    # same boot: the restarted agent's first full report still carries the XID
+    seen = len(full_reports())
+    p = agent(env)
+    try:
+        wait_for(lambda: len(full_reports()) > seen, 60, "report after restart")
+    finally:
+        stop(p)
+    first = full_reports()[seen]
+    assert has_xid79(first)
+    assert next(f for f in first["findings"] if f["code"] == "xid.79")["severity"] == "critical"
+
+    # a reboot: new boot id, the GPUs are healthy again, the XID is gone
+    boot_id.write_text(str(uuid.uuid4()))
+    gpus.reset(8)
+    seen = len(full_reports())
+    p = agent(env)
+    try:
+        wait_for(lambda: len(full_reports()) > seen, 60, "report after reboot")
+    finally:
+        stop(p)
+    after = full_reports()[seen]
+    assert not has_xid79(after)
+    assert all(f["severity"] == "ok" for f in after["findings"])
+
+
+def _f(code: str, component: str = "gpu2") -> Finding:
+    return Finding(
+        check="gpu.events", component=component, severity=Severity.CRITICAL, code=code, message="m"
+    )
+
+
+def test_a_dbe_event_is_cleared_when_the_gpu_reads_healthy_after_it(tmp_path):
+    path = tmp_path / "ev.json"
+    s = StickyFindings(path, "boot-1")
+    ev = _f("ecc.dbe.event")
+    s.add([ev, _f("xid.79")])
+    ok = Finding(
+        check="gpu.memory", component="gpu2", severity=Severity.OK, code="memory.ok", message="ok"
+    )
+    # a run that began before the event proves nothing
+    assert s.clear_gone("gpu.memory", [ok], ev.observed_at.timestamp() - 1) == 0
+    # one that began after it and saw the GPU healthy (a GPU reset zeroed the counter) does
+    assert s.clear_gone("gpu.memory", [ok], ev.observed_at.timestamp() + 1) == 1
+    assert [f.code for f in s.values()] == ["xid.79"]  # XIDs wait for the reboot
+    assert [f.code for f in StickyFindings(path, "boot-1").values()] == ["xid.79"]
+    assert StickyFindings(path, "boot-2").values() == []
+    assert StickyFindings(path, "boot-1").values() == []  # forgotten for good
