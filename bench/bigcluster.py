@@ -201,6 +201,8 @@ def start_controller(
     secret = secrets.token_hex(32).encode()
     (workdir / "secret").write_bytes(secret)
     (workdir / "admin").write_text(secrets.token_hex(16))
+    for f in ("secret", "admin"):
+        (workdir / f).chmod(0o600)  # the controller refuses secrets others can read
     port = free_port()
     db = workdir / "babysitter.db"
     tick_log = workdir / "ticks.log"
@@ -308,7 +310,10 @@ def post(ctl: ControllerProc, node: str, extra: list[dict[str, Any]]) -> None:
     r = httpx.post(
         ctl.url + "/api/v1/reports",
         json=report(node, extra),
-        headers={"Authorization": f"Bearer {node_token(ctl.secret, node)}"},
+        headers={
+            "Authorization": f"Bearer {node_token(ctl.secret, node)}",
+            "X-Babysitter-Node": node,
+        },
         timeout=30,
     )
     r.raise_for_status()
@@ -364,7 +369,8 @@ class Load:
                 data = body.encode()
                 out[(n, warn)] = (
                     f"POST /api/v1/reports HTTP/1.1\r\nHost: {host}\r\n"
-                    f"Authorization: Bearer {tokens[n]}\r\nContent-Type: application/json\r\n"
+                    f"Authorization: Bearer {tokens[n]}\r\nX-Babysitter-Node: {n}\r\n"
+                    "Content-Type: application/json\r\n"
                     f"Content-Length: {len(data)}\r\n\r\n".encode()
                     + data
                 )
