@@ -102,3 +102,15 @@ def test_cycle_finder_finds_a_cycle(tmp_path: Path):
         assert _cycles(grimp.build_graph("cyc")) == [["cyc.a", "cyc.b"]]
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def test_every_command_module_is_reachable_through_the_lazy_table():
+    """The CLI imports a command's module only when that command is run: a command missing
+    from COMMANDS would be 'No such command' (as `validate` once was inside Slurm jobs)."""
+    import importlib
+
+    from babysitter.cli.main import COMMAND_MODULES, COMMANDS
+
+    for mod in COMMAND_MODULES:
+        for cmd in importlib.import_module(mod).commands:
+            assert COMMANDS.get(cmd.name) == mod, (cmd.name, mod)

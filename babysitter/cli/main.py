@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "resume-path": "babysitter.cli.job_cmd",
     "demo": "babysitter.cli.demo_cmd",
     "sdc-test": "babysitter.cli.sdc_cmd",
+    "validate": "babysitter.cli.validate_cmd",
 }
 
 COMMAND_MODULES: list[str] = [
