@@ -79,6 +79,18 @@ class ControllerConfig(Section):
         120.0, gt=0, description="no report for this long -> node state unknown"
     )
     retention_days: float = Field(30.0, gt=0, description="reports/findings older are pruned")
+    clean_report_minutes: float = Field(
+        10.0,
+        ge=0,
+        description="clean reports (worst ok/info) are kept this long; the node row keeps the "
+        "latest state, reports with findings stay for retention_days",
+    )
+    retention_interval_s: float = Field(
+        10.0, gt=0, description="how often the retention thread looks for rows to prune"
+    )
+    retention_batch: int = Field(
+        2000, ge=1, description="reports deleted per transaction by the retention thread"
+    )
     loop_interval_s: float = Field(1.0, gt=0, description="policy/remediation loop period")
     remediation: bool = Field(
         True, description="run the policy/remediation loop here (false: ingest-only replica)"
@@ -105,6 +117,15 @@ class SlurmConfig(Section):
     slurm_conf: Path | None = Field(None, description="SLURM_CONF for client commands")
     bin_dir: Path | None = Field(None, description="directory holding sinfo/scontrol/...")
     timeout_s: float = Field(15.0, gt=0, description="timeout of every Slurm call")
+    node_refresh_s: float = Field(
+        5.0,
+        ge=0,
+        description="re-read all Slurm nodes at most this often (one node-info RPC each; "
+        "drains and resumes re-check their own nodes first)",
+    )
+    job_scan_s: float = Field(
+        5.0, ge=0, description="list jobs (babysat-job tracking, hang checks) at most this often"
+    )
 
 
 class PolicyConfig(Section):

@@ -82,6 +82,10 @@ def render(results: list[dict[str, Any]]) -> str:
     out.append("")
     for r in results:
         out.append(f"- `{r['name']}`: {r.get('date', '?')}, {r.get('duration_s', '?')} s")
+    notes = sorted(RESULTS_DIR.glob("*.md"))
+    if notes:  # longer write-ups some benchmarks keep beside their JSON
+        out.append("")
+        out += [f"- notes: [{p.stem}](results/{p.name})" for p in notes]
     return "\n".join(out) + "\n"
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from babysitter.slurm.client import (
     SlurmClient,
+    SlurmError,
     SlurmJob,
     SlurmNode,
     SlurmNotFound,
@@ -81,6 +83,9 @@ class InMemorySlurm(SlurmClient):
 
     def drain(self, node: str, reason: str) -> None:
         self._pause("drain", node)
+        self._drain(node, reason)
+
+    def _drain(self, node: str, reason: str) -> None:
         with self._lock:
             n = self._nodes.get(node)
             if n is None:
@@ -91,8 +96,39 @@ class InMemorySlurm(SlurmClient):
                 n, flags=n.flags | {"DRAIN"}, reason=f"{self.reason_prefix} {reason}"
             )
 
+    def drain_many(self, nodes: Sequence[str], reason: str) -> dict[str, SlurmError | None]:
+        """One call for the batch, as the real backends make it (one lookup + one update)."""
+        self._pause("drain_many", ",".join(nodes))
+        out: dict[str, SlurmError | None] = {}
+        for n in nodes:
+            try:
+                self._drain(n, reason)
+                out[n] = None
+            except SlurmError as exc:
+                out[n] = exc
+        return out
+
+    def resume_many(self, nodes: Sequence[str]) -> dict[str, SlurmError | None]:
+        self._pause("resume_many", ",".join(nodes))
+        out: dict[str, SlurmError | None] = {}
+        for n in nodes:
+            try:
+                self._resume(n)
+                out[n] = None
+            except SlurmError as exc:
+                out[n] = exc
+        return out
+
+    def jobs_on(self, nodes: Collection[str]) -> list[SlurmJob]:
+        self._pause("jobs", ",".join(nodes))
+        with self._lock:
+            return [j for j in self._jobs.values() if set(nodes) & set(j.nodes)]
+
     def resume(self, node: str) -> None:
         self._pause("resume", node)
+        self._resume(node)
+
+    def _resume(self, node: str) -> None:
         with self._lock:
             n = self._nodes.get(node)
             if n is None:

@@ -24,6 +24,14 @@ def devcluster_group() -> None:
     show_default=True,
     help="All cluster state lives here.",
 )
+@click.option(
+    "--extra-nodes",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 100_000),
+    help="Also configure N nodes without a slurmd (fake00001..; State=DOWN, drainable) "
+    "for scale tests.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print {slurm_conf, base, nodes, ...}.")
 @click.option(
     "--slurm",
@@ -33,9 +41,11 @@ def devcluster_group() -> None:
     help="Slurm version (default: the host's; 24.11/26.05 from Debian roots, 25.11 built "
     "from source).",
 )
-def up(n_nodes: int, base: Path, as_json: bool, slurm_version: str | None) -> None:
+def up(
+    n_nodes: int, extra_nodes: int, base: Path, as_json: bool, slurm_version: str | None
+) -> None:
     """Start the cluster and wait until every node is idle."""
-    info = DevCluster(base, nodes=n_nodes, slurm=slurm_version).up()
+    info = DevCluster(base, nodes=n_nodes, slurm=slurm_version, extra_nodes=extra_nodes).up()
     if as_json:
         echo_json(info.public())
         return
@@ -43,6 +53,12 @@ def up(n_nodes: int, base: Path, as_json: bool, slurm_version: str | None) -> No
         f"Slurm {info.slurm_version} cluster up: {len(info.nodes)} nodes "
         f"({', '.join(info.nodes)}), 8 GPUs each (simulated)"
     )
+    if info.extra_nodes:
+        fake = info.fake_nodes
+        click.echo(
+            f"  plus {info.extra_nodes} nodes without a slurmd ({fake[0]}..{fake[-1]}, "
+            "State=DOWN, drainable)"
+        )
     click.echo(f"  export SLURM_CONF={info.slurm_conf}")
     if info.bin:
         click.echo(f"  export PATH={info.bin}:$PATH   # this version's sinfo/scontrol/...")

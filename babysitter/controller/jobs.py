@@ -32,12 +32,10 @@ from babysitter.slurm.client import SlurmClient, SlurmError, SlurmJob, SlurmNode
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_REQUEUES = 3
-SCAN_INTERVAL_S = 2.0
 CKPT_SETTLE_S = 10.0  # marker-less formats: files this fresh may still be being written
 REQUEUE_RULE = "job_on_failed_node"
 HISTORY_MAX = 50  # entries kept per job (a job failing every tick must not grow a row forever)
 HELD_REASONS = ("JobHeldAdmin", "JobHeldUser")
-HEARTBEAT_MAX = 64 * 1024
 
 
 # ---- the pure job policy
@@ -150,7 +148,7 @@ class JobTracker:
         """Refresh the jobs table; queue requeues of babysat jobs stranded on nodes Slurm
         marked DOWN; watch hangs; resolve requeue-limit alerts of jobs that ended or were
         released."""
-        if time.monotonic() - self._last_scan < SCAN_INTERVAL_S:
+        if time.monotonic() - self._last_scan < self.cfg.slurm.job_scan_s:
             return
         self._last_scan = time.monotonic()
         try:
@@ -205,10 +203,11 @@ class JobTracker:
         elif j.running and spec.get("hang_timeout") and spec.get("ckpt"):
             self._check_hang(j, spec, now)
 
-    def babysat_on(self, node: str) -> list[int]:
-        """Babysat jobs running on `node` (SlurmError when Slurm cannot be asked)."""
+    def babysat_on(self, node: str, jobs: list[SlurmJob] | None = None) -> list[int]:
+        """Babysat jobs running on `node` (SlurmError when Slurm cannot be asked). `jobs`: a
+        listing shared by every node drained in the same tick (one Slurm call for all)."""
         out = []
-        for j in self.slurm.jobs():
+        for j in self.slurm.jobs_on([node]) if jobs is None else jobs:
             if node not in j.nodes or not (j.running or "COMPLETING" in j.states):
                 continue
             try:
@@ -250,7 +249,7 @@ class JobTracker:
     def _check_hang(self, j: SlurmJob, spec: dict[str, Any], now: datetime) -> None:
         # each read starts a helper process as the job's owner: at most every hang_timeout/10 s
         if time.monotonic() - self._hb_read.get(j.job_id, -1e9) < max(
-            SCAN_INTERVAL_S, spec["hang_timeout"] / 10
+            self.cfg.slurm.job_scan_s, spec["hang_timeout"] / 10
         ):
             return
         self._hb_read[j.job_id] = time.monotonic()

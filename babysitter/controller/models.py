@@ -58,6 +58,10 @@ reports = Table(
     Column("worst_severity", String(16), nullable=False),
     Column("metrics", JSON, nullable=True),
     Index("ix_reports_node_received", "node", "received_at"),
+    # retention: the oldest reports first, in small batches (controller/retention.py)
+    Index("ix_reports_received", "received_at"),
+    # retention thins clean reports first: per severity, oldest first
+    Index("ix_reports_worst_received", "worst_severity", "received_at"),
 )
 
 findings = Table(
@@ -80,6 +84,8 @@ findings = Table(
     Column("details", JSON, nullable=True),
     Index("ix_findings_node_observed", "node", "observed_at"),
     Index("ix_findings_report", "report_id"),
+    # the policy's hot query each tick: critical findings of the last 24 h
+    Index("ix_findings_severity_observed", "severity", "observed_at"),
 )
 
 actions = Table(

@@ -94,7 +94,7 @@ class Controller:
         self.loops: list[tuple[str, Callable[[], object]]] = []
         self.engine: RemediationEngine | None = None
         self._stop = threading.Event()
-        self._last_prune = 0.0
+        self.retention: Any = None
         # monotonic time the policy loop last finished an iteration: the systemd watchdog is
         # pinged only while this moves, so a stuck loop gets the service restarted
         self.last_progress = time.monotonic()
@@ -110,14 +110,19 @@ class Controller:
         if self.cfg.controller.remediation:
             self.engine = make_engine(self.cfg, self.store, self.metrics)
             self.add_loop("remediation", self.engine.tick)
-        self.add_loop("retention", self._prune)
+        # its own thread: a prune never delays a policy tick
+        from babysitter.controller.retention import Retention
 
-    def _prune(self) -> None:
-        if time.monotonic() - self._last_prune > 3600:
-            self._last_prune = time.monotonic()
-            n = self.store.prune(self.cfg.controller.retention_days)
-            if n:
-                log.info("pruned %d old reports", n)
+        # the leader prunes; an ingest-only replica on SQLite prunes its own database
+        self.retention = Retention(
+            self.store,
+            self.cfg.controller,
+            lambda: (
+                bool(self.state["leader"])
+                or not (self.leadership.compete or self.leadership.is_postgres)
+            ),
+        )
+        self.retention.start()
 
     def loop_forever(self) -> None:
         interval = self.cfg.controller.loop_interval_s
@@ -197,6 +202,8 @@ class Controller:
             self._stop.set()
             if self.engine is not None:
                 self.engine.close()
+            if self.retention is not None:
+                self.retention.stop()
             self.store.close()
 
 

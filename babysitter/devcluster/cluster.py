@@ -58,6 +58,11 @@ class ClusterInfo:
     root: str | None = None
     bin: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    extra_nodes: int = 0  # configured nodes without a slurmd (fake00001..), State=DOWN
+
+    @property
+    def fake_nodes(self) -> list[str]:
+        return conf.extra_node_names(self.extra_nodes)
 
     def env(self) -> dict[str, str]:
         """Environment for Slurm client commands against this cluster."""
@@ -68,11 +73,14 @@ class ClusterInfo:
         return env
 
     def public(self) -> dict[str, Any]:
-        d = {"slurm_conf": self.slurm_conf, "base": self.base, "nodes": self.nodes}
+        d: dict[str, Any] = {"slurm_conf": self.slurm_conf, "base": self.base, "nodes": self.nodes}
         d["restd_socket"] = self.restd_socket
         d["slurm_version"] = self.slurm_version
         if self.bin:
             d["bin"] = self.bin
+        if self.extra_nodes:
+            d["extra_nodes"] = self.extra_nodes
+            d["extra_node_range"] = [self.fake_nodes[0], self.fake_nodes[-1]]
         return d
 
 
@@ -109,9 +117,11 @@ class DevCluster:
         install: SlurmInstall | None = None,
         restd: bool = True,
         slurm: str | None = None,
+        extra_nodes: int = 0,
     ) -> None:
         self.base = Path(base).resolve()
         self.n_nodes = nodes
+        self.extra_nodes = extra_nodes
         self.extra_conf = list(extra_conf or [])
         if install is None and slurm is not None:
             host = SlurmInstall()
@@ -162,7 +172,8 @@ class DevCluster:
             from babysitter.devcluster import source
 
             bin_dir = str(source.write_wrappers(self._p("bin"), self.install.prefix))
-        ports = _pick_ports(self.base, self.n_nodes + 1)
+        # one more port for the slurmd-less nodes: nothing ever listens on it
+        ports = _pick_ports(self.base, self.n_nodes + 1 + (1 if self.extra_nodes else 0))
         host = socket.gethostname().split(".")[0]
         name = "bs" + hashlib.sha1(str(self.base).encode()).hexdigest()[:8]
         spec = conf.ClusterSpec(
@@ -171,11 +182,13 @@ class DevCluster:
             controller_host=host,
             ctld_port=ports[0],
             node_names=[f"node{i}" for i in range(1, self.n_nodes + 1)],
-            node_ports=ports[1:],
+            node_ports=ports[1 : self.n_nodes + 1],
             node_host=host,
             munge_socket=self._p("munge", "munge.socket"),
             slurm_version=self.install.version,
             extra_lines=self.extra_conf + self._source_conf_lines(),
+            extra_nodes=self.extra_nodes,
+            extra_port=ports[-1] if self.extra_nodes else None,
         )
         slurm_conf = conf.write_all(spec, self._plugin_lines())
         info = ClusterInfo(
@@ -184,12 +197,13 @@ class DevCluster:
             nodes=spec.node_names,
             restd_socket=str(self._restd_socket(name)),
             ctld_port=ports[0],
-            node_ports=ports[1:],
+            node_ports=ports[1 : self.n_nodes + 1],
             munge_socket=str(spec.munge_socket),
             slurm_version=self.install.version_str,
             name=name,
             root=str(self.install.root) if self.install.root else None,
             bin=bin_dir,
+            extra_nodes=self.extra_nodes,
         )
         self.info = info
         self._p(STATE_FILE).write_text(json.dumps(asdict(info), indent=2))
@@ -201,10 +215,26 @@ class DevCluster:
             if self.restd:
                 self._start_restd(info)
             self.wait_nodes_idle(info.nodes, timeout_s)
+            if self.extra_nodes:
+                self._resume_fake_nodes(info)
         except Exception:
             self.down()
             raise
         return info
+
+    def _resume_fake_nodes(self, info: ClusterInfo) -> None:
+        """DOWN -> IDLE (not responding) with no reason, in one scontrol call: a DOWN node is
+        "drained for someone else" to babysitter's policy and would never be drained by it."""
+        lo, hi = info.fake_nodes[0][4:], info.fake_nodes[-1][4:]
+        r = subprocess.run(
+            self.install.argv("scontrol", "update", f"NodeName=fake[{lo}-{hi}]", "State=RESUME"),
+            env=info.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if r.returncode != 0:
+            raise DevClusterError(f"cannot resume the fake nodes: {r.stderr.strip()[:300]}")
 
     def _plugin_lines(self) -> list[str]:
         # slurm_plugins/ (SPANK + job_submit.lua) are installed when their module is present
@@ -311,7 +341,7 @@ class DevCluster:
         info.extra["jwt_token_file"] = str(token)
         self._p(STATE_FILE).write_text(json.dumps(asdict(info), indent=2))
         sock = Path(info.restd_socket)
-        args, extra_env = source.prepare_restd(sock)
+        args, extra_env = source.prepare_restd(sock, Path(info.slurm_conf))
         env = {**self._env(info), **extra_env}
         argv = self.install.argv("slurmrestd", *args, "-s", "openapi/slurmctld", f"unix:{sock}")
         logf = open(self._p("log", "slurmrestd.log"), "ab")  # noqa: SIM115 - handed to child
@@ -365,11 +395,13 @@ class DevCluster:
             raise DevClusterError(f"no devcluster at {self.base}") from exc
         return ClusterInfo(**data)
 
-    def node_states(self) -> dict[str, str]:
-        """node -> sinfo compact state (idle, mix, drain, down*, ...)."""
+    def node_states(self, nodes: list[str] | None = None) -> dict[str, str]:
+        """node -> sinfo compact state (idle, mix, drain, down*, ...); `nodes` limits the
+        output (with 10,000 slurmd-less nodes the full table takes over a second)."""
         info = self._need_info()
+        only = ["-n", ",".join(nodes)] if nodes else []
         r = subprocess.run(
-            self.install.argv("sinfo", "-h", "-N", "-o", "%N %t"),
+            self.install.argv("sinfo", "-h", "-N", *only, "-o", "%N %t"),
             env=info.env(),
             capture_output=True,
             text=True,
@@ -384,7 +416,7 @@ class DevCluster:
 
     def wait_nodes_idle(self, nodes: list[str], timeout_s: float = 60.0) -> None:
         def ready() -> bool:
-            st = self.node_states()
+            st = self.node_states(nodes)
             return all(st.get(n) == "idle" for n in nodes)
 
         self._wait(ready, timeout_s, f"nodes {','.join(nodes)} idle")
@@ -424,6 +456,9 @@ class DevCluster:
                 pids.add(p)
         if self._p("spool").exists():
             pids.update(cwd_pids(self._p("spool")))
+        if self._p("log").exists():
+            # a source-built 25.11 slurmstepd runs in the slurmd log dir with a cleared env
+            pids.update(cwd_pids(self._p("log")))
         root = self.chroot()
         if root is not None:
             # 24.11+ slurmstepd clears its environment and, daemonized, is no child of

@@ -8,7 +8,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,6 +27,8 @@ T = TypeVar("T")
 
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_REASON = 200  # Slurm keeps longer reasons, but sinfo/squeue columns and humans do not
+# nodes per `scontrol update NodeName=a,b,c`: one RPC each; keeps argv far below ARG_MAX
+BATCH = 500
 
 _UNAVAILABLE = (
     "unable to contact slurm controller",
@@ -78,7 +80,7 @@ def classify(message: str, what: str) -> SlurmError:
     low = message.lower()
     if any(s in low for s in _UNAVAILABLE):
         return SlurmUnavailable(f"{what}: Slurm unavailable: {message}", message)
-    if any(s in low for s in _NOT_FOUND):
+    if any(s in low for s in _NOT_FOUND) or re.search(r"\bnode \S+ not found", low):
         return SlurmNotFound(f"{what}: {message}", message)
     return SlurmRejected(f"{what}: {message}", message)
 
@@ -107,7 +109,9 @@ class Scontrol:
             return str(self.bin_dir / name)
         return name
 
-    def run(self, prog: str, *args: str, what: str = "") -> str:
+    def run(self, prog: str, *args: str, what: str = "", partial_ok: bool = False) -> str:
+        """stdout of a successful run. `partial_ok`: a failed run that still printed something
+        (`scontrol show node -o a,bogus` prints a and exits 1) returns what it printed."""
         argv = [self.prog(prog), *args]
         what = what or " ".join(argv[:3])
         try:
@@ -118,6 +122,8 @@ class Scontrol:
             raise SlurmUnavailable(f"{what}: no answer within {self.timeout_s:g} s") from None
         except FileNotFoundError:
             raise SlurmUnavailable(f"{what}: {argv[0]} not found (is Slurm installed?)") from None
+        if r.returncode != 0 and partial_ok and r.stdout.strip():
+            return r.stdout
         if r.returncode != 0:
             msg = (r.stderr or r.stdout).strip()
             msg = re.sub(r"^(scontrol|sinfo|squeue): (error: )?", "", msg, flags=re.M)
@@ -208,14 +214,19 @@ class OwnedClient(SlurmClient):
         self.reason_prefix = reason_prefix
         self.sc = Scontrol(slurm_conf, bin_dir, timeout_s)
 
+    def nodes_named(self, names: Sequence[str]) -> dict[str, SlurmNode]:
+        """Fresh state of exactly these nodes in one Slurm call; unknown names are left out.
+        Default: the full listing (22.05's REST /node/{name} answers for unknown names too,
+        and sinfo --json ignores -n there)."""
+        wanted = set(names)
+        return {n.name: n for n in self.nodes() if n.name in wanted}
+
     def node(self, name: str) -> SlurmNode:
-        """One node from the full listing (22.05's REST /node/{name} answers for unknown
-        names too, and sinfo --json ignores -n there)."""
         validate_node(name)
-        for n in self.nodes():
-            if n.name == name:
-                return n
-        raise SlurmNotFound(f"unknown node {name}")
+        got = self.nodes_named([name]).get(name)
+        if got is None:
+            raise SlurmNotFound(f"unknown node {name}")
+        return got
 
     def owns(self, node: SlurmNode) -> bool:
         return node.reason.startswith(self.reason_prefix)
@@ -226,28 +237,86 @@ class OwnedClient(SlurmClient):
 
     def drain(self, node: str, reason: str) -> None:
         validate_node(node)
-        full = self.full_reason(reason)
-        current = self.node(node)
-        if current.reason and not self.owns(current):
-            raise SlurmNotOwned(
-                f"{node} already has a reason that is not babysitter's "
-                f"({current.reason!r}); leaving it alone",
-                current.reason,
-            )
-        self._set_drain(node, full)
+        err = self.drain_many([node], reason)[node]
+        if err is not None:
+            raise err
 
     def resume(self, node: str) -> None:
         validate_node(node)
-        current = self.node(node)
-        if not current.reason and not current.drained_or_draining and not current.down:
-            return  # nothing to resume
-        if not self.owns(current):
-            raise SlurmNotOwned(
-                f"refusing to resume {node}: its reason {current.reason!r} is not "
-                f"babysitter's (prefix {self.reason_prefix!r})",
-                current.reason,
-            )
-        self._set_resume(node)
+        err = self.resume_many([node])[node]
+        if err is not None:
+            raise err
+
+    def _current(
+        self, nodes: Sequence[str], out: dict[str, SlurmError | None]
+    ) -> dict[str, SlurmNode]:
+        """Ownership is re-checked right before the change, for exactly the nodes it touches,
+        in one lookup (a snapshot from earlier in the tick may be stale by then). Invalid or
+        unknown names and a failed lookup land in `out`."""
+        names = []
+        for n in nodes:
+            try:
+                names.append(validate_node(n))
+            except SlurmRejected as exc:
+                out[n] = exc
+        if not names:
+            return {}
+        try:
+            current = self.nodes_named(names)
+        except SlurmError as exc:
+            out.update({n: exc for n in names})
+            return {}
+        for n in names:
+            if n not in current:
+                out[n] = SlurmNotFound(f"unknown node {n}")
+        return current
+
+    def _batched(
+        self,
+        todo: list[str],
+        change: Callable[[list[str]], None],
+        out: dict[str, SlurmError | None],
+    ) -> None:
+        for k in range(0, len(todo), BATCH):
+            chunk = todo[k : k + BATCH]
+            try:
+                change(chunk)
+                out.update({n: None for n in chunk})
+            except SlurmError as exc:
+                out.update({n: exc for n in chunk})
+
+    def drain_many(self, nodes: Sequence[str], reason: str) -> dict[str, SlurmError | None]:
+        full = self.full_reason(reason)
+        out: dict[str, SlurmError | None] = {}
+        todo = []
+        for name, cur in self._current(nodes, out).items():
+            if cur.reason and not self.owns(cur):
+                out[name] = SlurmNotOwned(
+                    f"{name} already has a reason that is not babysitter's "
+                    f"({cur.reason!r}); leaving it alone",
+                    cur.reason,
+                )
+            else:
+                todo.append(name)
+        self._batched(todo, lambda chunk: self._set_drain_many(chunk, full), out)
+        return out
+
+    def resume_many(self, nodes: Sequence[str]) -> dict[str, SlurmError | None]:
+        out: dict[str, SlurmError | None] = {}
+        todo = []
+        for name, cur in self._current(nodes, out).items():
+            if not cur.reason and not cur.drained_or_draining and not cur.down:
+                out[name] = None  # nothing to resume
+            elif not self.owns(cur):
+                out[name] = SlurmNotOwned(
+                    f"refusing to resume {name}: its reason {cur.reason!r} is not "
+                    f"babysitter's (prefix {self.reason_prefix!r})",
+                    cur.reason,
+                )
+            else:
+                todo.append(name)
+        self._batched(todo, self._set_resume_many, out)
+        return out
 
     def requeue(self, job_id: int, exclude: list[str] | None = None, hold: bool = False) -> None:
         jid = validate_job_id(job_id)
@@ -274,6 +343,26 @@ class OwnedClient(SlurmClient):
 
     def _set_resume(self, node: str) -> None:
         self.sc.resume(node)
+
+    def _set_drain_many(self, nodes: list[str], reason: str) -> None:
+        """One `scontrol update NodeName=a,b,c`: one RPC, and Slurm applies it to all or none
+        (an unknown name fails the whole call, which is why names are checked first)."""
+        if type(self)._set_drain is not OwnedClient._set_drain:  # a backend's own way (pyslurm)
+            for n in nodes:
+                self._set_drain(n, reason)
+        elif len(nodes) == 1:
+            self._set_drain(nodes[0], reason)
+        else:
+            self.sc.drain(",".join(nodes), reason)
+
+    def _set_resume_many(self, nodes: list[str]) -> None:
+        if type(self)._set_resume is not OwnedClient._set_resume:
+            for n in nodes:
+                self._set_resume(n)
+        elif len(nodes) == 1:
+            self._set_resume(nodes[0])
+        else:
+            self.sc.resume(",".join(nodes))
 
     def _set_requeue(self, job_id: int, hold: bool) -> None:
         self.sc.requeue(job_id, hold)

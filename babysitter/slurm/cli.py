@@ -5,11 +5,47 @@ with scontrol."""
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from functools import cached_property
 
 from babysitter.slurm import parse
 from babysitter.slurm.base import OwnedClient, parsed, validate_job_id
 from babysitter.slurm.client import SlurmError, SlurmJob, SlurmNode, SlurmNotFound
+
+# `scontrol show node -o NAMES` takes a comma list; keep each argv well below ARG_MAX
+LOOKUP_BATCH = 2000
+# the keys babysitter reads from a node line (Reason, which may hold spaces, comes last)
+_WANTED = re.compile(r"(?:^| )((?:NodeName|State|Partitions|Gres)=\S*)")
+_REASON_USER = re.compile(r"^(.*?)\s*\[([^@\]]+)@[^\]]*\]$")
+
+
+def node_line(line: str) -> SlurmNode:
+    """One `scontrol show node -o` line, reading only the keys SlurmNode holds (the general
+    parse.node_from_scontrol splits all ~40 keys: 1.9 s for 10,000 nodes here). Same result,
+    checked against it in tests/test_slurm_budget.py."""
+    cut = line.find(" Reason=")
+    head, reason = (line, "") if cut < 0 else (line[:cut], line[cut + 8 :].strip())
+    kv = dict(x.split("=", 1) for x in _WANTED.findall(head))
+    state = kv.get("State", "UNKNOWN")
+    words = [w for w in state.upper().split("+") if w]
+    flags = set(words[1:])
+    if state.endswith("*"):
+        flags.add("NOT_RESPONDING")
+    user = ""
+    m = _REASON_USER.match(reason)
+    if m:
+        reason, user = m.group(1), m.group(2)
+    parts = kv.get("Partitions", "")
+    return SlurmNode(
+        name=kv.get("NodeName", ""),
+        state=words[0].rstrip("*") if words else "UNKNOWN",
+        flags=frozenset(flags),
+        reason="" if reason == "(null)" else reason,
+        reason_user=user,
+        partitions=tuple(p for p in parts.split(",") if p and p != "(null)"),
+        gres=kv.get("Gres", ""),
+    )
 
 
 class CliSlurmClient(OwnedClient):
@@ -37,7 +73,38 @@ class CliSlurmClient(OwnedClient):
             return parsed(
                 parse.nodes_from_json, self._json("scontrol", "show", "node", "--json"), "nodes"
             )
-        return parsed(parse.nodes_from_json, self._json("sinfo", "--json"), "nodes")
+        # 22.05: `scontrol show node -o`, not `sinfo --json`: the same two RPCs for slurmctld
+        # (node + partition info) but at 10,000 nodes 0.35 s and 5 MB of text here instead
+        # of 1.9 s and 12 MB of JSON (measured, notes: slurm-10k-nodes.md)
+        return self._oneliners()
+
+    def _oneliners(self, *names: str) -> list[SlurmNode]:
+        try:
+            out = self.sc.run(
+                "scontrol", "show", "node", "-o", *names, what="show node", partial_ok=True
+            )
+        except SlurmNotFound:
+            return []  # none of `names` exists
+        nodes = []
+        for line in out.splitlines():
+            if line.startswith("NodeName="):
+                try:
+                    nodes.append(node_line(line))
+                except ValueError as exc:
+                    raise SlurmError(f"show node: {exc}", line[:200]) from None
+        if not nodes and not names:
+            raise SlurmError("show node: no nodes in the output", out[:200])
+        return nodes
+
+    def nodes_named(self, names: Sequence[str]) -> dict[str, SlurmNode]:
+        """One `scontrol show node -o a,b,c` (slurmctld: one node-info RPC, whatever the
+        count; unknown names are reported on stderr and left out)."""
+        out: dict[str, SlurmNode] = {}
+        names = list(dict.fromkeys(names))
+        for k in range(0, len(names), LOOKUP_BATCH):
+            for n in self._oneliners(",".join(names[k : k + LOOKUP_BATCH])):
+                out[n.name] = n
+        return out
 
     def jobs(self) -> list[SlurmJob]:
         if self.version >= (23, 2):

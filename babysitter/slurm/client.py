@@ -7,6 +7,7 @@ Backends implement `SlurmClient`; `make_client(config)` picks one. Ownership rul
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from babysitter.errors import BabysitterError
@@ -115,6 +116,35 @@ class SlurmClient:
     def drain(self, node: str, reason: str) -> None:
         """Drain with `<prefix> <reason>`; SlurmNotOwned if already drained for someone else."""
         raise NotImplementedError
+
+    def drain_many(self, nodes: Sequence[str], reason: str) -> dict[str, SlurmError | None]:
+        """Drain several nodes with one reason: per node None (done) or its error. Backends
+        that can re-check ownership and change them all in one Slurm call (one RPC)."""
+        out: dict[str, SlurmError | None] = {}
+        for n in nodes:
+            try:
+                self.drain(n, reason)
+                out[n] = None
+            except SlurmError as exc:
+                out[n] = exc
+        return out
+
+    def resume_many(self, nodes: Sequence[str]) -> dict[str, SlurmError | None]:
+        """Resume several of our drains: per node None (done or nothing to do) or its error."""
+        out: dict[str, SlurmError | None] = {}
+        for n in nodes:
+            try:
+                self.resume(n)
+                out[n] = None
+            except SlurmError as exc:
+                out[n] = exc
+        return out
+
+    def jobs_on(self, nodes: Collection[str]) -> list[SlurmJob]:
+        """Jobs that have any of `nodes` (one job listing, filtered here: on 22.05
+        `squeue -w` costs slurmctld a full node-info RPC on top of the job-info one)."""
+        wanted = set(nodes)
+        return [j for j in self.jobs() if wanted.intersection(j.nodes)]
 
     def resume(self, node: str) -> None:
         """Resume only our own drains; SlurmNotOwned otherwise."""

@@ -144,6 +144,20 @@ class RestSlurmClient(OwnedClient):
         else:
             super()._set_resume(node)
 
+    def _set_drain_many(self, nodes: list[str], reason: str) -> None:
+        if self.has_node_update:  # one POST per node: the path takes one name
+            for n in nodes:
+                self._set_drain(n, reason)
+        else:
+            super()._set_drain_many(nodes, reason)
+
+    def _set_resume_many(self, nodes: list[str]) -> None:
+        if self.has_node_update:
+            for n in nodes:
+                self._set_resume(n)
+        else:
+            super()._set_resume_many(nodes)
+
     def _set_requeue(self, job_id: int, hold: bool) -> None:
         if self.has_requeue and not hold:
             self._request(

@@ -91,6 +91,8 @@ CREATE TABLE reports (
 	UNIQUE (report_id)
 );
 CREATE INDEX ix_reports_node_received ON reports (node, received_at);
+CREATE INDEX ix_reports_received ON reports (received_at);
+CREATE INDEX ix_reports_worst_received ON reports (worst_severity, received_at);
 
 CREATE TABLE findings (
 	id BIGSERIAL NOT NULL, 
@@ -109,3 +111,4 @@ CREATE TABLE findings (
 );
 CREATE INDEX ix_findings_node_observed ON findings (node, observed_at);
 CREATE INDEX ix_findings_report ON findings (report_id);
+CREATE INDEX ix_findings_severity_observed ON findings (severity, observed_at);
