@@ -8,16 +8,32 @@ PYTEST_ARGS ?=
 DEB_PACKAGES := slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin \
 	slurm-wlm-basic-plugins munge libslurm-dev gcc libc6-dev make lua5.3 \
 	prometheus-alertmanager prometheus shellcheck systemd debootstrap zstd \
-	postgresql util-linux procps \
+	postgresql util-linux procps docker.io docker-compose \
 	libmunge-dev libjson-c-dev libhttp-parser-dev libyaml-dev libjwt-dev liblua5.3-dev \
 	pkg-config python3-dev
 # ^ the last two lines: build deps of Slurm 25.11 from source (devcluster --slurm 25.11, pyslurm)
 # torch CPU build: this exact version is on local disk here; an unpinned torch pulls CUDA (GBs).
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup system-packages venv pyslurm test lint fmt demo bench reliability clean
+.PHONY: setup system-packages venv pyslurm test lint fmt demo bench reliability clean \
+	docker-engine docker-image docker-up docker-down
 
-setup: system-packages venv pyslurm
+setup: system-packages venv pyslurm docker-engine
+
+# The docker test cluster (docker/README.md). docker-engine starts our own dockerd when none
+# answers (data root /var/lib/babysitter-docker); docker-down stops only what it started.
+docker-engine: system-packages
+	@if [ "$$(id -u)" = 0 ] && command -v dockerd >/dev/null; then python3 docker/cluster.py daemon-up; \
+	else echo "not root or no dockerd: the docker test cluster cannot run here"; fi
+
+docker-image: setup
+	$(PY) docker/cluster.py image
+
+docker-up: setup
+	$(PY) docker/cluster.py up
+
+docker-down:
+	python3 docker/cluster.py daemon-down
 
 system-packages: .make/system-packages
 .make/system-packages: Makefile

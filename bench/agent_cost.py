@@ -85,6 +85,7 @@ def main() -> int:
         for p in ("cluster.secret", "admin.token"):
             (work / p).chmod(0o600)
         (work / "node.token").write_text(node_token(secret.encode(), "n1"))
+        (work / "node.token").chmod(0o600)
         port = _port()
         base = {k: v for k, v in os.environ.items() if not k.startswith("BABYSITTER_")}
         ctl_env = dict(

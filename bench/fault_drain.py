@@ -6,7 +6,7 @@ that does not support ECC events), row-remap failure, NVLink down, IB port down 
 width drop (a warning: fault -> the finding at the controller) — >= 20 injections each, beside
 the raw Slurm drain latency measured in the same run. The same faults again with every polled
 check at 0.5 s (the old bench setting) for reference; and fault -> babysat job requeued.
-Run: python -m bench.fault_drain [injections]"""
+Run: python -m bench.fault_drain [injections [reference injections]]"""
 
 from __future__ import annotations
 
@@ -223,11 +223,13 @@ def job_requeues(
 
 def main() -> int:
     injections = int(sys.argv[1]) if len(sys.argv) > 1 else INJECTIONS
+    # the reference (0.5 s polling) run: fewer injections are enough to show the contrast
+    ref_injections = int(sys.argv[2]) if len(sys.argv) > 2 else injections
     t_start = time.monotonic()
     base = Path(tempfile.mkdtemp(prefix="bench-fault-"))
     try:
         default = run(base / "defaults", True, injections, jobs=True)
-        old = run(base / "fast-polling", False, injections, jobs=False)
+        old = run(base / "fast-polling", False, ref_injections, jobs=False)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     raw_p50 = summary(default["raw_scontrol_drain"])["p50"]

@@ -309,6 +309,7 @@ def raw_insert_rate(db_url: str, per_transaction: int, n_reports: int) -> float:
                         "worst_severity": "warning",
                         "last_report_at": now,
                         "last_report_id": b["report_id"],
+                        "last_sent_at": now,
                         "metrics": b["metrics"],
                     }
                     for b, probs in zip(chunk, problems, strict=True)

@@ -1,41 +1,191 @@
-"""docker/: what can be checked without a Docker engine (none runs on the test machines):
-the compose file wires the documented services, the entrypoint passes shellcheck, and the
-config the containers get is produced by the devcluster's own generator."""
+"""docker/: the dockerized Slurm test cluster, built and run for real. The image comes from the
+debootstrapped Debian root (no registry) with the project installed from its wheel; compose
+starts slurmctld, three nodes (slurmd + agent over the fake NVML), the controller on Postgres
+and Alertmanager, all with host networking. An XID 79 written into node2's fake NVML state
+drains node2 and fires an alert; a reboot of node2 (container restart) resumes it. Whatever
+happens, teardown leaves no container, network or mount behind.
+
+Needs root and a Docker engine: `make setup` installs docker.io; the test starts its own dockerd
+(docker/cluster.py) when none runs and stops it again afterwards."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
+import httpx
+import pytest
 import yaml
 
 from babysitter.devcluster import config as conf
 from babysitter.devcluster import container
+from tests.fixtures.slurm import wait_for
 
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
+COLD_TIMEOUT_S = 3600  # a cold run debootstraps the root and builds the image (~10 min here)
 
 
-def test_compose_services_are_wired():
-    doc = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
+def _load_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("babysitter_docker_tool", DOCKER / "cluster.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+tool = _load_tool()
+
+
+# ---- the cluster for real
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[None]:
+    """A Docker engine; the one this fixture starts, it stops (with a check for mounts)."""
+    if os.geteuid() != 0:
+        pytest.fail("the docker test cluster needs root (dockerd, debootstrap)")
+    started = tool.daemon_up()
+    try:
+        yield
+    finally:
+        tool.down()
+        if started:
+            tool.daemon_down()
+
+
+@pytest.fixture(scope="module")
+def image(engine: None) -> str:
+    ref, _ = tool.image()
+    return str(ref)
+
+
+def _assert_nothing_left() -> None:
+    assert tool.containers() == []
+    assert tool.docker("ps", "-a", "-q").split() == []
+    nets = tool.docker("network", "ls", "--format", "{{.Name}}").split()
+    assert sorted(nets) == ["host", "none"]  # no project network (and no docker0: --bridge=none)
+    assert tool.leftover_mounts() == []
+
+
+def _sinfo(node: str) -> tuple[str, str]:
+    out = tool.docker(
+        "exec", tool.service("slurmctld"), "sinfo", "-h", "-N", "-n", node, "-o", "%t|%E"
+    ).strip()
+    state, reason = out.split("|", 1)
+    return state.rstrip("*"), reason
+
+
+def _api(path: str) -> object:
+    token = (tool.STATE_DIR / "admin.token").read_text().strip()
+    port = container.PORTS["controller"]
+    r = httpx.get(
+        f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {token}"}, timeout=5
+    )
+    r.raise_for_status()
+    return r.json()
+
+
+def _alerts(node: str) -> list[dict[str, object]]:
+    r = httpx.get(f"http://127.0.0.1:{container.PORTS['alertmanager']}/api/v2/alerts", timeout=5)
+    r.raise_for_status()
+    return [a for a in r.json() if a["labels"].get("node") == node]
+
+
+@pytest.mark.timeout(COLD_TIMEOUT_S)
+def test_second_image_build_builds_nothing(image: str):
+    ref, built = tool.image()
+    assert (ref, built) == (image, False)
+    labels = json.loads(tool.docker("image", "inspect", "-f", "{{json .Config.Labels}}", ref))
+    assert ref.endswith(labels["org.babysitter.content"][:16])
+    # the project is in the image as a wheel install, not an editable checkout
+    out = tool.docker(
+        "run", "--rm", "--network=host", "--entrypoint", "/opt/babysitter/bin/pip", ref,
+        "show", "-f", "babysitter",
+    )  # fmt: skip
+    assert "Location: /opt/babysitter/lib/" in out and "Editable project location" not in out
+
+
+@pytest.mark.timeout(COLD_TIMEOUT_S)
+def test_xid79_drains_node2_alerts_and_resumes(image: str):
+    try:
+        tool.up(image)
+        wait_for(lambda: all(_sinfo(n)[0] == "idle" for n in container.NODES), 90, "3 idle nodes")
+        wait_for(
+            lambda: [n["verdict"] for n in _api("/api/v1/nodes")] == ["healthy"] * 3,  # type: ignore[attr-defined]
+            90,
+            "3 healthy nodes",
+        )
+        tool.inject("node2", 3, 79)
+        wait_for(lambda: _sinfo("node2")[0] in ("drain", "drng"), 60, "node2 drained")
+        _, reason = _sinfo("node2")
+        assert reason.startswith("babysitter: ") and "XID 79" in reason
+        wait_for(
+            lambda: any(a["status"]["state"] == "active" for a in _alerts("node2")),  # type: ignore[index]
+            60,
+            "node2's alert in Alertmanager",
+        )
+        assert [_sinfo(n)[0] for n in ("node1", "node3")] == ["idle", "idle"]
+
+        # a reboot of node2: its container restarts with healthy GPUs and an empty kernel log
+        tool.docker("restart", "-t", "5", tool.service("node2"))
+        wait_for(lambda: _sinfo("node2")[0] == "idle", 90, "node2 resumed")
+        wait_for(
+            lambda: not any(a["status"]["state"] == "active" for a in _alerts("node2")),  # type: ignore[index]
+            60,
+            "node2's alert resolved",
+        )
+        node = _api("/api/v1/nodes/node2")
+        assert node["verdict"] == "healthy" and not node["babysitter_drained"]  # type: ignore[index]
+    except BaseException:
+        print(tool.logs(), file=sys.stderr)  # what the containers said, for the report
+        raise
+    finally:
+        tool.down()
+    _assert_nothing_left()
+
+
+@pytest.mark.timeout(COLD_TIMEOUT_S)
+def test_failure_midway_leaves_nothing_behind(image: str):
+    """The teardown path the tests use runs after a failure half-way through a bring-up."""
+    with pytest.raises(RuntimeError, match="midway"):
+        try:
+            # the first three services: enough containers and mounts to leave behind
+            tool.up(image, services=["postgres", "slurmctld", "alertmanager"])
+            assert len(tool.containers()) == 3
+            assert tool.leftover_mounts()  # their root file systems: what must not stay
+            raise RuntimeError("failing midway")
+        finally:
+            tool.down()
+    _assert_nothing_left()
+
+
+# ---- what the containers are given
+
+
+def test_compose_file_wires_the_documented_services():
+    doc = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     svc = doc["services"]
-    assert set(svc) == {
-        "postgres",
-        "alertmanager",
-        "slurmctld",
-        "node1",
-        "node2",
-        "node3",
-        "controller",
-    }
-    for node in ("node1", "node2", "node3"):
+    assert set(svc) == {"postgres", "alertmanager", "slurmctld", "controller"} | set(
+        container.NODES
+    )
+    for name, s in svc.items():
+        assert s["network_mode"] == "host", name
+        assert any(v.endswith(":/cluster") for v in s["volumes"]), name
+    for node in container.NODES:
         assert svc[node]["command"] == ["node"]
         assert svc[node]["environment"]["NODE_NAME"] == node
-        assert svc[node]["hostname"] == node
-        assert "/cluster" in " ".join(svc[node]["volumes"])
-    assert svc["controller"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    assert svc["slurmctld"]["command"] == ["slurmctld"]
-    assert svc["alertmanager"]["command"] == ["alertmanager"]
-    assert svc["controller"]["build"]["dockerfile"] == "docker/Dockerfile"
+    ctl = svc["controller"]["depends_on"]
+    assert ctl["postgres"]["condition"] == "service_healthy"
+    # health checks probe the ports the config generator gives the daemons
+    assert str(container.PORTS["postgres"]) in svc["postgres"]["healthcheck"]["test"]
+    assert str(container.PORTS["controller"]) in " ".join(svc["controller"]["healthcheck"]["test"])
 
 
 def test_entrypoint_passes_shellcheck():
@@ -45,48 +195,30 @@ def test_entrypoint_passes_shellcheck():
     assert r.returncode == 0, r.stdout
 
 
-def test_entrypoint_roles_match_compose():
-    text = (DOCKER / "entrypoint.sh").read_text()
-    for role in ("slurmctld)", "node)", "controller)", "alertmanager)"):
-        assert role in text
-    assert "python -m babysitter.devcluster.container render" in text
-
-
-def test_container_config_comes_from_the_devcluster_generator(tmp_path):
+def test_container_config_comes_from_the_devcluster_generator(tmp_path: Path):
     container.render(tmp_path)
     spec = container.spec(tmp_path)
     slurm_conf = (tmp_path / "etc" / "slurm.conf").read_text()
-    # the same function the devcluster uses, with the plugin lines it installed
     assert slurm_conf.startswith(conf.slurm_conf(spec).split("NodeName=")[0][:200])
-    for node in container.NODES:
-        assert f"NodeName={node} CPUs=8 RealMemory=16000 Gres=gpu:8" in slurm_conf
+    for i, node in enumerate(container.NODES):
+        port = container.PORTS["slurmd"] + i
+        assert f"NodeName={node} NodeHostname={spec.node_host} NodeAddr=127.0.0.1 Port={port}" in (
+            slurm_conf
+        )
         assert (tmp_path / f"agent-{node}.toml").exists()
-    assert "SlurmctldHost=slurmctld(slurmctld)" in slurm_conf
-    assert "JobSubmitPlugins=lua" in slurm_conf  # the SPANK plugin and job_submit.lua
-    assert (tmp_path / "etc" / "job_submit.lua").exists()
+    assert f"SlurmctldPort={container.PORTS['slurmctld']}" in slurm_conf
     from babysitter.config import load_config
 
     cfg = load_config(tmp_path / "controller.toml")  # valid against the real models
-    assert cfg.alerts.alertmanager_url == "http://alertmanager:9093"
+    assert cfg.alerts.alertmanager_url == f"http://127.0.0.1:{container.PORTS['alertmanager']}"
+    assert f":{container.PORTS['postgres']}/" in cfg.controller.database_url
     agent = load_config(tmp_path / "agent-node2.toml")
     assert agent.agent.node_name == "node2"
 
 
-def test_devcluster_and_containers_share_the_slurm_conf_keys(tmp_path):
-    dev = conf.ClusterSpec(
-        name="x",
-        base=tmp_path / "d",
-        controller_host="h",
-        node_names=["node1"],
-        node_ports=[7000],
-        node_host="h",
-    )
-
-    def keys(text):
-        return {
-            ln.split("=")[0]
-            for ln in text.splitlines()
-            if "=" in ln and not ln.startswith(("NodeName", "#"))
-        }
-
-    assert keys(conf.slurm_conf(dev)) == keys(conf.slurm_conf(container.spec(tmp_path)))
+def test_ports_stay_clear_of_devclusters_and_host_services():
+    ports = set(container.PORTS.values()) | {
+        container.PORTS["slurmd"] + i for i in range(len(container.NODES))
+    }
+    assert all(p < 20000 for p in ports)  # devclusters pick theirs from 20000 up
+    assert not ports & {5432, 6817, 6818, 8090, 9093}

@@ -199,3 +199,43 @@ def test_garbage_bodies_and_tokens_never_crash_the_ingest(ctl, secrets):
         assert r.status_code < 500, (r.status_code, r.text)
 
     check()
+
+
+def test_the_route_refuses_a_sender_without_reading_the_body(ctl, secrets):
+    """The FastAPI route on its own (no fast path in front): 401/403 from the headers, and
+    413 for a declared length over the limit, with no body message received."""
+    app = create_app(ctl.store, ctl.auth, ctl.metrics, ctl.state, max_body=4096)
+    cases = [
+        ([], 401),
+        ([(b"authorization", b"Bearer nope")], 403),
+        ([(b"authorization", b"Bearer nope"), (b"x-babysitter-node", b"node1")], 403),
+        (
+            [
+                (b"authorization", f"Bearer {secrets.node('node1')}".encode()),
+                (b"x-babysitter-node", b"node1"),
+                (b"content-length", b"100000000"),
+            ],
+            413,
+        ),
+    ]
+    for headers, status in cases:
+        received: list[dict] = []
+        sent: list[dict] = []
+
+        async def receive(received: list[dict] = received) -> dict:
+            received.append({})
+            return {"type": "http.request", "body": b"x" * 65536, "more_body": True}
+
+        async def send(m: dict, sent: list[dict] = sent) -> None:
+            sent.append(m)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/api/v1/reports",
+            "headers": headers,
+            "query_string": b"",
+        }
+        asyncio.run(app(scope, receive, send))
+        assert sent[0]["status"] == status
+        assert received == [], "the body was read"

@@ -42,7 +42,8 @@ def start(secrets, tmp_path, cluster, receiver) -> ControllerProcess:
         alerts={"webhook_url": receiver.url + "/hook"},
     )
     env = {"BABYSITTER_SLURM__SLURM_CONF": cluster.slurm_conf}
-    return ControllerProcess(cfg, env=env, log=tmp_path / "ctl.log").start()
+    # generous: eight test runs share two cores here
+    return ControllerProcess(cfg, env=env, log=tmp_path / "ctl.log").start(timeout=90)
 
 
 def conditions(receiver) -> list[tuple[str, str]]:

@@ -48,7 +48,7 @@ def test_hostile_spec_does_not_stop_drains_alerts_or_other_requeues(
         policy={"max_drained_fraction": 1.0},
     )
     env = {"BABYSITTER_SLURM__SLURM_CONF": clean_cluster.slurm_conf}
-    ctl = ControllerProcess(cfg, env=env, log=tmp_path / "ctl.log").start()
+    ctl = ControllerProcess(cfg, env=env, log=tmp_path / "ctl.log").start(timeout=90)
     hdr = {"Authorization": f"Bearer {secrets.admin}"}
 
     def jobs() -> dict[int, dict]:

@@ -58,7 +58,7 @@ def test_job_printing_nccl_watchdog_text_drains_nothing_and_alert_names_the_job(
         ),
         env={"BABYSITTER_SLURM__SLURM_CONF": clean_cluster.slurm_conf},
         log=tmp_path / "ctl.log",
-    ).start()
+    ).start(timeout=90)
     try:
         r = httpx.post(
             ctl.url + "/api/v1/reports",
@@ -69,7 +69,7 @@ def test_job_printing_nccl_watchdog_text_drains_nothing_and_alert_names_the_job(
                 "findings": [f.to_json_dict() for f in findings],
                 "metrics": {},
             },
-            headers={"Authorization": f"Bearer {secrets.node(node)}"},
+            headers=secrets.headers(node),
             timeout=10,
         )
         assert r.status_code == 202, r.text

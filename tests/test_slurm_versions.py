@@ -6,6 +6,7 @@ samples without daemons."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -181,6 +182,13 @@ def _babysat_requeue(tmp_path: Path, version: str, backend: str) -> None:
         cl = client(info)
         wait_for(lambda: out.exists() and "writing step 4" in out.read_text(), 60, "step 4")
         node = cl.job(job).nodes[0]
+        # an XID event from before an agent watches NVML is not news to it: on 25.11 (no
+        # chroot) the job reaches step 4 before the agents are up
+        wait_for(
+            lambda: len([n for n in sim.api("/api/v1/nodes") if n["verdict"] == "healthy"]) == 3,
+            60,
+            "3 healthy nodes",
+        )
         sim.inject_xid(node, 1, 79)
         wait_for(lambda: cl.job(job).restart_count == 1, 30, "requeued")
         assert node in cl.job(job).excluded_nodes
@@ -261,3 +269,69 @@ def test_json_samples_parse(version):
     requeued = jobs[1]
     assert requeued.restart_count == 1 and requeued.excluded_nodes == ("node2",)
     assert requeued.admin_comment.startswith("babysit=ckpt=")
+
+
+def test_without_the_source_one_line_says_where_to_put_it(tmp_path):
+    env = dict(os.environ)
+    env["BABYSITTER_ROOTS_CACHE"] = str(tmp_path / "cache")  # nothing built here
+    env["BABYSITTER_SLURM_SOURCE"] = str(tmp_path / "vendor")  # and no tarball
+    up = ["devcluster", "up", "--slurm", "25.11", "--base", str(tmp_path / "c")]
+    r = subprocess.run(
+        [sys.executable, "-m", "babysitter.cli.main", *up],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "put slurm-25.11.7.tar.gz" in r.stderr and str(tmp_path / "vendor") in r.stderr
+    assert not (tmp_path / "c" / "cluster.json").exists()
+
+
+def test_2511_up_json_and_down_leave_no_process(tmp_path):
+    """25.11 runs in place (no chroot): `down` must find its job steps too (slurmstepd clears
+    its env and runs in the slurmd log dir) and remove slurmrestd's socket dir."""
+    from tests.fixtures.slurm import source_built_or_skip
+
+    source_built_or_skip()
+    base = tmp_path / "c25"
+    up = ["devcluster", "up", "--slurm", "25.11", "--nodes", "2", "--base", str(base), "--json"]
+    r = subprocess.run(
+        [sys.executable, "-m", "babysitter.cli.main", *up],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["slurm_version"] == "25.11" and Path(info["bin"], "sinfo").exists()
+    c = DevCluster(base)
+    try:
+        ci = c.load_info()
+        slurm(ci, "sbatch", "-o", "/dev/null", "--wrap", "sleep 600")
+        wait_for(lambda: "R" in slurm(ci, "squeue", "-h", "-o", "%t").stdout, 30, "job running")
+        pids = c.pids()
+        assert any(
+            "slurmstepd" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+            for p in pids
+            if Path(f"/proc/{p}/cmdline").exists()
+        )
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "babysitter.cli.main",
+                "devcluster",
+                "down",
+                "--base",
+                str(base),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        assert not any(alive(p) for p in pids)
+        assert not Path(info["restd_socket"]).parent.exists()
+    finally:
+        c.down()

@@ -35,6 +35,7 @@ def test_xid79_survives_an_agent_restart_and_not_a_reboot(gpus, fakenvml_lib, tm
     boot_id.write_text(str(uuid.uuid4()))
     token = tmp_path / "node.token"
     token.write_text("t")
+    token.chmod(0o600)  # the agent refuses a token others can read
     spool = tmp_path / "spool.db"
     env = babysitter_env(
         gpus,

@@ -42,6 +42,7 @@ def test_a_gpu_without_ecc_events_gets_its_dbe_through_the_fast_tier(gpus, faken
     gpus.supported_events(2, EVENT_XID)
     token = tmp_path / "node.token"
     token.write_text("t")
+    token.chmod(0o600)  # the agent refuses a token others can read
     spool = tmp_path / "spool.db"
     env = babysitter_env(
         gpus,
@@ -126,3 +127,33 @@ def test_the_fake_counts_nvml_calls(gpus, fakenvml_lib, tmp_path):
     # 8 GPUs: one volatile DBE read each, among the rest
     assert n["nvmlDeviceGetTotalEccErrors"] >= 8
     assert n["nvmlDeviceGetRemappedRows"] == 8
+
+
+def test_the_loop_wakes_for_the_next_run_of_a_check_that_is_still_running(tmp_path):
+    """Regression: the loop used to skip running checks when choosing how long to sleep, so a
+    fast-tier check that was still running then waited for the next slow one (seconds)."""
+    import time
+
+    from babysitter.agent.daemon import Agent
+
+    token = tmp_path / "token"
+    token.write_text("t")
+    token.chmod(0o600)  # the agent refuses a token others can read
+    cfg = Config.model_validate(
+        {
+            "agent": {
+                "token_file": str(token),
+                "spool_path": str(tmp_path / "spool.db"),
+                "enabled_checks": ["host.resources"],
+            },
+            "checks": {"host": {"interval_s": 1.0, "check_slurmd": False}},
+        }
+    )
+    agent = Agent(cfg)
+    [check] = agent.checks
+    now = time.monotonic()
+    agent._due[check.name] = now + 1.0
+    agent._running[check.name] = now  # started this instant, will end long before its due
+    assert agent.next_wake() <= 1.0
+    agent._due[check.name] = now - 0.5  # overdue and still running: its end wakes the loop
+    assert agent.next_wake() > 0.5

@@ -308,3 +308,12 @@ def test_helper_never_writes_through_a_link_to_another_users_dir(test_users):
     assert out.resume_point is None
     assert ".babysitter is a symbolic link (not followed)" in out.explanation
     assert snapshot(b_state) == before
+
+
+def test_ckpt_naming_a_system_directory_writes_nothing_there(test_users):
+    """`--babysit=ckpt=/etc`: read as the job's owner (nothing complete there), and no
+    `.babysitter` is created in /etc (as root, it used to be)."""
+    a, _ = test_users
+    out = owner.prepare_resume("/etc", a.name, 9, 1, settle_s=0)
+    assert out.resume_point is None
+    assert not Path("/etc/.babysitter").exists()

@@ -5,6 +5,7 @@ it is alive."""
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -74,6 +75,7 @@ class Agent:
         self._go: dict[str, threading.Event] = {}  # wakes each check's worker thread
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a run ended past its check's due time
         self.metrics = None
         if a.metrics_listen:
             from babysitter.agent.metrics import AgentMetrics
@@ -160,6 +162,8 @@ class Agent:
                 self._running.pop(check.name, None)
                 self._timed_out.discard(check.name)
             mark_hung(check, False)
+            if time.monotonic() >= self._due.get(check.name, 0.0):
+                self._wake.set()  # overdue: the loop skipped it while it ran
 
     def _watch_timeouts(self) -> None:
         """A run past its timeout becomes a critical finding; the check is not started again
@@ -182,7 +186,9 @@ class Agent:
         for c in self.checks:
             if now < self._due.get(c.name, 0) or c.name in self._running or is_hung(c):
                 continue
-            self._due[c.name] = now + c.effective_interval()
+            # on a grid of the interval: checks with the same interval run in the same wake-up
+            interval = c.effective_interval()
+            self._due[c.name] = (math.floor(now / interval) + 1) * interval
             with self._lock:
                 self._running[c.name] = time.monotonic()
             go = self._go.get(c.name)
@@ -194,16 +200,20 @@ class Agent:
             go.set()
 
     def next_wake(self) -> float:
-        """Seconds until a check is due or a running one times out (the loop sleeps till then)."""
+        """Seconds until a check is due or a running one times out (the loop sleeps till then).
+        A check still running at its due time is not waited for here: its run wakes the loop
+        when it ends (see _run_one)."""
         now = time.monotonic()
-        times = [self._due.get(c.name, now) for c in self.checks if c.name not in self._running]
         with self._lock:
-            by_name = {c.name: c for c in self.checks}
-            times += [
-                t0 + by_name[n].effective_timeout()
-                for n, t0 in self._running.items()
-                if n not in self._timed_out
-            ]
+            running = dict(self._running)
+            timed_out = set(self._timed_out)
+        times: list[float] = []
+        for c in self.checks:
+            due = self._due.get(c.name, now)
+            if c.name not in running or due > now:
+                times.append(due)
+            if c.name in running and c.name not in timed_out:
+                times.append(running[c.name] + c.effective_timeout())
         return max(0.01, min(times, default=now + 1.0) - now)
 
     def wait_first_results(self, timeout: float) -> None:
@@ -228,7 +238,7 @@ class Agent:
                 self.sources.append(src)
 
     def run(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
         self.shipper.start()
         self.start_sources()
         self.run_due_checks()
@@ -251,7 +261,8 @@ class Agent:
             # sleep until something is due: waking 5x a second for nothing costs CPU on every
             # node of the cluster
             wake = min(self.next_wake(), next_report - now, (wd / 2) if wd else 5.0)
-            self._stop.wait(max(0.01, wake))
+            self._wake.wait(max(0.01, wake))
+            self._wake.clear()
         notify("STOPPING=1")
         for go in self._go.values():
             go.set()  # workers see the stop and end
@@ -261,3 +272,4 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()

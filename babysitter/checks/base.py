@@ -59,6 +59,7 @@ class Check:
         self._kept: dict[tuple[str, object], list[Finding]] = {}
         self.tier = "slow"  # of the last run: "fast" when it read only fast-tier signals
         self._intervals: dict[str, float] | None = None
+        self._ok: dict[str, Finding] = {}
 
     # ---- signals and tiers
     def signal_intervals(self) -> dict[str, float]:
@@ -90,7 +91,7 @@ class Check:
         now = time.monotonic() if now is None else now
         intervals = self.signal_intervals()
         # a little slack so a signal on a multiple of the run interval is not skipped by jitter
-        slack = 0.25 * min(intervals.values())
+        slack = 0.5 * min(intervals.values())
         due = {s for s in intervals if now + slack >= self._next_due.get(s, 0.0)}
         for s in due:
             self._next_due[s] = now + intervals[s]
@@ -128,6 +129,22 @@ class Check:
     def enabled(self) -> bool:
         cfg = self.ctx.check_config(self.section)
         return cfg.enabled if cfg is not None else True
+
+    def steady_ok(self, component: str, code: str, message: str, **details: object) -> Finding:
+        """An `ok` finding, reused while nothing about it changes: the fast tier reports every
+        healthy GPU and port every second, and building (validating) a fresh one each time was
+        most of its cost. Its observed_at is when it was first seen ok."""
+        prev = self._ok.get(component)
+        if (
+            prev is not None
+            and prev.code == code
+            and prev.message == message
+            and prev.details == details
+        ):
+            return prev
+        f = self.finding(component, Severity.OK, code, message, Action.NONE, **details)
+        self._ok[component] = f
+        return f
 
     def finding(
         self,

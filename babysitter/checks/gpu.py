@@ -34,12 +34,22 @@ _REASONS = {
 class GpuCheck(Check):
     section = "gpu"
 
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self._thresholds: dict[str, dict[str, float]] = {}
+
     @property
     def cfg(self) -> GpuCheckConfig:
         return self.ctx.config.checks.gpu
 
     def thresholds(self, dev: Device) -> dict[str, float]:
-        return thresholds_for(dev.name, self.cfg.profile, self.cfg.thresholds)
+        # per board name: the config does not change while the check lives
+        t = self._thresholds.get(dev.name)
+        if t is None:
+            t = self._thresholds[dev.name] = thresholds_for(
+                dev.name, self.cfg.profile, self.cfg.thresholds
+            )
+        return t
 
     # a GPU lost since this list was read fails its own reads: gpu.presence reports it
     DEVICE_LIST_MAX_AGE_S = 5.0
@@ -85,8 +95,8 @@ class GpuCheck(Check):
     code_prefix = "gpu"
 
     def ok(self, dev: Device) -> Finding:
-        return self.finding(
-            dev.component, Severity.OK, f"{self.code_prefix}.ok", f"{dev.label}: ok", **dev.ids()
+        return self.steady_ok(
+            dev.component, f"{self.code_prefix}.ok", f"{dev.label}: ok", **dev.ids()
         )
 
 
@@ -146,11 +156,7 @@ class GpuPresenceCheck(Check):
                 )
             )
         for d in devs:
-            out.append(
-                self.finding(
-                    d.component, Severity.OK, "gpu.present", f"{d.label}: present", **d.ids()
-                )
-            )
+            out.append(self.steady_ok(d.component, "gpu.present", f"{d.label}: present", **d.ids()))
         if not devs and not lost and cfg.expected_count is None:
             out.append(self.finding("host", Severity.OK, "gpu.none", "no NVIDIA GPUs on this node"))
         return out

@@ -166,9 +166,7 @@ class InfinibandCheck(Check):
                 active += 1
             out.extend(
                 self.kept(comp)
-                or [
-                    self.finding(comp, Severity.OK, "ib.ok", f"{comp} ACTIVE at {rate or '?'} Gb/s")
-                ]
+                or [self.steady_ok(comp, "ib.ok", f"{comp} ACTIVE at {rate or '?'} Gb/s")]
             )
         if want_ports and active < want_ports:
             out.append(

@@ -263,7 +263,7 @@ class NvmlEvents(EventSource):
     def stop(self) -> None:
         self._stop.set()
         if self._thread:
-            self._thread.join(timeout=1.5)
+            self._thread.join(timeout=0.2)
 
     def _register(self, es: Any, dev: nvml.Device) -> int:
         supported = nvml.call(pynvml.nvmlDeviceGetSupportedEventTypes, dev.handle)
@@ -343,8 +343,9 @@ class NvmlEvents(EventSource):
             return
         while not self._stop.is_set():
             try:
-                # the thread costs nothing while blocked; a stop is seen within a second
-                ev = pynvml.nvmlEventSetWait_v2(es, 1000)
+                # the thread costs nothing while blocked (a daemon thread: stop() does not
+                # wait out the timeout)
+                ev = pynvml.nvmlEventSetWait_v2(es, 5000)
             except pynvml.NVMLError_Timeout:
                 continue
             except pynvml.NVMLError as exc:

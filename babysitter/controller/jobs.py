@@ -36,7 +36,6 @@ CKPT_SETTLE_S = 10.0  # marker-less formats: files this fresh may still be being
 REQUEUE_RULE = "job_on_failed_node"
 HISTORY_MAX = 50  # entries kept per job (a job failing every tick must not grow a row forever)
 HELD_REASONS = ("JobHeldAdmin", "JobHeldUser")
-HEARTBEAT_MAX = 64 * 1024
 
 
 # ---- the pure job policy

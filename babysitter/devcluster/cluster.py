@@ -341,7 +341,7 @@ class DevCluster:
         info.extra["jwt_token_file"] = str(token)
         self._p(STATE_FILE).write_text(json.dumps(asdict(info), indent=2))
         sock = Path(info.restd_socket)
-        args, extra_env = source.prepare_restd(sock)
+        args, extra_env = source.prepare_restd(sock, Path(info.slurm_conf))
         env = {**self._env(info), **extra_env}
         argv = self.install.argv("slurmrestd", *args, "-s", "openapi/slurmctld", f"unix:{sock}")
         logf = open(self._p("log", "slurmrestd.log"), "ab")  # noqa: SIM115 - handed to child
@@ -456,6 +456,9 @@ class DevCluster:
                 pids.add(p)
         if self._p("spool").exists():
             pids.update(cwd_pids(self._p("spool")))
+        if self._p("log").exists():
+            # a source-built 25.11 slurmstepd runs in the slurmd log dir with a cleared env
+            pids.update(cwd_pids(self._p("log")))
         root = self.chroot()
         if root is not None:
             # 24.11+ slurmstepd clears its environment and, daemonized, is no child of

@@ -69,12 +69,11 @@ def _main_checkout() -> Path:
 
 def source_dirs() -> list[Path]:
     """Where the tarball is looked for, in order (env first)."""
-    dirs = []
     env = os.environ.get(ENV_SOURCE)
-    if env:
+    if env:  # an explicit place is the only place
         p = Path(env)
-        dirs.append(p.parent if p.suffix == ".gz" else p)
-    dirs.append(REPO.parent / "shared" / "vendor")
+        return [p.parent if p.suffix == ".gz" else p]
+    dirs = [REPO.parent / "shared" / "vendor"]
     main = _main_checkout()
     if main != REPO:
         dirs.append(main.parent / "shared" / "vendor")
@@ -221,8 +220,9 @@ def restd_socket(cluster_name: str) -> Path:
     return Path("/tmp") / f"babysitter-restd-{cluster_name}" / "slurmrestd.socket"
 
 
-def prepare_restd(sock: Path) -> tuple[list[str], dict[str, str]]:
-    """The socket dir owned by the restd user; (extra argv, extra env) for slurmrestd."""
+def prepare_restd(sock: Path, slurm_conf: Path) -> tuple[list[str], dict[str, str]]:
+    """The socket dir owned by the restd user, with a copy of slurm.conf it can read (it reads
+    the config after dropping root); (extra argv, extra env) for slurmrestd."""
     import pwd
 
     try:
@@ -235,7 +235,11 @@ def prepare_restd(sock: Path) -> tuple[list[str], dict[str, str]]:
     sock.parent.mkdir(mode=0o755, exist_ok=True)
     os.chown(sock.parent, pw.pw_uid, pw.pw_gid)
     sock.unlink(missing_ok=True)
-    return ["-u", RESTD_USER, "-g", RESTD_USER, "-a", "rest_auth/jwt"], {"SLURM_JWT": "daemon"}
+    conf = sock.parent / "slurm.conf"
+    shutil.copy(slurm_conf, conf)
+    conf.chmod(0o644)
+    env = {"SLURM_JWT": "daemon", "SLURM_CONF": str(conf)}
+    return ["-u", RESTD_USER, "-g", RESTD_USER, "-a", "rest_auth/jwt"], env
 
 
 def write_root_token(scontrol: list[str], env: dict[str, str], out: Path) -> Path:
