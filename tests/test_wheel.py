@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections.abc import Iterator
@@ -231,8 +232,11 @@ def test_wheel_runs_devcluster_and_demo(wheel_venv: Path, outside: Path):
         down = _run(wheel_venv, outside, "devcluster", "down", "--base", str(base), env=env)
         assert down.returncode == 0, down.stderr
 
-    demo = outside / "demo"
+    # a short base: slurmstepd's unix socket path (spool/<node>/<node>_<job>.<step>) must stay
+    # under 108 bytes, which a pytest tmp_path plus demo/sim/slurm/spool does not
+    demo = Path(tempfile.mkdtemp(prefix="bs-demo-", dir="/tmp")) / "d"
     r = _run(wheel_venv, outside, "demo", "--base", str(demo), env=env, timeout=300)
+    shutil.rmtree(demo.parent, ignore_errors=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "demo ok" in r.stdout
     for needle in ("node drained", "job requeued", "alert sent", "node resumed"):
