@@ -11,6 +11,17 @@ from babysitter.errors import UsageError
 from babysitter.finding import exit_code
 
 
+def parse_inject(text: str | None) -> tuple[int, int, int, int] | None:
+    """`--inject DEV,I,J,BIT` (also used by `babysitter validate`)."""
+    if not text:
+        return None
+    try:
+        d, i, j, bit = (int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError("--inject wants DEV,I,J,BIT (four integers)") from None
+    return (d, i, j, bit)
+
+
 @click.command("sdc-test")
 @click.option("--backend", type=click.Choice(["auto", "numpy", "torch", "cupy"]), default=None)
 @click.option("--size", type=click.IntRange(16, 65536), default=None, help="Matrix size n.")
@@ -46,13 +57,7 @@ def sdc_test(
     from babysitter.checks.sdc.runner import run_sdc
 
     cfg = state.config.checks.sdc
-    inj = None
-    if inject:
-        try:
-            d, i, j, bit = (int(x) for x in inject.split(","))
-        except ValueError:
-            raise UsageError("--inject wants DEV,I,J,BIT (four integers)") from None
-        inj = (d, i, j, bit)
+    inj = parse_inject(inject)
     try:
         res = run_sdc(
             backend or cfg.backend,

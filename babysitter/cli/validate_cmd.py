@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from babysitter.cli.common import State, pass_state
-from babysitter.errors import UsageError
+from babysitter.cli.sdc_cmd import parse_inject
 
 # nvmlClocksThrottleReasons that mean the hardware itself is in trouble (not the workload)
 HW_THROTTLE = {
@@ -113,13 +113,7 @@ def validate(
 
     cfg = state.config
     sdc, val = cfg.checks.sdc, cfg.validation
-    inj = None
-    if inject:
-        try:
-            d, i, j, bit = (int(x) for x in inject.split(","))
-        except ValueError:
-            raise UsageError("--inject wants DEV,I,J,BIT (four integers)") from None
-        inj = (d, i, j, bit)
+    inj = parse_inject(inject)
     failures: list[str] = []
     nvml = _Nvml()
     dbe_before = nvml.dbe()
