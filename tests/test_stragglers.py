@@ -4,6 +4,8 @@ so the fleets are data. Seeded noise, many measurement rounds."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,3 +175,71 @@ def test_settings_come_from_policy_config():
     assert (d.threshold, d.consecutive, d.action) == (0.10, 3, "alert")
     with pytest.raises(ValueError):
         Config.model_validate({"policy": {"straggler_action": "reboot"}})
+
+
+# ---- wired into the controller: agents' report metrics -> the tick -> alerts / drains
+
+
+def _fleet_tick(tmp_path: Path, action: str) -> tuple[list[str], Any]:
+    import uuid
+    from datetime import UTC, datetime
+
+    from babysitter.config import Config
+    from babysitter.controller.remediation import make_engine
+    from babysitter.controller.store import Report, Store
+    from bench.slurm_standin import InMemorySlurm
+
+    store = Store(f"sqlite:///{tmp_path / f'{action}.db'}")
+    store.upgrade()
+    names = [f"n{i:02d}" for i in range(12)]
+    slurm = InMemorySlurm(names)
+    cfg = Config.model_validate(
+        {
+            "policy": {
+                "max_drained_fraction": 1.0,
+                "straggler_consecutive": 2,
+                "straggler_action": action,
+            },
+            "slurm": {"node_refresh_s": 0, "job_scan_s": 0},
+        }
+    )
+    eng = make_engine(cfg, store, slurm=slurm)
+    for round_ in range(3):  # three SDC runs: a new measured_at each time
+        reports = []
+        for i, n in enumerate(names):
+            gflops = 850.0 if n == "n03" else 1000.0 + i  # n03: 15 % slow
+            metrics = {
+                "perf_gflops": {
+                    "gpu_model": "NVIDIA H100 80GB HBM3",
+                    "gflops": [gflops] * 8,
+                    "measured_at": 1000.0 + round_,
+                }
+            }
+            reports.append(Report(n, str(uuid.uuid4()), datetime.now(UTC), [], metrics))
+        store.ingest(reports)
+        eng.tick()
+    assert eng.sender.flush()
+    drained = [n.name for n in slurm.nodes() if n.drained_or_draining]
+    return drained, store
+
+
+def test_engine_flags_the_slow_node_from_report_metrics(tmp_path: Path):
+    drained, store = _fleet_tick(tmp_path, "alert")
+    assert drained == []  # alert only by default
+    slow = [a for a in store.alerts() if a["condition"] == "node_slow"]
+    assert [a["node"] for a in slow] == ["n03"] and slow[0]["state"] == "firing"
+
+
+def test_engine_drains_a_straggler_when_configured(tmp_path: Path):
+    drained, _ = _fleet_tick(tmp_path, "drain")
+    assert drained == ["n03"]
+
+
+def test_perf_from_metrics_ignores_garbage():
+    from babysitter.controller.stragglers import perf_from_metrics
+
+    assert perf_from_metrics("n1", {"perf_gflops": {"gflops": ["x"]}}) is None
+    assert perf_from_metrics("n1", {"perf_busbw": "fast"}) is None
+    assert perf_from_metrics("n1", []) is None
+    p = perf_from_metrics("n1", {"perf_busbw": {"busbw_gbps": 390, "measured_at": 5}})
+    assert p is not None and p.busbw_gbps == 390.0 and p.gflops == ()

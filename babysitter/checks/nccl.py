@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,7 @@ class NcclPerfCheck(Check):
         measured = max(top.busbw_oop, top.busbw_ip)
         wrong = sum(r.wrong for r in rows)
         out = []
+        self.metrics["perf_busbw"] = {"busbw_gbps": measured, "measured_at": time.time()}
         details: dict[str, Any] = {
             "measured_gbps": measured,
             "expected_gbps": expected,

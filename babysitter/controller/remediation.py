@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
@@ -44,6 +45,14 @@ from babysitter.controller.policy import (
     drain_limit,
 )
 from babysitter.controller.store import Store, aware
+from babysitter.controller.stragglers import (
+    CONDITION,
+    NodePerf,
+    StragglerSettings,
+    Streak,
+    evaluate,
+    perf_from_metrics,
+)
 from babysitter.controller.validation import Validator, summarise
 from babysitter.slurm.client import (
     SlurmClient,
@@ -110,6 +119,9 @@ class RemediationEngine:
         self._batch: list[tuple[dict[str, Any], Decision]] = []  # this tick's real drains/resumes
         self._job_listing: list[Any] | None = None  # shared by this tick's requeue_jobs actions
         self._written: dict[str, dict[str, Any]] = {}  # node columns last written by tick()
+        self._perfs: list[NodePerf] = []
+        self._straggler_streaks: dict[str, Streak] = {}
+        self.straggler_settings = StragglerSettings.from_config(cfg)
         self.validator = Validator(cfg, store, self.slurm)
         self._guard_written: dict[str, Any] | None = None
 
@@ -175,6 +187,11 @@ class RemediationEngine:
 
     def facts(self, now: datetime) -> tuple[list[NodeFacts], ClusterFacts]:
         rows = self.store.node_rows()
+        self._perfs = [
+            perf
+            for r in rows
+            if (perf := perf_from_metrics(r["name"], r.get("metrics"))) is not None
+        ]
         actions = self.store.actions(limit=5000)
         pending_drains = {
             a["node"] for a in actions if a["status"] == "pending" and a["kind"] == "drain"
@@ -262,6 +279,9 @@ class RemediationEngine:
         now = now or datetime.now(UTC)
         read = self._read_slurm()
         facts, cluster = self.facts(now)
+        slow = self._isolated("stragglers", lambda: self._stragglers(facts))
+        if slow is not None:
+            facts = slow[0]
         result = decide(facts, cluster, self.settings, now)
         # actions recorded during this tick (follow-ups, admin requests) run from the next one
         pending = self.store.pending_actions()
@@ -273,6 +293,21 @@ class RemediationEngine:
         firing: list[Alert] = []
         clearing: list[tuple[str | None, str]] = []
         self._batch = []
+        for d in slow[1] if slow is not None else []:
+            if d.kind == "alert" and d.node:
+                firing.append(
+                    Alert(
+                        d.node,
+                        d.condition,
+                        d.severity,
+                        d.reason,
+                        "nothing changed in Slurm",
+                        now,
+                        details=d.details,
+                    )
+                )
+            elif d.kind == "resolve_alert":
+                clearing.append((d.node, d.condition))
         for d in result.decisions:
             self._isolated(
                 f"decision {d.kind} {d.node or ''}",
@@ -289,6 +324,41 @@ class RemediationEngine:
         self._isolated("alerts", lambda: self._alert(firing, clearing, now))
         self._isolated("jobs", lambda: self.jobs.tick(self.slurm_nodes, now))
         return result.decisions
+
+    def _stragglers(self, facts: list[NodeFacts]) -> tuple[list[NodeFacts], list[Decision]]:
+        """Compare each node's throughput with its GPU model's fleet median (pure policy in
+        controller/stragglers.py). A straggler the site wants drained becomes a drain-worthy
+        finding of the node, so the blast-radius guard applies to it like to any other."""
+        res = evaluate(self._perfs, self._straggler_streaks, self.straggler_settings)
+        self._straggler_streaks = res.streaks
+        drains = {d.node: d for d in res.decisions if d.kind == "drain" and d.node}
+        if drains:
+            facts = [
+                replace(
+                    f,
+                    open_findings=(
+                        *f.open_findings,
+                        {
+                            "check": "stragglers",
+                            "component": "host",
+                            "severity": "warning",
+                            "code": CONDITION,
+                            "action": "drain",
+                            "message": drains[f.name].reason,
+                        },
+                    ),
+                )
+                if f.name in drains
+                else f
+                for f in facts
+            ]
+        alerts = [
+            Decision("alert", d.node, d.rule, d.reason, "warning", CONDITION, details=d.details)
+            if d.kind == "drain"
+            else d
+            for d in res.decisions
+        ]
+        return facts, alerts
 
     def _apply(
         self,

@@ -154,3 +154,28 @@ def _slow_decision(
         CONDITION,
         details={"gpu_model": p.gpu_model, "consecutive": st.slow, **evidence},
     )
+
+
+def perf_from_metrics(node: str, metrics: Any) -> NodePerf | None:
+    """A node's latest throughput from its report metrics (`perf_gflops` from the SDC check,
+    `perf_busbw` from the NCCL check). A node speaks only for itself, and a malformed value
+    is no measurement rather than an error."""
+    if not isinstance(metrics, dict):
+        return None
+    g = metrics.get("perf_gflops")
+    b = metrics.get("perf_busbw")
+    gflops: tuple[float, ...] = ()
+    model, stamps = "", []
+    try:
+        if isinstance(g, dict):
+            gflops = tuple(float(x) for x in list(g.get("gflops") or [])[:64])
+            model = str(g.get("gpu_model") or "")[:128]
+            stamps.append(float(g.get("measured_at") or 0))
+        busbw = float(b["busbw_gbps"]) if isinstance(b, dict) else None
+        if isinstance(b, dict):
+            stamps.append(float(b.get("measured_at") or 0))
+    except (TypeError, ValueError, KeyError):
+        return None
+    if not gflops and busbw is None:
+        return None
+    return NodePerf(node, model or "unknown", max(stamps, default=0.0), gflops, busbw)

@@ -4,6 +4,7 @@ cycles from a job; a node drained for validation is idle by definition."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from babysitter.checks import nvml
@@ -51,6 +52,15 @@ class SdcCheck(Check):
             ]
         cfg = self.ctx.config.checks.sdc
         state = Path(self.ctx.config.agent.spool_path).parent
-        return run_sdc(
+        res = run_sdc(
             cfg.backend, cfg.size, cfg.dtype, cfg.seed, state_dir=state, check_name=self.name
-        ).findings
+        )
+        if res.devices:
+            # throughput for the controller's straggler policy; kept in every report until the
+            # next run, since the test itself runs rarely (hourly, on idle GPUs)
+            self.metrics["perf_gflops"] = {
+                "gpu_model": res.devices[0].model,
+                "gflops": [round(d.gflops, 1) for d in res.devices],
+                "measured_at": time.time(),
+            }
+        return res.findings
