@@ -19,6 +19,13 @@ RUNBOOK: dict[str, str] = {
     "driver/firmware roll-out rather than GPUs. Investigate, then `babysitter guard reset` "
     "(POST /api/v1/guard/reset) to let babysitter drain again.",
     "lemon_node": "This node keeps failing: take it out for hardware diagnostics / RMA.",
+    "validation_failed": "The node failed its validation job after its fault cleared: read the "
+    "reason (SDC mismatch, ECC or throttling under stress, NCCL), reset or reboot it; babysitter "
+    "validates it again after clean reports.",
+    "validation_lemon": "The node failed validation validation.max_attempts times: diagnostics / "
+    "RMA, then `babysitter resume NODE`.",
+    "node_slow": "A straggler: this node computes or communicates well below its GPU model's "
+    "fleet median. Check clocks, power capping, thermals and PCIe/NVLink link width.",
     "job_requeue_limit": "The job hit max_requeues and is held: look at its log and nodes, "
     "then `scontrol release` it or cancel it.",
     "job_hung": "The job made no progress within its hang_timeout while its GPUs were idle: "
