@@ -344,6 +344,10 @@ class DevCluster:
         args, extra_env = source.prepare_restd(sock, Path(info.slurm_conf))
         env = {**self._env(info), **extra_env}
         argv = self.install.argv("slurmrestd", *args, "-s", "openapi/slurmctld", f"unix:{sock}")
+        self._spawn_restd(argv, env, sock)
+
+    def _spawn_restd(self, argv: list[str], env: dict[str, str], sock: Path) -> None:
+        """Start slurmrestd (either build), record its pid and wait for its socket."""
         logf = open(self._p("log", "slurmrestd.log"), "ab")  # noqa: SIM115 - handed to child
         proc = subprocess.Popen(
             argv,
@@ -369,18 +373,7 @@ class DevCluster:
         # no slurmdbd: only the slurmctld plugins (the dbv ones would fail)
         argv += ["-s", "openapi/v0.0.38" if self.install.version < (23, 0) else "openapi/slurmctld"]
         argv.append(f"unix:{sock}")
-        logf = open(self._p("log", "slurmrestd.log"), "ab")  # noqa: SIM115 - handed to child
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=str(self.base),
-        )
-        logf.close()
-        self._p("run", "slurmrestd.pid").write_text(str(proc.pid))
-        self._wait(sock.exists, 10, "slurmrestd socket")
+        self._spawn_restd(argv, env, sock)
 
     # ---- state
     def _need_info(self) -> ClusterInfo:
