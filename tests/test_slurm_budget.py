@@ -88,3 +88,55 @@ def test_fast_node_line_parse_matches_the_general_one():
     ]
     for line in lines + extra:
         assert node_line(line) == parse.node_from_scontrol(line)
+
+
+def test_steady_tick_passes_only_nodes_that_may_need_a_decision(tmp_path):
+    """At 2,000 nodes a steady tick hands the policy only the nodes that may need a decision
+    (none while all are healthy), and still sees each kind of change: a fault (drained), a
+    node someone else drains in Slurm (its state written), a node gone silent (verdict
+    unknown), the fault clearing (resumed)."""
+    from dataclasses import replace
+    from datetime import timedelta
+
+    store = Store(f"sqlite:///{tmp_path / 'inc.db'}")
+    store.upgrade()
+    names = [f"n{i:05d}" for i in range(2000)]
+    t0 = datetime.now(UTC)
+    store.ingest([Report(x, str(uuid.uuid4()), t0, [], {}) for x in names])
+    slurm = InMemorySlurm(names)
+    cfg = Config.model_validate(
+        {"policy": {"max_drained_fraction": 1.0}, "slurm": {"node_refresh_s": 0}}
+    )
+    engine = make_engine(cfg, store, slurm=slurm)
+    engine.tick(t0)  # the first tick is a full pass: every verdict written
+    assert {n["verdict"] for n in store.node_rows()} == {"healthy"}
+    facts, cluster = engine.facts(t0)
+    assert facts == [] and cluster.partition_sizes == {"gpu": 2000}
+
+    sick, other, silent = names[10], names[20], names[30]
+    store.ingest([Report(sick, str(uuid.uuid4()), t0, [DBE], {})])
+    held = slurm._nodes[other]
+    slurm._nodes[other] = replace(held, flags=frozenset({"DRAIN"}), reason="admin: fan")
+    engine.tick(t0)
+    assert slurm.node(sick).drained_or_draining
+    row = store.node(other)
+    assert row is not None and row["slurm_reason"] == "admin: fan"
+    assert "DRAIN" in row["slurm_state"]
+
+    # everyone but `silent` keeps reporting; past the heartbeat timeout it is unknown
+    later = t0 + timedelta(seconds=cfg.controller.heartbeat_timeout_s + 10)
+    with store.engine.begin() as c:
+        from sqlalchemy import update
+
+        from babysitter.controller import models as m
+
+        c.execute(update(m.nodes).where(m.nodes.c.name != silent).values(last_report_at=later))
+    engine.tick(later)
+    assert store.node(silent)["verdict"] == "unknown"
+    assert store.node(names[40])["verdict"] == "healthy"
+
+    for _ in range(cfg.policy.resume_after_clean_checks):
+        store.ingest([Report(sick, str(uuid.uuid4()), datetime.now(UTC), [], {})])
+    engine.tick(datetime.now(UTC))
+    assert not slurm.node(sick).drained_or_draining
+    store.close()

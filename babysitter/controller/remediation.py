@@ -53,6 +53,7 @@ from babysitter.controller.stragglers import (
     evaluate,
     perf_from_metrics,
 )
+from babysitter.controller.tickreads import perf_metrics, policy_rows, xid_history
 from babysitter.controller.validation import Validator, summarise
 from babysitter.slurm.client import (
     SlurmClient,
@@ -65,6 +66,9 @@ from babysitter.slurm.client import (
 
 log = logging.getLogger(__name__)
 ITEM_TIMEOUT_S = 30.0  # one job's work (checkpoint scan, heartbeat read) at most this long
+# every node goes through the policy at least this often, changed or not (a safety net: a
+# steady tick passes only the nodes that may need a decision, see controller/tickreads.py)
+FULL_PASS_S = 600.0
 T = TypeVar("T")
 
 
@@ -120,6 +124,14 @@ class RemediationEngine:
         self._job_listing: list[Any] | None = None  # shared by this tick's requeue_jobs actions
         self._written: dict[str, dict[str, Any]] = {}  # node columns last written by tick()
         self._perfs: list[NodePerf] = []
+        self._perf_read_at = float("-inf")
+        self._full_pass_at: float | None = None
+        # per node snapshot: nodes whose Slurm state changed (the next tick passes them to the
+        # policy), nodes Slurm holds drained/down, and the guard's partition aggregates
+        self._slurm_changed: set[str] = set()
+        self._slurm_held: set[str] = set()
+        self._partitions: dict[str, int] = {}
+        self._drained_by_us: dict[str, int] = {}
         self._straggler_streaks: dict[str, Streak] = {}
         self.straggler_settings = StragglerSettings.from_config(cfg)
         self.validator = Validator(cfg, store, self.slurm)
@@ -170,12 +182,14 @@ class RemediationEngine:
     def _read_slurm(self, force: bool = False) -> bool:
         """One snapshot of every Slurm node, shared by every decision of the tick. At 10,000
         nodes each read costs slurmctld ~20 ms of CPU (bench/slurm_load.py), so it is re-read
-        at a bounded rate; ownership is re-checked by the drain/resume call itself."""
+        at a bounded rate; ownership is re-checked by the drain/resume call itself. The
+        partition aggregates the guard needs and the nodes whose Slurm state changed are
+        worked out here, once per snapshot, not once per tick."""
         fresh = time.monotonic() - self._slurm_read_at < self.cfg.slurm.node_refresh_s
         if self.slurm_ok and fresh and not self._slurm_stale and not force:
             return False
         try:
-            self.slurm_nodes = {n.name: n for n in self.slurm.nodes()}
+            snapshot = {n.name: n for n in self.slurm.nodes()}
             self.slurm_ok = True
             self._slurm_read_at = time.monotonic()
             self._slurm_stale = False
@@ -183,15 +197,48 @@ class RemediationEngine:
             if self.slurm_ok:
                 log.warning("Slurm unavailable, decisions will wait: %s", exc)
             self.slurm_ok = False
+            return True
+        old, self.slurm_nodes = self.slurm_nodes, snapshot
+        self._slurm_changed.update(name for name, sn in snapshot.items() if old.get(name) != sn)
+        self._slurm_changed.update(name for name in old if name not in snapshot)
+        prefix = self.cfg.slurm.reason_prefix
+        partitions: dict[str, int] = {}
+        drained_by_us: dict[str, int] = {}
+        held: set[str] = set()
+        for known in snapshot.values():
+            parts = known.partitions or ("default",)
+            for p in parts:
+                partitions[p] = partitions.get(p, 0) + 1
+            if known.drained_or_draining or known.down:
+                held.add(known.name)
+                if known.drained_or_draining and known.reason.startswith(prefix):
+                    for p in parts:
+                        drained_by_us[p] = drained_by_us.get(p, 0) + 1
+        self._partitions, self._drained_by_us, self._slurm_held = (
+            partitions,
+            drained_by_us,
+            held,
+        )
         return True
 
-    def facts(self, now: datetime) -> tuple[list[NodeFacts], ClusterFacts]:
-        rows = self.store.node_rows()
+    def _read_perfs(self) -> None:
+        """Throughput measurements (stragglers) change on the slow check tiers: re-read at the
+        node snapshot's rate, only the rows that carry one."""
+        if time.monotonic() - self._perf_read_at < self.cfg.slurm.node_refresh_s:
+            return
+        self._perf_read_at = time.monotonic()
         self._perfs = [
             perf
-            for r in rows
-            if (perf := perf_from_metrics(r["name"], r.get("metrics"))) is not None
+            for name, metrics in perf_metrics(self.store)
+            if (perf := perf_from_metrics(name, metrics)) is not None
         ]
+
+    def facts(self, now: datetime) -> tuple[list[NodeFacts], ClusterFacts]:
+        """Facts of the nodes that may need a decision (all of them on a full pass: the first
+        tick, every FULL_PASS_S, after a large Slurm change) and the cluster aggregates the
+        guard needs. A node left out is healthy, reporting, not drained and already written
+        as healthy: the policy would decide nothing for it."""
+        self._isolated("perfs", self._read_perfs)
         actions = self.store.actions(limit=5000)
         pending_drains = {
             a["node"] for a in actions if a["status"] == "pending" and a["kind"] == "drain"
@@ -204,26 +251,65 @@ class RemediationEngine:
                 drains_by_node.setdefault(a["node"], []).append(when)
                 if now - when <= timedelta(hours=1):
                     drains_last_hour += 1
-        xids: dict[str, list[tuple[str, int, datetime]]] = {}
-        for f in self.store.findings(
-            since=now - timedelta(hours=24), severity="critical", limit=10_000
-        ):
-            code = str(f["code"])
-            if code.startswith("xid.") and code[4:].isascii() and code[4:].isdigit():
-                xids.setdefault(f["node"], []).append(
-                    (f["component"], int(code[4:12]), f["observed_at"])
-                )
+        xids = xid_history(self.store, now - timedelta(hours=24))
         validations = summarise(actions)
+        full = self._full_pass_at is None or time.monotonic() - self._full_pass_at >= FULL_PASS_S
+        if full:
+            self._full_pass_at = time.monotonic()
+            rows = policy_rows(self.store, full=True)
+        else:
+            named = (
+                self._slurm_changed
+                | self._slurm_held
+                | pending_drains
+                | drains_by_node.keys()
+                | xids.keys()
+                | validations.keys()
+                | self._alerting_nodes()
+            )
+            stale = now - timedelta(seconds=self.settings.heartbeat_timeout_s)
+            rows = policy_rows(self.store, stale_before=stale, names=named)
+        self._slurm_changed = set()
+        facts = self._node_facts(rows, now, pending_drains, drains_by_node, xids, validations)
+        drained_by_us = dict(self._drained_by_us)
+        if self.settings.dry_run:  # a dry-run drain holds its place in the guard's count
+            for f, r in zip(facts, rows, strict=True):
+                if r["babysitter_drained"]:
+                    for p in f.partitions:
+                        drained_by_us[p] = drained_by_us.get(p, 0) + 1
+        cluster = ClusterFacts(
+            partition_sizes=dict(self._partitions),
+            drained_by_us=drained_by_us,
+            drains_last_hour=drains_last_hour,
+            guard_tripped=bool(self.store.kv_get(GUARD_KEY, False)),
+        )
+        return facts, cluster
+
+    def _alerting_nodes(self) -> set[str]:
+        """Nodes with a firing alert: the policy must see them to resolve it."""
+        out = set()
+        for key in self.router.firing_keys():
+            node, _, _ = key.partition("|")
+            if node != "cluster":
+                out.add(node)
+        return out
+
+    def _node_facts(
+        self,
+        rows: list[dict[str, Any]],
+        now: datetime,
+        pending_drains: set[str] | None = None,
+        drains_by_node: dict[str, list[datetime]] | None = None,
+        xids: dict[str, list[tuple[str, int, datetime]]] | None = None,
+        validations: dict[str, Any] | None = None,
+    ) -> list[NodeFacts]:
+        pending_drains = pending_drains or set()
+        drains_by_node = drains_by_node or {}
+        xids = xids or {}
+        validations = validations or {}
         prefix = self.cfg.slurm.reason_prefix
         own_check_mark = f"{prefix} {HEALTHCHECK_MARK}"
         facts: list[NodeFacts] = []
-        partitions: dict[str, int] = {}
-        drained_by_us: dict[str, int] = {}
-        for known in self.slurm_nodes.values():
-            for p in known.partitions or ("default",):
-                partitions[p] = partitions.get(p, 0) + 1
-                if known.drained_or_draining and known.reason.startswith(prefix):
-                    drained_by_us[p] = drained_by_us.get(p, 0) + 1
         for r in rows:
             sn = self.slurm_nodes.get(r["name"])
             last = r["last_report_at"]
@@ -244,8 +330,6 @@ class RemediationEngine:
                 parts = ("default",)
             if dry_drained:
                 drained = True
-                for p in parts:
-                    drained_by_us[p] = drained_by_us.get(p, 0) + 1
             facts.append(
                 NodeFacts(
                     name=r["name"],
@@ -266,20 +350,14 @@ class RemediationEngine:
                     ),
                 )
             )
-        cluster = ClusterFacts(
-            partition_sizes=partitions,
-            drained_by_us=drained_by_us,
-            drains_last_hour=drains_last_hour,
-            guard_tripped=bool(self.store.kv_get(GUARD_KEY, False)),
-        )
-        return facts, cluster
+        return facts
 
     # ---- the loop body
     def tick(self, now: datetime | None = None) -> list[Decision]:
         now = now or datetime.now(UTC)
         read = self._read_slurm()
         facts, cluster = self.facts(now)
-        slow = self._isolated("stragglers", lambda: self._stragglers(facts))
+        slow = self._isolated("stragglers", lambda: self._stragglers(facts, now))
         if slow is not None:
             facts = slow[0]
         result = decide(facts, cluster, self.settings, now)
@@ -325,13 +403,20 @@ class RemediationEngine:
         self._isolated("jobs", lambda: self.jobs.tick(self.slurm_nodes, now))
         return result.decisions
 
-    def _stragglers(self, facts: list[NodeFacts]) -> tuple[list[NodeFacts], list[Decision]]:
+    def _stragglers(
+        self, facts: list[NodeFacts], now: datetime | None = None
+    ) -> tuple[list[NodeFacts], list[Decision]]:
         """Compare each node's throughput with its GPU model's fleet median (pure policy in
         controller/stragglers.py). A straggler the site wants drained becomes a drain-worthy
         finding of the node, so the blast-radius guard applies to it like to any other."""
         res = evaluate(self._perfs, self._straggler_streaks, self.straggler_settings)
         self._straggler_streaks = res.streaks
         drains = {d.node: d for d in res.decisions if d.kind == "drain" and d.node}
+        missing = drains.keys() - {f.name for f in facts}
+        if missing:  # healthy otherwise, so not passed this tick: the straggler finding is new
+            facts = facts + self._node_facts(
+                policy_rows(self.store, names=missing), now or datetime.now(UTC)
+            )
         if drains:
             facts = [
                 replace(
