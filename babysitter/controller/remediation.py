@@ -199,7 +199,10 @@ class RemediationEngine:
             self.slurm_ok = False
             return True
         old, self.slurm_nodes = self.slurm_nodes, snapshot
-        self._slurm_changed.update(name for name, sn in snapshot.items() if old.get(name) != sn)
+        # (the cli backend hands back the same object for an unchanged node line)
+        self._slurm_changed.update(
+            name for name, sn in snapshot.items() if (o := old.get(name)) is not sn and o != sn
+        )
         self._slurm_changed.update(name for name in old if name not in snapshot)
         prefix = self.cfg.slurm.reason_prefix
         partitions: dict[str, int] = {}
