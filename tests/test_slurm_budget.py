@@ -92,9 +92,9 @@ def test_fast_node_line_parse_matches_the_general_one():
 
 def test_steady_tick_passes_only_nodes_that_may_need_a_decision(tmp_path):
     """At 2,000 nodes a steady tick hands the policy only the nodes that may need a decision
-    (none while all are healthy), and still sees each kind of change: a fault (drained), a
-    node someone else drains in Slurm (its state written), a node gone silent (verdict
-    unknown), the fault clearing (resumed)."""
+    (none while all are healthy, but for a sweep's share of them), and still sees each kind
+    of change: a fault (drained), a node someone else drains in Slurm (its state written), a
+    node gone silent (verdict unknown), the fault clearing (resumed)."""
     from dataclasses import replace
     from datetime import timedelta
 
@@ -111,7 +111,8 @@ def test_steady_tick_passes_only_nodes_that_may_need_a_decision(tmp_path):
     engine.tick(t0)  # the first tick is a full pass: every verdict written
     assert {n["verdict"] for n in store.node_rows()} == {"healthy"}
     facts, cluster = engine.facts(t0)
-    assert facts == [] and cluster.partition_sizes == {"gpu": 2000}
+    # only the sweep's share (every node within FULL_PASS_S): 2,000 / 600 ticks
+    assert len(facts) <= 4 and cluster.partition_sizes == {"gpu": 2000}
 
     sick, other, silent = names[10], names[20], names[30]
     store.ingest([Report(sick, str(uuid.uuid4()), t0, [DBE], {})])

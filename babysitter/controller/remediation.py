@@ -67,7 +67,8 @@ from babysitter.slurm.client import (
 log = logging.getLogger(__name__)
 ITEM_TIMEOUT_S = 30.0  # one job's work (checkpoint scan, heartbeat read) at most this long
 # every node goes through the policy at least this often, changed or not (a safety net: a
-# steady tick passes only the nodes that may need a decision, see controller/tickreads.py)
+# steady tick passes only the nodes that may need a decision, see controller/tickreads.py):
+# each tick sweeps its share of the nodes in turn, no tick pays for all of them at once
 FULL_PASS_S = 600.0
 T = TypeVar("T")
 
@@ -125,7 +126,9 @@ class RemediationEngine:
         self._written: dict[str, dict[str, Any]] = {}  # node columns last written by tick()
         self._perfs: list[NodePerf] = []
         self._perf_read_at = float("-inf")
-        self._full_pass_at: float | None = None
+        self._full_pass_done = False  # the first tick passes every node
+        self._sweep: list[str] = []  # every node in Slurm, in the sweep's order
+        self._sweep_at = 0
         # per node snapshot: nodes whose Slurm state changed (the next tick passes them to the
         # policy), nodes Slurm holds drained/down, and the guard's partition aggregates
         self._slurm_changed: set[str] = set()
@@ -199,6 +202,8 @@ class RemediationEngine:
             self.slurm_ok = False
             return True
         old, self.slurm_nodes = self.slurm_nodes, snapshot
+        if len(old) != len(snapshot) or old.keys() != snapshot.keys():
+            self._sweep = sorted(snapshot)
         # (the cli backend hands back the same object for an unchanged node line)
         self._slurm_changed.update(
             name for name, sn in snapshot.items() if (o := old.get(name)) is not sn and o != sn
@@ -238,7 +243,8 @@ class RemediationEngine:
 
     def facts(self, now: datetime) -> tuple[list[NodeFacts], ClusterFacts]:
         """Facts of the nodes that may need a decision (all of them on a full pass: the first
-        tick, every FULL_PASS_S, after a large Slurm change) and the cluster aggregates the
+        tick, after a large Slurm change), a share of the rest in turn (every node within
+        FULL_PASS_S) and the cluster aggregates the
         guard needs. A node left out is healthy, reporting, not drained and already written
         as healthy: the policy would decide nothing for it."""
         self._isolated("perfs", self._read_perfs)
@@ -256,13 +262,13 @@ class RemediationEngine:
                     drains_last_hour += 1
         xids = xid_history(self.store, now - timedelta(hours=24))
         validations = summarise(actions)
-        full = self._full_pass_at is None or time.monotonic() - self._full_pass_at >= FULL_PASS_S
-        if full:
-            self._full_pass_at = time.monotonic()
+        if not self._full_pass_done:
+            self._full_pass_done = True
             rows = policy_rows(self.store, full=True)
         else:
             named = (
-                self._slurm_changed
+                self._sweep_share()
+                | self._slurm_changed
                 | self._slurm_held
                 | pending_drains
                 | drains_by_node.keys()
@@ -287,6 +293,16 @@ class RemediationEngine:
             guard_tripped=bool(self.store.kv_get(GUARD_KEY, False)),
         )
         return facts, cluster
+
+    def _sweep_share(self) -> set[str]:
+        """This tick's share of every node, in turn: all of them within FULL_PASS_S."""
+        if not self._sweep:
+            return set()
+        ticks = max(1.0, FULL_PASS_S / self.cfg.controller.loop_interval_s)
+        k = max(1, -(-len(self._sweep) // int(ticks)))
+        start = self._sweep_at % len(self._sweep)
+        self._sweep_at = start + k
+        return set(self._sweep[start : start + k])
 
     def _alerting_nodes(self) -> set[str]:
         """Nodes with a firing alert: the policy must see them to resolve it."""
