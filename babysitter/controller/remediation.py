@@ -53,7 +53,14 @@ from babysitter.controller.stragglers import (
     evaluate,
     perf_from_metrics,
 )
-from babysitter.controller.tickreads import perf_metrics, policy_rows, xid_history
+from babysitter.controller.tickstore import (
+    Settled,
+    perf_metrics,
+    policy_rows,
+    record_actions,
+    settle,
+    xid_history,
+)
 from babysitter.controller.validation import Validator, summarise
 from babysitter.slurm.client import (
     SlurmClient,
@@ -67,7 +74,7 @@ from babysitter.slurm.client import (
 log = logging.getLogger(__name__)
 ITEM_TIMEOUT_S = 30.0  # one job's work (checkpoint scan, heartbeat read) at most this long
 # every node goes through the policy at least this often, changed or not (a safety net: a
-# steady tick passes only the nodes that may need a decision, see controller/tickreads.py):
+# steady tick passes only the nodes that may need a decision, see controller/tickstore.py):
 # each tick sweeps its share of the nodes in turn, no tick pays for all of them at once
 FULL_PASS_S = 600.0
 T = TypeVar("T")
@@ -405,10 +412,15 @@ class RemediationEngine:
                 )
             elif d.kind == "resolve_alert":
                 clearing.append((d.node, d.condition))
+        # the tick's drains/resumes are recorded in one transaction (a rack: one, not 32)
+        moves = [d for d in result.decisions if d.kind in ("drain", "resume")]
+        ids = self._isolated("record actions", lambda: self._record_moves(moves, now)) or {}
         for d in result.decisions:
             self._isolated(
                 f"decision {d.kind} {d.node or ''}",
-                lambda d=d: self._apply(d, cluster, now, firing, clearing),  # type: ignore[misc]
+                lambda d=d: self._apply(  # type: ignore[misc]
+                    d, cluster, now, firing, clearing, ids.get(id(d))
+                ),
             )
         self._isolated("batch", lambda: self._execute_batch(now, firing, clearing))
         self._run_pending(pending, now)
@@ -464,6 +476,23 @@ class RemediationEngine:
         ]
         return facts, alerts
 
+    def _record_moves(self, moves: list[Decision], now: datetime) -> dict[int, int]:
+        """Pending actions of the tick's drain/resume decisions: id(decision) -> action id."""
+        if not moves:
+            return {}
+        rows = [
+            {
+                "kind": d.kind,
+                "node": d.node,
+                "reason": d.reason,
+                "rule": d.rule,
+                "requested_by": "policy",
+                "dry_run": d.dry_run,
+            }
+            for d in moves
+        ]
+        return dict(zip(map(id, moves), record_actions(self.store, rows, now), strict=True))
+
     def _apply(
         self,
         d: Decision,
@@ -471,16 +500,18 @@ class RemediationEngine:
         now: datetime,
         firing: list[Alert],
         clearing: list[tuple[str | None, str]],
+        aid: int | None = None,
     ) -> None:
         if d.kind in ("drain", "resume"):
-            aid = self.store.record_action(
-                d.kind,
-                node=d.node,
-                reason=d.reason,
-                rule=d.rule,
-                requested_by="policy",
-                dry_run=d.dry_run,
-            )
+            if aid is None:
+                aid = self.store.record_action(
+                    d.kind,
+                    node=d.node,
+                    reason=d.reason,
+                    rule=d.rule,
+                    requested_by="policy",
+                    dry_run=d.dry_run,
+                )
             action = {
                 "id": aid,
                 "kind": d.kind,
@@ -661,6 +692,7 @@ class RemediationEngine:
             groups.setdefault(key, []).append((a, d))
         if batch:
             self._slurm_stale = True
+        results: list[tuple[dict[str, Any], Decision, SlurmError | None]] = []
         for (kind, reason), items in groups.items():
             nodes = [str(d.node) for _, d in items]
             try:
@@ -673,10 +705,59 @@ class RemediationEngine:
                 res = {n: exc for n in nodes}
             for a, d in items:
                 err = res.get(str(d.node), SlurmError(f"{kind} {d.node}: no answer for it"))
-                outcome = self._isolated(
-                    f"action {kind} {d.node}", partial(self._settle, a, err, now)
+                results.append((a, d, err))
+        # every outcome in one transaction; item by item if that fails
+        outcomes = self._isolated("settle", lambda: self._settle_many(results, now)) or {}
+        for a, d, err in results:
+            outcome = outcomes.get(a["id"]) or self._isolated(
+                f"action {a['kind']} {d.node}", partial(self._settle, a, err, now)
+            )
+            self._node_alert(d, outcome or "failed", firing, clearing, now)
+
+    def _settle_many(
+        self, results: list[tuple[dict[str, Any], Decision, SlurmError | None]], now: datetime
+    ) -> dict[int, str]:
+        """Record the outcomes of a batch of drains/resumes in one transaction (those waiting
+        for Slurm are rescheduled one by one); returns action id -> status."""
+        out: dict[int, str] = {}
+        s = Settled()
+        for a, _, err in results:
+            aid, kind, node, reason = a["id"], a["kind"], a["node"], a.get("reason") or ""
+            if isinstance(err, SlurmUnavailable):
+                continue  # _settle reschedules it
+            if isinstance(err, SlurmNotOwned):
+                s.actions.append((aid, "skipped", str(err)))
+                out[aid] = "skipped"
+            elif err is not None:
+                s.actions.append((aid, "failed", str(err)))
+                out[aid] = "failed"
+            elif kind == "drain":
+                s.drained.append((node, reason))
+                # the drain's follow-up is an action of its own, retried like any other
+                s.follow_ups.append(
+                    {
+                        "kind": "requeue_jobs",
+                        "node": node,
+                        "reason": reason,
+                        "rule": REQUEUE_RULE,
+                        "requested_by": "policy",
+                        "dry_run": False,
+                    }
                 )
-                self._node_alert(d, outcome or "failed", firing, clearing, now)
+                s.actions.append((aid, "done", "ok"))
+                out[aid] = "done"
+            else:
+                s.resumed.append(node)
+                s.actions.append((aid, "done", "ok"))
+                out[aid] = "done"
+        settle(self.store, s, now)
+        for a, _, _ in results:
+            status = out.get(a["id"])
+            if a["kind"] == "drain" and status in ("done", "failed"):
+                self.metrics.drains.labels(status).inc()
+            elif a["kind"] == "resume" and status == "done":
+                self.metrics.resumes.labels("done").inc()
+        return out
 
     def _settle(self, a: dict[str, Any], err: SlurmError | None, now: datetime) -> str:
         """Record the outcome of a batched drain/resume of one node; returns its status."""
