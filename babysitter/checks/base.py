@@ -1,8 +1,8 @@
 """The check interface, the registry and the runner.
 
 A check is a class with a name, a default interval and timeout, and `run() -> list[Finding]`.
-Register it with `@register`; `babysitter.checks.all` imports every check module explicitly
-(gpud-style), so the registry is complete once that module is imported.
+`babysitter.checks.all` lists every check and event source explicitly (gpud-style); nothing
+registers itself on import.
 
 Checks keep their own state between runs on `self` (counter deltas, flap windows); a check
 instance lives as long as the agent. Checks report healthy components too (severity `ok`), so
@@ -166,16 +166,6 @@ class Check:
         )
 
 
-REGISTRY: dict[str, type[Check]] = {}
-
-
-def register(cls: type[Check]) -> type[Check]:
-    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
-        raise ValueError(f"duplicate check name {cls.name}")
-    REGISTRY[cls.name] = cls
-    return cls
-
-
 class EventSource:
     """Pushes findings as events happen (a thread per source, not per poll)."""
 
@@ -192,14 +182,6 @@ class EventSource:
 
     def stop(self) -> None:
         pass
-
-
-EVENT_SOURCES: dict[str, type[EventSource]] = {}
-
-
-def register_event_source(cls: type[EventSource]) -> type[EventSource]:
-    EVENT_SOURCES[cls.name] = cls
-    return cls
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 import pynvml
 
 from babysitter.checks import nvml
-from babysitter.checks.base import Check, register
+from babysitter.checks.base import Check
 from babysitter.checks.nvml import NOT_SUPPORTED, Device, call
 from babysitter.checks.thresholds import thresholds_for
 from babysitter.config import GpuCheckConfig
@@ -100,7 +100,6 @@ class GpuCheck(Check):
         )
 
 
-@register
 class GpuPresenceCheck(Check):
     """Driver loads, every GPU answers, the count is what the node should have."""
 
@@ -162,7 +161,6 @@ class GpuPresenceCheck(Check):
         return out
 
 
-@register
 class GpuMemoryCheck(GpuCheck):
     """ECC errors, retired pages and row remapping."""
 
@@ -294,7 +292,6 @@ class GpuMemoryCheck(GpuCheck):
         return out
 
 
-@register
 class GpuNvlinkCheck(GpuCheck):
     """Every NVLink the board has is up; error counters do not climb."""
 
@@ -373,7 +370,6 @@ class GpuNvlinkCheck(GpuCheck):
         return out
 
 
-@register
 class GpuPcieCheck(GpuCheck):
     """PCIe link trained at full width (a x8 link halves host<->GPU bandwidth)."""
 
@@ -425,7 +421,6 @@ class GpuPcieCheck(GpuCheck):
         return out
 
 
-@register
 class GpuThermalCheck(GpuCheck):
     """Temperature against the board's slowdown/shutdown thresholds; HW clock slowdowns."""
 

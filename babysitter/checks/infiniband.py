@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from babysitter.checks.base import Check, register
+from babysitter.checks.base import Check
 from babysitter.config import InfinibandCheckConfig
 from babysitter.finding import Action, Finding, Severity
 
@@ -98,7 +98,6 @@ class PortState:
     last_change: float = 0.0
 
 
-@register
 class InfinibandCheck(Check):
     name = "ib.ports"
     section = "infiniband"

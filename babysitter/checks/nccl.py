@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from babysitter.checks.base import Check, register
+from babysitter.checks.base import Check
 from babysitter.config import NcclCheckConfig
 from babysitter.finding import Action, Finding, Severity
 
@@ -93,7 +93,6 @@ def parse_all_reduce_perf(text: str) -> tuple[list[PerfRow], float | None]:
     return rows, avg
 
 
-@register
 class NcclPerfCheck(Check):
     name = "nccl.perf"
     section = "nccl"
@@ -246,7 +245,6 @@ def job_id_of(path: Path) -> str | None:
     return m.group(1) if m else None
 
 
-@register
 class NcclLogCheck(Check):
     name = "nccl.logs"
     section = "nccl"
