@@ -14,7 +14,7 @@ check at its shortest signal interval; `begin()` tells the check which signals a
 `keep()` remembers each signal's last findings so a run that reads only the fast signals still
 reports everything. A one-shot run (`babysitter check`) reads every signal.
 
-Event sources (NVML events, kmsg follow) are separate: `EventSource.start(emit)` runs a thread
+Event sources (NVML events) are separate: `EventSource.start(emit)` runs a thread
 that calls `emit(findings)` as soon as something happens.
 """
 
@@ -23,13 +23,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from babysitter.checks import tiers
 from babysitter.finding import Action, Finding, Severity
 
 if TYPE_CHECKING:
+    from babysitter.checks.profile import Expectations, NodeProfile
     from babysitter.config import CheckConfig, Config
 
 
@@ -39,9 +40,18 @@ class CheckContext:
 
     config: Config
     node_name: str
+    _profile: NodeProfile | None = field(default=None, init=False, repr=False, compare=False)
 
     def check_config(self, section: str) -> CheckConfig | None:
         return getattr(self.config.checks, section, None)
+
+    def expect(self) -> Expectations:
+        """What the node's hardware profile (checks/profile.py) says the checks should find."""
+        if self._profile is None:
+            from babysitter.checks.profile import NodeProfile
+
+            self._profile = NodeProfile(self.config)
+        return self._profile.get()
 
 
 class Check:

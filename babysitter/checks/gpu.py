@@ -14,8 +14,6 @@ import pynvml
 from babysitter.checks import nvml
 from babysitter.checks.base import Check
 from babysitter.checks.nvml import NOT_SUPPORTED, Device, call
-from babysitter.checks.thresholds import thresholds_for
-from babysitter.config import GpuCheckConfig
 from babysitter.finding import Action, Finding, Severity
 
 # clock event (throttle) reason bits, nvml.h
@@ -34,22 +32,9 @@ _REASONS = {
 class GpuCheck(Check):
     section = "gpu"
 
-    def __init__(self, *a: Any, **kw: Any) -> None:
-        super().__init__(*a, **kw)
-        self._thresholds: dict[str, dict[str, float]] = {}
-
-    @property
-    def cfg(self) -> GpuCheckConfig:
-        return self.ctx.config.checks.gpu
-
-    def thresholds(self, dev: Device) -> dict[str, float]:
-        # per board name: the config does not change while the check lives
-        t = self._thresholds.get(dev.name)
-        if t is None:
-            t = self._thresholds[dev.name] = thresholds_for(
-                dev.name, self.cfg.profile, self.cfg.thresholds
-            )
-        return t
+    def thresholds(self) -> dict[str, float]:
+        """The node's hardware profile's GPU thresholds, with the site's overrides."""
+        return self.ctx.expect().gpu
 
     # a GPU lost since this list was read fails its own reads: gpu.presence reports it
     DEVICE_LIST_MAX_AGE_S = 5.0
@@ -110,7 +95,6 @@ class GpuPresenceCheck(Check):
 
     def run(self) -> list[Finding]:
         self.begin()  # one signal ("handles"), read on every run
-        cfg = self.ctx.config.checks.gpu
         try:
             devs, lost = nvml.devices()
         except nvml.NvmlUnavailable as exc:
@@ -142,21 +126,22 @@ class GpuPresenceCheck(Check):
                 )
             )
         seen = len(devs) + len(lost)
-        if cfg.expected_count is not None and seen < cfg.expected_count:
+        expected = self.ctx.expect().gpu_count
+        if expected is not None and seen < expected:
             out.append(
                 self.finding(
                     "host",
                     Severity.CRITICAL,
                     "gpu.count_low",
-                    f"{seen} GPUs visible, {cfg.expected_count} expected",
+                    f"{seen} GPUs visible, {expected} expected",
                     Action.REBOOT,
                     visible=seen,
-                    expected=cfg.expected_count,
+                    expected=expected,
                 )
             )
         for d in devs:
             out.append(self.steady_ok(d.component, "gpu.present", f"{d.label}: present", **d.ids()))
-        if not devs and not lost and cfg.expected_count is None:
+        if not devs and not lost and expected is None:
             out.append(self.finding("host", Severity.OK, "gpu.none", "no NVIDIA GPUs on this node"))
         return out
 
@@ -173,7 +158,7 @@ class GpuMemoryCheck(GpuCheck):
         self._dbe_volatile: dict[int, int] = {}
 
     def read(self, signal: str, dev: Device) -> list[Finding]:
-        t = self.thresholds(dev)
+        t = self.thresholds()
         h = dev.handle
         out: list[Finding] = []
 
@@ -312,7 +297,7 @@ class GpuNvlinkCheck(GpuCheck):
         return self._errors(dev)
 
     def _state(self, dev: Device) -> list[Finding]:
-        t = self.thresholds(dev)
+        t = self.thresholds()
         out: list[Finding] = []
         expected = int(t.get("expected_nvlinks", 0))
         active_links: list[int] = []
@@ -342,7 +327,7 @@ class GpuNvlinkCheck(GpuCheck):
         return out
 
     def _errors(self, dev: Device) -> list[Finding]:
-        t = self.thresholds(dev)
+        t = self.thresholds()
         out: list[Finding] = []
         for link in self._active.get(dev.index, []):
             for counter in range(4):  # replay, recovery, CRC flit, CRC data
@@ -378,7 +363,7 @@ class GpuPcieCheck(GpuCheck):
     code_prefix = "pcie"
 
     def read(self, signal: str, dev: Device) -> list[Finding]:
-        t = self.thresholds(dev)
+        t = self.thresholds()
         h = dev.handle
         out: list[Finding] = []
         if signal == "width":
@@ -429,7 +414,7 @@ class GpuThermalCheck(GpuCheck):
     code_prefix = "thermal"
 
     def read(self, signal: str, dev: Device) -> list[Finding]:
-        t = self.thresholds(dev)
+        t = self.thresholds()
         h = dev.handle
         out: list[Finding] = []
         util = call(pynvml.nvmlDeviceGetUtilizationRates, h)

@@ -15,8 +15,8 @@ import pynvml
 
 from babysitter.checks import nvml
 from babysitter.checks.base import Check, EventSource
-from babysitter.checks.xid_catalog import classify
 from babysitter.finding import Action, Finding, Severity
+from babysitter.hardware.xids import XidClass, classify
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def _norm_pci(pci: str) -> str:
 def xid_finding(
     check: str,
     xid: int,
-    overrides: dict[int, str],
+    overrides: dict[int, XidClass],
     component: str,
     where: str,
     extra: str = "",
