@@ -1,4 +1,4 @@
-"""The check interface, the registry and the runner.
+"""The check interface, the signal scheduling and the runner.
 
 A check is a class with a name, a default interval and timeout, and `run() -> list[Finding]`.
 `babysitter.checks.all` lists every check and event source explicitly (gpud-style); nothing
