@@ -141,3 +141,46 @@ def test_steady_tick_passes_only_nodes_that_may_need_a_decision(tmp_path):
     engine.tick(datetime.now(UTC))
     assert not slurm.node(sick).drained_or_draining
     store.close()
+
+
+def test_a_slow_node_listing_neither_delays_the_tick_nor_undoes_its_drains(tmp_path):
+    """At 2,000 nodes the tick does not wait for a slow `scontrol show node`: it decides on
+    the previous listing plus its own drains since, so the failed node is drained once, the
+    guard counts it, and a listing started before the drain does not bring it back."""
+    import threading
+    import time
+
+    store = Store(f"sqlite:///{tmp_path / 'slow.db'}")
+    store.upgrade()
+    names = [f"n{i:05d}" for i in range(2000)]
+    now = datetime.now(UTC)
+    store.ingest([Report(x, str(uuid.uuid4()), now, [], {}) for x in names])
+    slurm = InMemorySlurm(names)
+    cfg = Config.model_validate(
+        {"policy": {"max_drained_fraction": 1.0}, "slurm": {"node_refresh_s": 0}}
+    )
+    engine = make_engine(cfg, store, slurm=slurm)
+    engine.tick()  # the first listing is waited for
+    release = threading.Event()
+    listed = slurm.nodes
+
+    def slow_nodes():
+        before = listed()  # the state when the listing started
+        release.wait(30)
+        return before
+
+    slurm.nodes = slow_nodes  # type: ignore[method-assign]
+    store.ingest([Report(names[7], str(uuid.uuid4()), datetime.now(UTC), [DBE], {})])
+    t = time.monotonic()
+    engine.tick()
+    assert time.monotonic() - t < 10  # not the 30 s the listing would take
+    assert slurm.node(names[7]).drained_or_draining
+    for _ in range(2):
+        engine.tick()
+    release.set()
+    time.sleep(0.2)
+    engine.tick()  # takes up the listing that started before the drain
+    engine.tick()
+    assert sum(1 for op, _ in slurm.calls if op == "drain_many") == 1
+    assert engine.facts(datetime.now(UTC))[1].drained_by_us == {"gpu": 1}
+    store.close()

@@ -77,6 +77,10 @@ ITEM_TIMEOUT_S = 30.0  # one job's work (checkpoint scan, heartbeat read) at mos
 # steady tick passes only the nodes that may need a decision, see controller/tickstore.py):
 # each tick sweeps its share of the nodes in turn, no tick pays for all of them at once
 FULL_PASS_S = 600.0
+# a node listing the tick waits for at most (then it decides on the previous one); clusters
+# smaller than SNAPSHOT_ASYNC_NODES are listed in well under that and always waited for
+SNAPSHOT_WAIT_S = 0.2
+SNAPSHOT_ASYNC_NODES = 1000
 T = TypeVar("T")
 
 
@@ -128,6 +132,10 @@ class RemediationEngine:
         # the node snapshot is re-read every slurm.node_refresh_s, or at once after a change
         self._slurm_read_at = 0.0
         self._slurm_stale = True
+        self._snap_pool = ThreadPoolExecutor(1, thread_name_prefix="slurm-snapshot")
+        self._snap: Future[list[SlurmNode]] | None = None
+        self._snap_started = 0.0
+        self._moved: dict[str, tuple[float, SlurmNode]] = {}  # our changes since: see _read_slurm
         self._batch: list[tuple[dict[str, Any], Decision]] = []  # this tick's real drains/resumes
         self._job_listing: list[Any] | None = None  # shared by this tick's requeue_jobs actions
         self._written: dict[str, dict[str, Any]] = {}  # node columns last written by tick()
@@ -187,6 +195,7 @@ class RemediationEngine:
     def close(self) -> None:
         self.sender.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._snap_pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- facts
     def _read_slurm(self, force: bool = False) -> bool:
@@ -194,20 +203,45 @@ class RemediationEngine:
         nodes each read costs slurmctld ~20 ms of CPU (bench/slurm_load.py), so it is re-read
         at a bounded rate; ownership is re-checked by the drain/resume call itself. The
         partition aggregates the guard needs and the nodes whose Slurm state changed are
-        worked out here, once per snapshot, not once per tick."""
+        worked out here, once per snapshot, not once per tick.
+
+        The listing runs on its own thread. A large cluster's listing takes 0.5 s and more
+        (seconds on a busy host): the tick waits at most SNAPSHOT_WAIT_S for it and otherwise
+        decides on the previous snapshot plus its own drains/resumes since (`_moved`), and a
+        later tick takes the new one up. A small cluster's tick waits for it, as does the
+        first tick. Returns True when a snapshot was taken up (or the read failed)."""
         fresh = time.monotonic() - self._slurm_read_at < self.cfg.slurm.node_refresh_s
-        if self.slurm_ok and fresh and not self._slurm_stale and not force:
+        if self._snap is None and not (
+            self.slurm_ok and fresh and not self._slurm_stale and not force
+        ):
+            self._snap = self._snap_pool.submit(self.slurm.nodes)
+            self._snap_started = time.monotonic()
+        if self._snap is None:
             return False
+        small = 0 < len(self.slurm_nodes) < SNAPSHOT_ASYNC_NODES
+        wait = SNAPSHOT_WAIT_S if self.slurm_nodes and not small else None
         try:
-            snapshot = {n.name: n for n in self.slurm.nodes()}
-            self.slurm_ok = True
-            self._slurm_read_at = time.monotonic()
-            self._slurm_stale = False
+            listing = self._snap.result(timeout=wait)
+        except FutureTimeout:
+            return False
         except SlurmError as exc:
+            self._snap = None
             if self.slurm_ok:
                 log.warning("Slurm unavailable, decisions will wait: %s", exc)
             self.slurm_ok = False
             return True
+        finally:
+            if self._snap is not None and self._snap.done():
+                self._snap = None
+        self.slurm_ok = True
+        self._slurm_read_at = time.monotonic()
+        self._slurm_stale = False
+        snapshot = {n.name: n for n in listing}
+        # our own changes made after this listing started are not in it yet
+        self._moved = {k: v for k, v in self._moved.items() if v[0] >= self._snap_started}
+        for name, (_, node) in self._moved.items():
+            if name in snapshot:
+                snapshot[name] = node
         old, self.slurm_nodes = self.slurm_nodes, snapshot
         if len(old) != len(snapshot) or old.keys() != snapshot.keys():
             self._sweep = sorted(snapshot)
@@ -216,11 +250,17 @@ class RemediationEngine:
             name for name, sn in snapshot.items() if (o := old.get(name)) is not sn and o != sn
         )
         self._slurm_changed.update(name for name in old if name not in snapshot)
+        self._aggregate()
+        return True
+
+    def _aggregate(self) -> None:
+        """The guard's partition sizes and babysitter-drained counts, and the nodes Slurm
+        holds drained/down, from the current snapshot."""
         prefix = self.cfg.slurm.reason_prefix
         partitions: dict[str, int] = {}
         drained_by_us: dict[str, int] = {}
         held: set[str] = set()
-        for known in snapshot.values():
+        for known in self.slurm_nodes.values():
             parts = known.partitions or ("default",)
             for p in parts:
                 partitions[p] = partitions.get(p, 0) + 1
@@ -234,7 +274,26 @@ class RemediationEngine:
             drained_by_us,
             held,
         )
-        return True
+
+    def _moved_here(self, drained: list[tuple[str, str]], resumed: list[str]) -> None:
+        """Our own drains/resumes, applied to the snapshot at once: the next tick must not
+        decide them again (nor the guard count without them) before the next listing."""
+        at = time.monotonic()
+        prefix = self.cfg.slurm.reason_prefix
+        for name, reason in drained:
+            if (sn := self.slurm_nodes.get(name)) is not None:
+                node = replace(sn, flags=sn.flags | {"DRAIN"}, reason=f"{prefix} {reason}")
+                self.slurm_nodes[name] = node
+                self._moved[name] = (at, node)
+        for name in resumed:
+            if (sn := self.slurm_nodes.get(name)) is not None:
+                node = replace(sn, flags=sn.flags - {"DRAIN", "DRAINED", "DRAINING"}, reason="")
+                self.slurm_nodes[name] = node
+                self._moved[name] = (at, node)
+        if drained or resumed:
+            self._slurm_changed.update(n for n, _ in drained)
+            self._slurm_changed.update(resumed)
+            self._aggregate()
 
     def _read_perfs(self) -> None:
         """Throughput measurements (stragglers) change on the slow check tiers: re-read at the
@@ -751,6 +810,7 @@ class RemediationEngine:
                 s.actions.append((aid, "done", "ok"))
                 out[aid] = "done"
         settle(self.store, s, now)
+        self._moved_here(s.drained, s.resumed)
         for a, _, _ in results:
             status = out.get(a["id"])
             if a["kind"] == "drain" and status in ("done", "failed"):
