@@ -211,15 +211,18 @@ class RemediationEngine:
         later tick takes the new one up. A small cluster's tick waits for it, as does the
         first tick. Returns True when a snapshot was taken up (or the read failed)."""
         fresh = time.monotonic() - self._slurm_read_at < self.cfg.slurm.node_refresh_s
+        started = False
         if self._snap is None and not (
             self.slurm_ok and fresh and not self._slurm_stale and not force
         ):
             self._snap = self._snap_pool.submit(self.slurm.nodes)
             self._snap_started = time.monotonic()
+            started = True
         if self._snap is None:
             return False
         small = 0 < len(self.slurm_nodes) < SNAPSHOT_ASYNC_NODES
-        wait = SNAPSHOT_WAIT_S if self.slurm_nodes and not small else None
+        # only the tick that starts a listing waits for it; later ticks only look
+        wait = (SNAPSHOT_WAIT_S if started else 0.0) if self.slurm_nodes and not small else None
         try:
             listing = self._snap.result(timeout=wait)
         except FutureTimeout:
