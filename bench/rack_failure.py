@@ -81,6 +81,7 @@ def run_backend(info: Any, backend: str, work: Path) -> tuple[list[dict[str, Any
                 break
             time.sleep(0.2)
         handled = time.monotonic() - t0
+        load_at_rack = os.getloadavg()  # the 2-core machine is shared: how busy it was
         rpcs = ctld.rpcs()
         right = sum(1 for r in done.values() if r == REASON)
         fail(ctl, rack2)
@@ -136,6 +137,7 @@ def run_backend(info: Any, backend: str, work: Path) -> tuple[list[dict[str, Any
         "rpcs_during_rack_failure": {k: v[0] for k, v in rpcs.items()},
         "wrong_reasons": {n: r for n, r in done.items() if r != REASON},
         "ticks": ticks,
+        "loadavg_at_rack_failure": load_at_rack,
     }
     return figs, details
 

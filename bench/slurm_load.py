@@ -61,6 +61,7 @@ def main(argv: list[str]) -> int:
             )
             load = Load(ctl, node_names(info))
             sizes: list[tuple[float, int]] = []
+            loads: list[float] = []  # 1-min load average during phase B (the box is shared)
             try:
                 load.start()
                 time.sleep(WARMUP_S)
@@ -69,6 +70,7 @@ def main(argv: list[str]) -> int:
 
                 def sample() -> None:
                     sizes.append((time.monotonic(), ctl.db_bytes()))
+                    loads.append(os.getloadavg()[0])
 
                 b = measure(ctld, "B: babysitter + ingest", LOAD_S, sample)
                 ticks = tick_stats(ctl.ticks(since=tick_from))
@@ -84,6 +86,11 @@ def main(argv: list[str]) -> int:
         devcluster_up_s=round(up_s, 1),
         clean_report_minutes=CLEAN_MINUTES,
         loadavg_at_end=os.getloadavg(),  # the 2-core machine is shared: say how busy it was
+        loadavg_during_b={
+            "min": min(loads, default=float("nan")),
+            "mean": sum(loads) / len(loads) if loads else float("nan"),
+            "max": max(loads, default=float("nan")),
+        },
     )
     write_result(
         "slurm_load" if backend == "cli" else f"slurm_load_{backend}",
