@@ -74,3 +74,24 @@ def test_big_devcluster_batched_drain_through_cli(big: ClusterInfo) -> None:
     res = client.resume_many(rack)
     assert isinstance(res[rack[0]], SlurmNotOwned) and all(res[n] is None for n in rack[1:])
     assert set(sinfo_reasons(big)) == {rack[0]}
+
+
+def test_big_devcluster_batched_drain_through_rest(big: ClusterInfo) -> None:
+    """22.05's slurmrestd has no node update: the rest backend drains through scontrol, in
+    one update for the batch and one small lookup, not one per node nor a full REST listing."""
+    from babysitter.slurm.rest import RestSlurmClient
+
+    client = RestSlurmClient(f"unix://{big.restd_socket}", slurm_conf=Path(big.slurm_conf))
+    assert not client.has_node_update
+    rack = big.fake_nodes[6999:7005]
+    slurm(big, "sdiag", "--reset")
+    res = client.drain_many(rack, "gpu.memory: rack 8 ECC")
+    counts = rpc_counts(big)
+    assert all(res[n] is None for n in rack)
+    assert counts.get("REQUEST_UPDATE_NODE") == 1 and counts.get("REQUEST_NODE_INFO") == 1
+    assert all(sinfo_reasons(big)[n] == "babysitter: gpu.memory: rack 8 ECC" for n in rack)
+    slurm(big, "sdiag", "--reset")
+    res = client.resume_many(rack)
+    assert all(res[n] is None for n in rack)
+    assert rpc_counts(big).get("REQUEST_UPDATE_NODE") == 1
+    assert not set(rack) & set(sinfo_reasons(big))

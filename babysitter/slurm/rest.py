@@ -181,15 +181,19 @@ class RestSlurmClient(OwnedClient):
         if self.has_node_update:  # one POST per node: the path takes one name
             for n in nodes:
                 self._set_drain(n, reason)
+        elif len(nodes) > 1:  # scontrol, as the base does: one update RPC for all of them
+            self.sc.drain(",".join(nodes), reason)
         else:
-            super()._set_drain_many(nodes, reason)
+            super()._set_drain(nodes[0], reason)
 
     def _set_resume_many(self, nodes: list[str]) -> None:
         if self.has_node_update:
             for n in nodes:
                 self._set_resume(n)
+        elif len(nodes) > 1:
+            self.sc.resume(",".join(nodes))
         else:
-            super()._set_resume_many(nodes)
+            super()._set_resume(nodes[0])
 
     def _set_requeue(self, job_id: int, hold: bool) -> None:
         if self.has_requeue and not hold:
