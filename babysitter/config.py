@@ -12,12 +12,13 @@ import os
 import socket
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from babysitter.errors import ConfigError
+from babysitter.finding import Severity
 
 DEFAULT_CONFIG_PATH = Path("/etc/babysitter/babysitter.toml")
 ENV_CONFIG = "BABYSITTER_CONFIG"
@@ -197,7 +198,14 @@ class ValidationConfig(Section):
         return self.partition is not None
 
 
-Severity_ = Literal["info", "warning", "critical"]
+def _routable(v: Severity) -> Severity:
+    if v is Severity.OK:
+        raise ValueError("a route's lowest severity is info, warning or critical")
+    return v
+
+
+# the lowest severity a sink receives: Severity's own order decides (no second order here)
+RouteSeverity = Annotated[Severity, AfterValidator(_routable)]
 
 
 class AlertsConfig(Section):
@@ -209,10 +217,18 @@ class AlertsConfig(Section):
     )
     webhook_url: str | None = Field(None, description="generic JSON webhook")
     timeout_s: float = Field(5.0, gt=0, description="timeout of every alert delivery")
-    route_alertmanager: Severity_ = Field("warning", description="lowest severity sent there")
-    route_slack: Severity_ = Field("warning", description="lowest severity sent to Slack")
-    route_pagerduty: Severity_ = Field("critical", description="lowest severity that pages")
-    route_webhook: Severity_ = Field("info", description="lowest severity sent to the webhook")
+    route_alertmanager: RouteSeverity = Field(
+        Severity.WARNING, description="lowest severity sent there"
+    )
+    route_slack: RouteSeverity = Field(
+        Severity.WARNING, description="lowest severity sent to Slack"
+    )
+    route_pagerduty: RouteSeverity = Field(
+        Severity.CRITICAL, description="lowest severity that pages"
+    )
+    route_webhook: RouteSeverity = Field(
+        Severity.INFO, description="lowest severity sent to the webhook"
+    )
     repeat_interval_s: float = Field(
         4 * 3600, gt=0, description="re-send a still-firing alert after this long"
     )

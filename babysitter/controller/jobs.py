@@ -27,6 +27,7 @@ from babysitter.config import Config
 from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.store import Store
+from babysitter.finding import Severity
 from babysitter.job import parse_babysit_args
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmJob, SlurmNode
 
@@ -271,7 +272,7 @@ class JobTracker:
                     Alert(
                         None,
                         cond,
-                        "warning",
+                        Severity.WARNING,
                         why,
                         "requeued it from its last checkpoint"
                         if requeue
@@ -357,7 +358,7 @@ class JobTracker:
                 Alert(
                     None,
                     f"job_unplaceable_{j.job_id}",
-                    "warning",
+                    Severity.WARNING,
                     f"job {j.job_id} ({j.name[:100]}) requires node(s) {','.join(stuck)}, "
                     "which babysitter drained: it waits for them to be resumed",
                     f"requeued job {j.job_id} without excluding {','.join(stuck)}",
@@ -384,7 +385,7 @@ class JobTracker:
                 Alert(
                     None,
                     f"job_requeue_limit_{j.job_id}",
-                    "warning",
+                    Severity.WARNING,
                     f"job {j.job_id} ({j.name[:100]}) hit max_requeues={limit} after: {why}",
                     f"requeued job {j.job_id} held, excluding {','.join(bad_nodes)}",
                     now,

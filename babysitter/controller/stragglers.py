@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from babysitter.controller.policy import Decision
+from babysitter.finding import Severity
 
 CONDITION = "node_slow"
 RULE = "node_slow"
@@ -150,7 +151,7 @@ def _slow_decision(
         p.node,
         RULE,
         reason,
-        "warning",
+        Severity.WARNING,
         CONDITION,
         details={"gpu_model": p.gpu_model, "consecutive": st.slow, **evidence},
     )
