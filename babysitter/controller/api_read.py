@@ -42,7 +42,7 @@ def read_router(
 
     @router.get("/jobs")
     def list_jobs(_: Principal = Depends(reader)) -> list[dict[str, Any]]:
-        return store.jobs()
+        return [dict(j) for j in store.jobs()]
 
     @router.get("/actions")
     def list_actions(

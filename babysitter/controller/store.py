@@ -8,7 +8,7 @@ import functools
 import json
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from sqlalchemy import (
     Engine,
@@ -24,6 +24,7 @@ from sqlalchemy import (
 
 from babysitter.controller import models as m
 from babysitter.finding import Action, Finding, Severity
+from babysitter.job import BabysitSpec
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,36 @@ def stored_finding(d: dict[str, Any]) -> Finding:
         observed_at=when if isinstance(when, datetime) and when.tzinfo else now(),
         details=d.get("details") or {},
     )
+
+
+class HistoryEntry(TypedDict, total=False):
+    """One entry of a job's history (jobs.history, JSON): what babysitter did or hit."""
+
+    event: str  # requeue | held | error
+    at: str  # ISO time
+    restart_count: int
+    why: str
+    error: str
+    excluded: list[str]
+    resume_point: str | None
+    checkpoint: str
+
+
+class JobRow(TypedDict, total=False):
+    """A row of the jobs table, as the repository hands it out."""
+
+    job_id: int
+    name: str | None
+    user: str | None
+    nodes: list[str]
+    state: str | None
+    babysit: BabysitSpec
+    restart_count: int
+    requeues: int
+    resume_point: str | None
+    history: list[HistoryEntry]
+    first_seen_at: datetime | None
+    updated_at: datetime | None
 
 
 def make_engine(url: str) -> Engine:
@@ -304,13 +335,13 @@ class Store:
                     m.jobs.insert().values(job_id=job_id, first_seen_at=ts, updated_at=ts, **values)
                 )
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self) -> list[JobRow]:
         with self.engine.connect() as c:
             rows = [r._asdict() for r in c.execute(select(m.jobs).order_by(m.jobs.c.job_id))]
         for r in rows:
             r["first_seen_at"] = aware(r["first_seen_at"])
             r["updated_at"] = aware(r["updated_at"])
-        return rows
+        return [cast(JobRow, r) for r in rows]
 
     # ---- alerts
     def upsert_alert(self, key: str, **values: Any) -> None:
