@@ -10,6 +10,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, cast
 
+from pydantic import ValidationError
 from sqlalchemy import (
     Engine,
     String,
@@ -55,10 +56,10 @@ def stored_severity(value: object) -> Severity:
     validated Finding), so anything else was written by hand or by a broken version: it is
     logged (once per value) and read as WARNING, never as ok. A health daemon must not
     call a node healthy because of a word it cannot read, and must not drain it for one
-    either (WARNING makes it suspect and alerts)."""
+    either: WARNING makes the node suspect, shown as such, not drained."""
     sev = _SEVERITIES.get(value) if isinstance(value, str) else None
     if sev is None:
-        _unreadable(f"severity {value!r}")
+        _unreadable(f"severity {value!r}", Severity.WARNING)
         return Severity.WARNING
     return sev
 
@@ -67,23 +68,32 @@ def stored_action(value: object) -> Action:
     """A recommended action read back from the database; unknown ones read as INSPECT (logged)."""
     act = _ACTIONS.get(value) if isinstance(value, str) else None
     if act is None:
-        _unreadable(f"action {value!r}")
+        _unreadable(f"action {value!r}", Action.INSPECT)
         return Action.INSPECT
     return act
 
 
-def _unreadable(what: str) -> None:
-    if what not in _unreadable_logged:
+def _unreadable(what: str, read_as: str) -> None:
+    if what not in _unreadable_logged and len(_unreadable_logged) < 100:
         _unreadable_logged.add(what)
-        log.error("unknown %s in the database: read as %s", what, "WARNING/INSPECT")
+        log.error("unknown %s in the database: read as %s", what, read_as)
 
 
 def stored_finding(d: dict[str, Any]) -> Finding:
     """An open finding as stored in a node's row (Finding.to_json_dict, written by ingest),
-    back as a Finding. Built without re-running the validators (they ran when the report came
-    in; the policy reads every node's findings every tick), but with the enums checked."""
+    back as a Finding. One that no longer validates (a severity or action nobody can read,
+    written by hand or by another version) is still read, with its enums mapped as
+    stored_severity/stored_action say, rather than dropped or ranked ok."""
+    try:
+        return Finding.model_validate(d)  # the common case, and pydantic-core's fast path
+    except ValidationError:
+        pass
     observed = d.get("observed_at")
-    when = datetime.fromisoformat(observed) if isinstance(observed, str) else observed
+    try:
+        when = datetime.fromisoformat(observed) if isinstance(observed, str) else None
+    except ValueError:
+        when = None
+    details = d.get("details")
     return Finding.model_construct(
         check=str(d.get("check", "")),
         component=str(d.get("component", "")),
@@ -91,8 +101,8 @@ def stored_finding(d: dict[str, Any]) -> Finding:
         code=str(d.get("code", "")),
         message=str(d.get("message", "")),
         action=stored_action(d.get("action", "none")),
-        observed_at=when if isinstance(when, datetime) and when.tzinfo else now(),
-        details=d.get("details") or {},
+        observed_at=aware(when) or now(),
+        details=details if isinstance(details, dict) else {},
     )
 
 
