@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
+from babysitter.controller.policy import rule_description
 from babysitter.controller.store import Store
 
 GUARD_KEY = "guard_tripped"
@@ -24,6 +25,7 @@ def guard_view(store: Store) -> dict[str, Any]:
     if not tripped:
         info.update(rule="", reason="", since=None, blocked=[])
     info["state"] = "tripped" if tripped else ("undecided" if info.get("undecided") else "armed")
+    info["rule_description"] = rule_description(info.get("rule"))
     return info
 
 
