@@ -32,6 +32,7 @@ from babysitter.controller import models as m
 from babysitter.controller.auth import NODE_HEADER, Authenticator, Principal
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.store import Store, aware, now, stored_severity
+from babysitter.controller.wake import DrainWake
 from babysitter.finding import Action, Finding, Severity
 from babysitter.report import Report
 
@@ -265,9 +266,14 @@ class ReportWriter:
     """The batching writer of reports into the store's database."""
 
     def __init__(
-        self, store: Store, batch_max: int = 500, max_open_findings: int = MAX_OPEN_FINDINGS
+        self,
+        store: Store,
+        batch_max: int = 500,
+        max_open_findings: int = MAX_OPEN_FINDINGS,
+        wake: DrainWake | None = None,
     ) -> None:
         self.engine = store.engine
+        self.wake = wake  # told of each committed batch: a new fault wakes the policy loop
         self.batch_max = batch_max
         self.max_open_findings = max_open_findings
         self._insert_report = (
@@ -326,6 +332,8 @@ class ReportWriter:
             try:
                 outcome = self.write([r for r, _ in batch])
                 self.ingested_batches += 1
+                if self.wake is not None:
+                    self.wake.note(r for r, _ in batch)
             except Exception as exc:
                 if len(batch) > 1 and _is_data_error(exc):
                     self._one_by_one(batch)
@@ -342,6 +350,8 @@ class ReportWriter:
             outcome: list[bool] | BaseException
             try:
                 outcome = self.write([item[0]])
+                if self.wake is not None:
+                    self.wake.note([item[0]])
             except Exception as exc:
                 log.warning("report %s of %s refused: %s", item[0].report_id, item[0].node, exc)
                 outcome = _rejected(exc) if _is_data_error(exc) else IngestError(str(exc))
