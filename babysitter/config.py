@@ -58,7 +58,9 @@ class AgentConfig(Section):
         None, description="host:port for the agent's Prometheus metrics (off when unset)"
     )
     enabled_checks: list[str] | None = Field(
-        None, description="checks to run (default: every non-invasive check that is supported)"
+        None,
+        description="checks to run, by name or prefix (default: every non-invasive check that "
+        "is supported; an invasive one, sdc.matmul or nccl.perf, runs only when named here)",
     )
     ca_file: Path | None = Field(
         None, description="CA bundle to verify an https controller with (agent and CLI)"

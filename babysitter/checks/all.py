@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from babysitter.checks import gpu, host, infiniband, nccl, xid
 from babysitter.checks.base import Check, CheckContext, EventSource
+from babysitter.errors import ConfigError, UsageError
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,12 @@ def select_checks(
     names or name prefixes. An invasive check runs only when one of them names it (or with
     include_invasive): the default set never takes the GPUs from a job."""
     wanted = only or ctx.config.agent.enabled_checks
+    unknown = [w for w in wanted or [] if not any(_named(e.name, [w]) for e in CHECKS)]
+    if unknown:  # a typo would silently leave a check out
+        where = "--only" if only else "agent.enabled_checks"
+        known = ", ".join(sorted(e.name for e in CHECKS))
+        error = UsageError if only else ConfigError
+        raise error(f"{where}: {', '.join(unknown)} names no check (checks: {known})")
     out: list[Check] = []
     for entry in sorted(CHECKS, key=lambda e: e.name):
         if wanted and not _named(entry.name, wanted):
