@@ -4,12 +4,18 @@ blast-radius guard is opened so that 20 drains in a row are allowed), for XID 79
 without an XID, DBE (with its NVML event, as a GPU sends it, and without one, as on a board
 that does not support ECC events), row-remap failure, NVLink down, IB port down and a PCIe
 width drop (a warning: fault -> the finding at the controller) — >= 20 injections each, beside
-the raw Slurm drain latency measured in the same run. The same faults again with every polled
-check at 0.5 s (the old bench setting) for reference; and fault -> babysat job requeued.
+the raw Slurm drain latency measured in the same run. A fast-tier fault is injected at a random
+point of the 1 s polling grid (a real fault does not wait for the agent's clock: without the
+jitter the bench's own recover -> inject cycle locked every injection to the same phase), and
+each injection also records when the agent observed it (the finding's observed_at), so a slow
+sample shows whether detection or shipping + decision + drain took the time. The same faults
+again with every polled check at 0.5 s (the old bench setting) for reference; and fault ->
+babysat job requeued.
 Run: python -m bench.fault_drain [injections [reference injections]]"""
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 import sys
@@ -38,6 +44,7 @@ POLICY = {
 FAST_FAULTS = ("xid79", "gpu_lost", "dbe", "dbe_polled", "row_remap_failure", "ib_port_down")
 SLOW_FAULTS = ("nvlink_down", "pcie_width")  # slow tier: injected on every node at once
 MUST = ("xid79", "gpu_lost", "dbe", "dbe_polled", "row_remap_failure", "ib_port_down")
+FAST_TIER_S = 1.0  # agent.fast_interval_s default: injections are spread over one period
 
 
 def wait(cond: Callable[[], bool], timeout: float, poll: float = 0.02) -> float:
@@ -67,11 +74,11 @@ class DefaultsCluster(SimCluster):
         return cfg
 
 
-def run(base: Path, defaults: bool, injections: int, jobs: bool) -> dict[str, list[float]]:
+def run(base: Path, defaults: bool, injections: int, jobs: bool) -> dict[str, list[Any]]:
     cls = DefaultsCluster if defaults else SimCluster
     kw: dict[str, Any] = {} if defaults else {"check_interval_s": 0.5, "agent_interval_s": 0.5}
     sim = cls(base, n_nodes=4, ib_ports=8, policy=POLICY, **kw)
-    results: dict[str, list[float]] = {}
+    results: dict[str, list[Any]] = {}
     try:
         sim.up()
         assert sim.info is not None
@@ -112,18 +119,31 @@ def run(base: Path, defaults: bool, injections: int, jobs: bool) -> dict[str, li
             sim.reboot(node)
             wait(lambda: not drained(node), 120, poll=0.1)
 
+        def observed(n: str, since: datetime) -> float | None:
+            """Seconds from the injection to the agent's observation of the fault."""
+            fs = sim.api(f"/api/v1/findings?node={n}&severity=warning&limit=50")
+            at = [datetime.fromisoformat(f["observed_at"].replace("Z", "+00:00")) for f in fs]
+            late = [(a - since).total_seconds() for a in at if a >= since]
+            return round(min(late), 3) if late else None
+
+        rng = random.Random(16)
         k = 0
         for fault in FAST_FAULTS:
             lat = results.setdefault(fault, [])
+            seen = results.setdefault(f"{fault}_observed", [])
             for _ in range(injections):
                 node = nodes[k % len(nodes)]
                 k += 1
+                time.sleep(rng.uniform(0, FAST_TIER_S))
+                since = datetime.now(UTC)
                 t0 = time.monotonic()
                 faults[fault](node)
                 wait(lambda n=node: drained(n), 60)  # type: ignore[misc]
                 lat.append(time.monotonic() - t0)
+                seen.append(observed(node, since))
                 recover(node)
             print(f"{'defaults' if defaults else '0.5 s'} {fault}: {summary(lat)}", flush=True)
+            print(f"  observed after {seen}", flush=True)
         for fault in SLOW_FAULTS:
             lat = results.setdefault(fault, [])
             while len(lat) < injections:
@@ -284,7 +304,9 @@ def main() -> int:
             "note": "defaults: fast tier 1 s (GPU handles, volatile DBE, row remap, IB port "
             "state), slow tiers per signal (NVLink state 30 s, PCIe width 30 s), NVML events "
             "for XIDs and ECC, controller loop 1 s; dbe = counter + NVML DBE event, "
-            "dbe_polled = counter only (a board without ECC events)",
+            "dbe_polled = counter only (a board without ECC events); fast-tier faults are "
+            "injected at a random phase of the 1 s grid; <fault>_observed: seconds from the "
+            "injection to the agent's observed_at of the finding (None: not found)",
         },
         duration_s=round(time.monotonic() - t_start, 1),
     )

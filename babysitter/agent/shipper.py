@@ -150,7 +150,9 @@ class Shipper:
     def _run(self) -> None:
         while True:
             try:
-                report = self._q.get(timeout=1.0)
+                # idle with an empty spool: sleep until the next report (a wake-up a second
+                # for nothing costs CPU on every node); with a spool, retry it every second
+                report = self._q.get(timeout=1.0 if self.spool.size() else None)
             except queue.Empty:
                 report = None
                 if self.spool.size():

@@ -180,7 +180,6 @@ class InfinibandCheck(Check):
         out: list[Finding] = []
         base = str(p)
         state = parse_state(_read_small(base + "/state"))
-        phys = parse_state(_read_small(base + "/phys_state"))
         up = state == "ACTIVE"
         if up != st.up:
             st.last_change = now
@@ -190,6 +189,9 @@ class InfinibandCheck(Check):
                     st.unhealthy_until = now + STICKY_S
             st.up = up
         if not up:
+            # phys_state only explains a port that is down: read it only then (this runs for
+            # every port every second)
+            phys = parse_state(_read_small(base + "/phys_state"))
             out.append(
                 self.finding(
                     comp,

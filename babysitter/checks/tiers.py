@@ -40,7 +40,7 @@ SIGNALS: dict[str, dict[str, float | str]] = {
         "thermal": 30.0,  # temperature, thresholds, clock-event reasons, utilisation
     },
     "ib.ports": {
-        "state": FAST,  # state + phys_state of each port: two small sysfs reads
+        "state": FAST,  # state of each port (+ phys_state when down): small sysfs reads
         "counters": 30.0,  # rate and error counters (deltas over time)
     },
 }

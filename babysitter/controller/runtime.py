@@ -19,12 +19,16 @@ from babysitter.controller.fastpath import with_fast_ingest
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.remediation import RemediationEngine, make_engine
 from babysitter.controller.store import Store
+from babysitter.controller.wake import DrainWake
 from babysitter.errors import ConfigError
 from babysitter.sdnotify import notify, watchdog_interval_s
 from babysitter.secretfile import check_private, read_secret
 
 log = logging.getLogger(__name__)
 LEADER_LOCK_KEY = 0x6261627973697474  # "babysitt"
+# least time between two policy ticks when new faults wake the loop early: a fault storm
+# (a rack going down report by report) batches into a few ticks instead of spinning
+MIN_TICK_GAP_S = 0.1
 
 
 class Leadership:
@@ -83,7 +87,11 @@ class Controller:
             raise ConfigError("controller.tls_cert_file and tls_key_file go together")
         if c.tls_key_file:
             check_private(c.tls_key_file, "controller.tls_key_file")
-        self.store = Store(c.database_url, max_open_findings=c.max_open_findings_per_node)
+        # ingest wakes the policy loop when a node newly reports a drain-worthy finding
+        self.wake = DrainWake()
+        self.store = Store(
+            c.database_url, max_open_findings=c.max_open_findings_per_node, wake=self.wake
+        )
         self.metrics = ControllerMetrics()
         self.state: dict[str, Any] = {
             "heartbeat_timeout_s": c.heartbeat_timeout_s,
@@ -143,7 +151,14 @@ class Controller:
                         log.exception("loop %s failed", name)
             self.last_progress = time.monotonic()
             self.state["loop_progress_at"] = time.time()
-            self._stop.wait(max(0.05, interval - (time.monotonic() - started)))
+            self._wait_next_tick(started, interval)
+
+    def _wait_next_tick(self, started: float, interval: float) -> None:
+        """Sleep until the next tick is due, or until ingest stores a new drain-worthy
+        finding (then tick at once, but never sooner than MIN_TICK_GAP_S after the last)."""
+        self._stop.wait(max(0.0, MIN_TICK_GAP_S - (time.monotonic() - started)))
+        self.wake.event.wait(max(0.0, interval - (time.monotonic() - started)))
+        self.wake.event.clear()
 
     def watchdog_ok(self, watchdog_s: float) -> bool:
         """Ping systemd only while the policy loop finished an iteration within the watchdog
@@ -200,6 +215,7 @@ class Controller:
             server.run()
         finally:
             self._stop.set()
+            self.wake.event.set()  # the policy loop may be waiting on it
             if self.engine is not None:
                 self.engine.close()
             if self.retention is not None:

@@ -31,6 +31,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
 
 from babysitter.controller import models as m
+from babysitter.controller.wake import DrainWake
 from babysitter.finding import Action, Finding, Severity
 
 log = logging.getLogger(__name__)
@@ -145,9 +146,14 @@ def _settle(
 
 class Store:
     def __init__(
-        self, url: str, batch_max: int = 500, max_open_findings: int = MAX_OPEN_FINDINGS
+        self,
+        url: str,
+        batch_max: int = 500,
+        max_open_findings: int = MAX_OPEN_FINDINGS,
+        wake: DrainWake | None = None,
     ) -> None:
         self.url = url
+        self.wake = wake  # told of each committed batch: a new fault wakes the policy loop
         self.engine = make_engine(url)
         self.insert = _insert(self.engine)
         self.batch_max = batch_max
@@ -222,6 +228,8 @@ class Store:
             try:
                 outcome = self.ingest([r for r, _ in batch])
                 self.ingested_batches += 1
+                if self.wake is not None:
+                    self.wake.note(r for r, _ in batch)
             except Exception as exc:
                 if len(batch) > 1 and _is_data_error(exc):
                     self._one_by_one(batch)
@@ -238,6 +246,8 @@ class Store:
             outcome: list[bool] | BaseException
             try:
                 outcome = self.ingest([item[0]])
+                if self.wake is not None:
+                    self.wake.note([item[0]])
             except Exception as exc:
                 log.warning("report %s of %s refused: %s", item[0].report_id, item[0].node, exc)
                 outcome = _rejected(exc) if _is_data_error(exc) else IngestError(str(exc))

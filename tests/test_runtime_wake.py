@@ -1,0 +1,80 @@
+"""The policy loop decides on a new fault when its report is stored, not at the next interval:
+with loop_interval_s = 30 a critical report gets a tick within seconds. The same fault
+reported again (a drained node keeps sending it) and healthy reports do not wake it."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+
+from fastapi.testclient import TestClient
+
+from babysitter.controller.runtime import Controller
+from tests.fixtures.controller import controller_config
+from tests.fixtures.slurm import wait_for
+
+DBE = {
+    "check": "gpu.memory",
+    "component": "gpu3",
+    "severity": "critical",
+    "code": "ecc.dbe.volatile",
+    "message": "GPU 3: 1 volatile DBE",
+    "action": "reset_gpu",
+    "observed_at": "2026-11-22T06:00:00Z",
+    "details": {"count": 1},
+}
+
+
+def report(node: str, *findings: dict) -> dict:
+    return {
+        "node": node,
+        "report_id": str(uuid.uuid4()),
+        "sent_at": datetime.now(UTC).isoformat(),
+        "findings": list(findings),
+        "metrics": {},
+    }
+
+
+def test_a_new_critical_report_wakes_the_policy_loop(secrets, tmp_path):
+    cfg = controller_config(
+        secrets, f"sqlite:///{tmp_path / 'w.db'}", controller={"loop_interval_s": 30}
+    )
+    ctl = Controller(cfg)
+    ctl.store.upgrade()
+    ctl.store.start()
+    ticks: list[float] = []
+    ctl.add_loop("policy", lambda: ticks.append(time.monotonic()))
+    client = TestClient(ctl.app())
+    loop = threading.Thread(target=ctl.loop_forever, daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: len(ticks) == 1, 10, "the first tick")
+
+        def post(body: dict) -> None:
+            r = client.post("/api/v1/reports", json=body, headers=secrets.headers(body["node"]))
+            assert r.status_code == 202
+
+        post(report("node1"))  # healthy: nothing to decide
+        post(report("node2"))
+        time.sleep(1.0)
+        assert len(ticks) == 1
+
+        sent = time.monotonic()
+        post(report("node1", DBE))
+        wait_for(lambda: len(ticks) == 2, 5, "a tick right after the critical report")
+        assert ticks[1] - sent < 5  # the interval is 30 s
+
+        post(report("node1", DBE))  # the same fault again (a drained node reports it)
+        time.sleep(1.0)
+        assert len(ticks) == 2
+
+        post(report("node2", {**DBE, "component": "gpu5"}))  # news on another node
+        wait_for(lambda: len(ticks) == 3, 5, "a tick for the second node's fault")
+    finally:
+        ctl._stop.set()
+        ctl.wake.event.set()
+        loop.join(timeout=5)
+        ctl.store.close()
+    assert not loop.is_alive()
