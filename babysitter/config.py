@@ -256,6 +256,14 @@ class CheckConfig(Section):
         description='per-signal interval overrides, {"gpu.memory/sbe_volatile" = 30 | "fast"}',
     )
 
+    @field_validator("signal_intervals")
+    @classmethod
+    def _positive(cls, v: dict[str, float | Literal["fast"]]) -> dict[str, float | Literal["fast"]]:
+        bad = sorted(k for k, x in v.items() if x != "fast" and not float(x) > 0)
+        if bad:
+            raise ValueError(f'{", ".join(bad)}: an interval is seconds > 0 or "fast"')
+        return v
+
 
 class GpuCheckConfig(CheckConfig):
     expected_count: int | None = Field(
