@@ -66,7 +66,9 @@ class AgentConfig(Section):
         None, description="host:port for the agent's Prometheus metrics (off when unset)"
     )
     enabled_checks: list[str] | None = Field(
-        None, description="checks to run (default: every non-invasive check that is supported)"
+        None,
+        description="checks to run, by name or prefix (default: every non-invasive check that "
+        "is supported; an invasive one, sdc.matmul or nccl.perf, runs only when named here)",
     )
     ca_file: Path | None = Field(
         None, description="CA bundle to verify an https controller with (agent and CLI)"
@@ -276,6 +278,14 @@ class CheckConfig(Section):
         default_factory=dict,
         description='per-signal interval overrides, {"gpu.memory/sbe_volatile" = 30 | "fast"}',
     )
+
+    @field_validator("signal_intervals")
+    @classmethod
+    def _positive(cls, v: dict[str, float | Literal["fast"]]) -> dict[str, float | Literal["fast"]]:
+        bad = sorted(k for k, x in v.items() if x != "fast" and not float(x) > 0)
+        if bad:
+            raise ValueError(f'{", ".join(bad)}: an interval is seconds > 0 or "fast"')
+        return v
 
 
 class GpuCheckConfig(CheckConfig):
