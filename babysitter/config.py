@@ -22,11 +22,13 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from babysitter.errors import ConfigError
+from babysitter.hardware.profiles import GPU_THRESHOLDS, PROFILES
+from babysitter.hardware.xids import KNOWN_XIDS, XidClass
 
 DEFAULT_CONFIG_PATH = Path("/etc/babysitter/babysitter.toml")
 ENV_CONFIG = "BABYSITTER_CONFIG"
@@ -72,6 +74,18 @@ class AgentConfig(Section):
     ca_file: Path | None = Field(
         None, description="CA bundle to verify an https controller with (agent and CLI)"
     )
+    hardware_profile: str | None = Field(
+        None,
+        description="what the node is built as: " + ", ".join(PROFILES) + " (default: detected "
+        "from the GPU model; a configured profile also requires its GPU count and IB fabric)",
+    )
+
+    @field_validator("hardware_profile")
+    @classmethod
+    def _known_profile(cls, v: str | None) -> str | None:
+        if v is not None and v not in PROFILES:
+            raise ValueError(f"unknown hardware profile (one of: {', '.join(PROFILES)})")
+        return v
 
 
 class ControllerConfig(Section):
@@ -253,24 +267,46 @@ class CheckConfig(Section):
 
 
 class GpuCheckConfig(CheckConfig):
-    expected_count: int | None = Field(None, ge=0, description="GPUs this node must have")
-    profile: str | None = Field(None, description="SKU threshold profile (default: by name)")
-    thresholds: dict[str, float] = Field(
-        default_factory=dict, description="threshold overrides, by name"
+    expected_count: int | None = Field(
+        None, ge=0, description="GPUs this node must have (default: the configured profile's)"
     )
+    thresholds: dict[str, float] = Field(
+        default_factory=dict,
+        description="overrides of the hardware profile's GPU thresholds, by name: "
+        + ", ".join(GPU_THRESHOLDS),
+    )
+
+    @field_validator("thresholds")
+    @classmethod
+    def _known_thresholds(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(GPU_THRESHOLDS))
+        if unknown:
+            raise ValueError(
+                f"unknown threshold {', '.join(unknown)} (known: {', '.join(GPU_THRESHOLDS)})"
+            )
+        return v
 
 
 class XidCheckConfig(CheckConfig):
-    actions: dict[int, str] = Field(
-        default_factory=dict, description="XID -> action overrides of the NVIDIA catalog"
+    actions: dict[int, XidClass] = Field(
+        default_factory=dict,
+        description="XID -> class overrides of the NVIDIA catalog "
+        "(reboot, reset_gpu, inspect, app, ignore)",
     )
+
+    @field_validator("actions")
+    @classmethod
+    def _known_xids(cls, v: dict[int, XidClass]) -> dict[int, XidClass]:
+        unknown = sorted(set(v) - KNOWN_XIDS)
+        if unknown:
+            raise ValueError(
+                f"XID {', '.join(map(str, unknown))} is not in the XID catalog (a typo?)"
+            )
+        return v
+
     sbe_events_per_hour_warn: float = Field(
         100.0, gt=0, description="corrected-ECC events per GPU per hour that make a warning"
     )
-
-
-class KmsgCheckConfig(CheckConfig):
-    pass
 
 
 class HostCheckConfig(CheckConfig):
@@ -282,9 +318,12 @@ class HostCheckConfig(CheckConfig):
 
 
 class InfinibandCheckConfig(CheckConfig):
-    profile: str | None = Field(None, description="SKU profile for expected ports/rate")
-    expected_ports: int | None = Field(None, ge=0, description="ACTIVE ports expected")
-    expected_rate_gbps: float | None = Field(None, gt=0, description="rate each port must have")
+    expected_ports: int | None = Field(
+        None, ge=0, description="ACTIVE ports expected (default: the hardware profile's)"
+    )
+    expected_rate_gbps: float | None = Field(
+        None, gt=0, description="rate each port must have (default: the hardware profile's)"
+    )
     flap_recovery_s: float | None = Field(
         None, gt=0, description="opt-in: forgive flaps after the port is stable this long"
     )
@@ -295,24 +334,28 @@ class NcclCheckConfig(CheckConfig):
     job_log_globs: list[str] = Field(
         default_factory=list, description="where to find babysat jobs' stdout/stderr"
     )
-    profile: str | None = Field(None, description="SKU profile for the bus bandwidth floor")
-    min_busbw_gbps: float | None = Field(None, gt=0, description="bus bandwidth floor, GB/s")
+    min_busbw_gbps: float | None = Field(
+        None, gt=0, description="bus bandwidth floor, GB/s (default: the hardware profile's)"
+    )
     gpus: int = Field(8, ge=1, description="GPUs all_reduce_perf uses (-g)")
     min_bytes: str = Field("1G", description="all_reduce_perf -b")
     max_bytes: str = Field("16G", description="all_reduce_perf -e")
 
 
+# the dtypes the SDC test's host-side verifier supports (checks/sdc/runner.py NP_DTYPES)
+SdcDtype = Literal["float32", "float64", "float16"]
+
+
 class SdcCheckConfig(CheckConfig):
     backend: Literal["auto", "numpy", "torch", "cupy"] = Field("auto", description="matmul lib")
     size: int = Field(2048, ge=16, description="matrix size n (n x n)")
-    dtype: Literal["float32", "float64", "float16", "bfloat16"] = Field("float32")
+    dtype: SdcDtype = Field("float32", description="element type: " + ", ".join(get_args(SdcDtype)))
     seed: int = Field(1234, description="input seed")
 
 
 class ChecksConfig(Section):
     gpu: GpuCheckConfig = Field(default_factory=GpuCheckConfig)
     xid: XidCheckConfig = Field(default_factory=XidCheckConfig)
-    kmsg: KmsgCheckConfig = Field(default_factory=KmsgCheckConfig)
     host: HostCheckConfig = Field(default_factory=HostCheckConfig)
     infiniband: InfinibandCheckConfig = Field(default_factory=InfinibandCheckConfig)
     nccl: NcclCheckConfig = Field(default_factory=NcclCheckConfig)
@@ -402,13 +445,24 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+# Keys older releases accepted: an old config fails with what to write instead (a silently
+# ignored key would leave the site believing a setting it does not have).
+REMOVED: dict[str, str] = {
+    "checks.kmsg": "removed (nothing read it): the kernel-log XID scan is the xid.kmsg check, "
+    "set in [checks.xid]",
+    "checks.gpu.profile": "removed: set [agent] hardware_profile",
+    "checks.infiniband.profile": "removed: set [agent] hardware_profile",
+    "checks.nccl.profile": "removed: set [agent] hardware_profile",
+}
+
+
 def _format_validation_error(err: ValidationError, origin: str) -> str:
     parts = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = REMOVED.get(key, "unknown key")
         value = e.get("input")
         hide = e["type"] == "extra_forbidden" or isinstance(value, dict)
         shown = "" if hide else f" (got {value!r})"

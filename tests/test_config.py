@@ -66,6 +66,46 @@ def test_example_config_is_valid():
     assert cfg.slurm.reason_prefix == "babysitter:"
 
 
+@pytest.mark.parametrize(
+    ("toml", "key", "says"),
+    [
+        ("[checks.sdc]\ndtype = 'bfloat16'\n", "checks.sdc.dtype", "float16"),
+        ("[checks.kmsg]\nenabled = false\n", "checks.kmsg", "[checks.xid]"),
+        ("[checks.xid]\nactions = {790 = 'reboot'}\n", "checks.xid.actions", "XID 790"),
+        ("[checks.xid]\nactions = {79 = 'reboto'}\n", "checks.xid.actions.79", "reset_gpu"),
+        ("[checks.gpu]\nprofile = 'H100'\n", "checks.gpu.profile", "agent] hardware_profile"),
+        ("[checks.infiniband]\nprofile = 'H100'\n", "checks.infiniband.profile", "hardware"),
+        ("[agent]\nhardware_profile = 'h100'\n", "agent.hardware_profile", "h100-sxm"),
+        ("[checks.gpu]\nthresholds = {temp_warn_margin = 3}\n", "checks.gpu.thresholds", "margin"),
+    ],
+)
+def test_config_check_refuses_what_the_code_cannot_do(tmp_path, toml, key, says):
+    """Values the code would refuse or ignore fail `config check`, naming the key."""
+    p = write(tmp_path, toml)
+    r = subprocess.run(
+        [sys.executable, "-m", "babysitter.cli.main", "--config", str(p), "config", "check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stdout
+    line = r.stderr.strip()
+    assert f"{key}:" in line and says in line, line
+    assert "Traceback" not in r.stderr
+
+
+def test_xid_overrides_and_profile_that_exist_are_accepted(tmp_path):
+    p = write(
+        tmp_path,
+        "[agent]\nhardware_profile = 'a100-sxm'\n"
+        "[checks.xid]\nactions = {13 = 'ignore', 79 = 'inspect'}\n"
+        "[checks.gpu]\nthresholds = {temp_warn_margin_c = 8}\n",
+    )
+    cfg = load_config(p)
+    assert cfg.checks.xid.actions == {13: "ignore", 79: "inspect"}
+    assert cfg.agent.hardware_profile == "a100-sxm"
+
+
 def test_env_json_values_typos_and_merge_with_the_file(tmp_path, monkeypatch):
     p = write(tmp_path, "[checks.host]\nmin_free_gb = 7\n[agent]\nnode_name = 'file'\n")
     monkeypatch.setenv("BABYSITTER_CHECKS__HOST__PATHS", '["/a", "/b"]')

@@ -62,6 +62,31 @@ def test_row_remap_failure(env, gpus):
     assert [(f["component"], f["code"]) for f in non_ok(findings)] == [("gpu6", "row_remap.failed")]
 
 
+def test_memory_thermal_and_clock_signals_each_name_their_gpu(env, gpus):
+    gpus.set(0, retired_pending=1)
+    gpus.set(1, retired_dbe=62)
+    gpus.set(2, sbe_volatile=20_000)
+    gpus.set(3, dbe_aggregate=2)
+    gpus.set(4, temp=88, temp_slowdown=90, temp_shutdown=95)
+    gpus.set(5, temp=96, temp_slowdown=90, temp_shutdown=95)
+    gpus.set(6, clocks_event_reasons=0x40)
+    gpus.set(7, remap_pending=1, remap_unc=513)
+    rc, findings = check_json(env)
+    assert rc == 2
+    assert sorted((f["component"], f["code"], f["severity"]) for f in non_ok(findings)) == [
+        ("gpu0", "retired_pages.pending", "critical"),
+        ("gpu1", "retired_pages.limit", "critical"),
+        ("gpu2", "ecc.sbe.volatile", "warning"),
+        ("gpu3", "ecc.dbe.aggregate", "warning"),
+        ("gpu4", "thermal.slowdown", "warning"),
+        ("gpu5", "thermal.shutdown", "critical"),
+        ("gpu6", "clocks.hw_slowdown", "warning"),
+        ("gpu7", "row_remap.limit", "critical"),
+        ("gpu7", "row_remap.pending", "critical"),
+    ]
+    assert all(f["details"]["index"] == int(f["component"][3:]) for f in non_ok(findings))
+
+
 def test_pcie_x8_of_x16_is_at_least_warning(env, gpus):
     gpus.set(2, pcie_width=8)
     rc, findings = check_json(env)

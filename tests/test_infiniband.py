@@ -23,7 +23,10 @@ class Clock:
 
 def make(root: Path, clock: Clock, **ib) -> InfinibandCheck:
     cfg = Config.model_validate(
-        {"agent": {"sysfs_root": str(root)}, "checks": {"infiniband": {"profile": "H100", **ib}}}
+        {
+            "agent": {"sysfs_root": str(root), "hardware_profile": "h100-sxm"},
+            "checks": {"infiniband": ib},
+        }
     )
     return InfinibandCheck(CheckContext(cfg, "n1"), clock=clock)
 

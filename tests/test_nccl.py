@@ -19,13 +19,13 @@ DATA = Path(__file__).parent / "data" / "nccl"
 def perf_check(**nccl) -> NcclPerfCheck:
     cfg = Config.model_validate(
         {
+            "agent": {"hardware_profile": "h100-sxm"},
             "checks": {
                 "nccl": {
                     "all_reduce_perf": str(DATA / "all_reduce_perf_standin"),
-                    "profile": "H100",
                     **nccl,
                 }
-            }
+            },
         }
     )
     return NcclPerfCheck(CheckContext(cfg, "node1"))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from babysitter.checks.xid import parse_kmsg_line
-from babysitter.checks.xid_catalog import classify
+from babysitter.hardware.xids import classify
 from tests.fixtures.gpu import babysitter_env, run_babysitter
 
 EVENT_SCRIPT = """

@@ -17,9 +17,8 @@ from typing import Any
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
 from babysitter.agent.sticky import StickyFindings, read_boot_id
-from babysitter.checks.all import select_checks
+from babysitter.checks.all import compose
 from babysitter.checks.base import (
-    EVENT_SOURCES,
     TIER_STATS,
     Check,
     CheckContext,
@@ -61,7 +60,9 @@ class Agent:
             ca_file=a.ca_file,
         )
         self.ctx = CheckContext(cfg, self.node)
-        self.checks: list[Check] = select_checks(self.ctx)
+        composition = compose(self.ctx)
+        self.checks: list[Check] = composition.checks
+        self._sources = composition.sources  # started by start_sources() when supported
         self.sources: list[EventSource] = []
         self.latest: dict[str, list[Finding]] = {}
         # event findings (XIDs, NVML events) last until the node reboots, across agent restarts
@@ -227,8 +228,7 @@ class Agent:
 
     # ---- main loop
     def start_sources(self) -> None:
-        for cls in EVENT_SOURCES.values():
-            src = cls(self.ctx)
+        for src in self._sources:
             try:
                 ok = src.supported()
             except Exception:

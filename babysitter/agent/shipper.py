@@ -1,22 +1,28 @@
-"""Ship reports to the controller: httpx with timeouts, a few retries with backoff + jitter,
-then the spool. Spooled reports are replayed in order before anything new is sent, so the
-controller sees a node's history in order. A report the controller refuses for what it is
-(a 4xx other than 408/429: too big, invalid, not this node's) is dropped and counted, never
-replayed: it would be refused again and hold up everything queued behind it."""
+"""Ship reports to the controller: httpx with timeouts, a few retries (tenacity: capped
+exponential backoff with jitter), then the spool. Spooled reports are replayed in order before
+anything new is sent, so the controller sees a node's history in order. A report the controller
+refuses for what it is (a 4xx other than 408/429: too big, invalid, not this node's) is dropped
+and counted, never replayed: it would be refused again and hold up everything queued behind
+it."""
 
 from __future__ import annotations
 
 import json
 import logging
 import queue
-import random
 import ssl
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_result,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from babysitter.agent.spool import Spool
 
@@ -59,6 +65,15 @@ class Shipper:
         self.failed_attempts = 0
         self.refused = 0  # reports the controller refused with a 4xx, dropped
         self._refusals_logged: set[int] = set()
+        # one report: `retries` more attempts after the first, 0.1 s doubling up to 2 s apart,
+        # jittered so that nodes cut off together do not come back in step
+        self._retrying = Retrying(
+            stop=stop_after_attempt(retries + 1),
+            wait=wait_random_exponential(multiplier=0.1, max=2.0),
+            retry=retry_if_result(lambda done: not done),
+            after=self._failed_attempt,
+            retry_error_callback=lambda _state: False,
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -109,16 +124,16 @@ class Shipper:
                 why,
             )
 
+    def _failed_attempt(self, _state: RetryCallState) -> None:
+        self.failed_attempts += 1
+
     def _send_with_retry(self, report: dict[str, Any]) -> bool:
-        for attempt in range(self.retries + 1):
-            refused = self.refused
-            if self._post(report):
-                self.sent += self.refused == refused
-                return True
-            self.failed_attempts += 1
-            if attempt < self.retries:
-                time.sleep(min(2.0, 0.1 * 2**attempt) * (0.5 + random.random()))
-        return False
+        """True when the controller is done with the report; False: spool it."""
+        refused = self.refused
+        done: bool = self._retrying(self._post, report)
+        if done and self.refused == refused:  # done, and not by a refusal
+            self.sent += 1
+        return done
 
     def _replay(self) -> bool:
         """Send spooled reports in order; False if the controller is still away."""

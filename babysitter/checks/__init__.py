@@ -1,1 +1,2 @@
-"""Node checks: one module per domain, each registering `Check` classes (see base.py)."""
+"""Node checks: one module per domain defining `Check` classes (see base.py); `all.py` lists
+them."""

@@ -1,53 +1,86 @@
-"""Explicit list of check modules and the selection of the checks to run (gpud's all.go).
-Nothing below imports this module: it is the composition root of the checks."""
+"""Every check and event source, listed explicitly (gpud's components/all/all.go): the one place
+that knows which checks exist. Only the composition points import it (the agent daemon and
+`babysitter check`); no check module does, and nothing registers itself on import.
 
-import importlib
+The SDC check's module needs numpy: its entry is a factory that imports it only when the check
+is selected, so the agent and the one-shot `check` do not pay for numpy otherwise.
+"""
 
-from babysitter.checks import base
-from babysitter.checks.base import Check, CheckContext
+from __future__ import annotations
 
-# Each domain module registers its checks on import. Keep this list explicit.
-CHECK_MODULES: list[str] = [
-    "babysitter.checks.gpu",
-    "babysitter.checks.xid",
-    "babysitter.checks.host",
-    "babysitter.checks.infiniband",
-    "babysitter.checks.nccl",
-    "babysitter.checks.sdc.check",
-]
-# Modules of invasive checks whose import is heavy (numpy): imported only when such a check can
-# be selected, so the agent and the one-shot `check` do not pay for them. module -> name prefix
-HEAVY_INVASIVE: dict[str, str] = {"babysitter.checks.sdc.check": "sdc"}
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from babysitter.checks import gpu, host, infiniband, nccl, xid
+from babysitter.checks.base import Check, CheckContext, EventSource
 
 
-def load_all(wanted: list[str] | None = None, invasive: bool = True) -> dict[str, type[base.Check]]:
-    """Import the check modules. With invasive=False, heavy invasive modules are imported only
-    when `wanted` names (a prefix of) one of their checks."""
+@dataclass(frozen=True)
+class Entry:
+    name: str  # the check's name (Check.name), matched by --only / agent.enabled_checks
+    make: Callable[[CheckContext], Check]
+    invasive: bool = False  # uses the GPUs: runs only when named explicitly
 
-    for mod in CHECK_MODULES:
-        prefix = HEAVY_INVASIVE.get(mod)
-        if prefix and not invasive:
-            names = wanted or []
-            if not any(w == prefix or w.startswith(prefix + ".") for w in names):
-                continue
-        importlib.import_module(mod)
-    return dict(base.REGISTRY)
+    @classmethod
+    def of(cls, check: type[Check]) -> Entry:
+        return cls(check.name, check, check.invasive)
+
+
+def _sdc_matmul(ctx: CheckContext) -> Check:
+    from babysitter.checks.sdc.check import SdcCheck  # numpy: only when selected
+
+    return SdcCheck(ctx)
+
+
+CHECKS: tuple[Entry, ...] = (
+    Entry.of(gpu.GpuPresenceCheck),
+    Entry.of(gpu.GpuMemoryCheck),
+    Entry.of(gpu.GpuNvlinkCheck),
+    Entry.of(gpu.GpuPcieCheck),
+    Entry.of(gpu.GpuThermalCheck),
+    Entry.of(xid.KmsgXidCheck),
+    Entry.of(host.HostCheck),
+    Entry.of(infiniband.InfinibandCheck),
+    Entry.of(nccl.NcclPerfCheck),
+    Entry.of(nccl.NcclLogCheck),
+    Entry("sdc.matmul", _sdc_matmul, invasive=True),
+)
+
+# Push findings from their own thread as events happen (the agent only; a one-shot run polls).
+EVENT_SOURCES: tuple[Callable[[CheckContext], EventSource], ...] = (xid.NvmlEvents,)
+
+
+@dataclass
+class Composition:
+    checks: list[Check]
+    sources: list[EventSource]  # not started; the agent starts the supported ones
+
+
+def _named(name: str, wanted: Sequence[str]) -> bool:
+    """`gpu` names gpu.*; `gpu.memory` names itself."""
+    return any(name == w or name.startswith(w + ".") for w in wanted)
 
 
 def select_checks(
     ctx: CheckContext, only: list[str] | None = None, include_invasive: bool = False
 ) -> list[Check]:
-    """Instantiate the enabled, supported checks; `only` matches names or name prefixes
-    (`gpu` selects gpu.*)."""
+    """Instantiate the enabled, supported checks; `only` (else `agent.enabled_checks`) matches
+    names or name prefixes. An invasive check runs only when one of them names it (or with
+    include_invasive): the default set never takes the GPUs from a job."""
     wanted = only or ctx.config.agent.enabled_checks
     out: list[Check] = []
-    for name, cls in sorted(load_all(only, invasive=include_invasive).items()):
-        if wanted and not any(name == w or name.startswith(w + ".") for w in wanted):
+    for entry in sorted(CHECKS, key=lambda e: e.name):
+        if wanted and not _named(entry.name, wanted):
             continue
-        if cls.invasive and not include_invasive and not only:
+        if entry.invasive and not include_invasive and not wanted:
             continue
-        check = cls(ctx)
+        check = entry.make(ctx)
         if not check.enabled() or not check.supported():
             continue
         out.append(check)
     return out
+
+
+def compose(ctx: CheckContext, only: list[str] | None = None) -> Composition:
+    """What an agent runs: the selected checks and the event sources."""
+    return Composition(select_checks(ctx, only), [make(ctx) for make in EVENT_SOURCES])

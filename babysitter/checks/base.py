@@ -1,8 +1,8 @@
-"""The check interface, the registry and the runner.
+"""The check interface, the signal scheduling and the runner.
 
 A check is a class with a name, a default interval and timeout, and `run() -> list[Finding]`.
-Register it with `@register`; `babysitter.checks.all` imports every check module explicitly
-(gpud-style), so the registry is complete once that module is imported.
+`babysitter.checks.all` lists every check and event source explicitly (gpud-style); nothing
+registers itself on import.
 
 Checks keep their own state between runs on `self` (counter deltas, flap windows); a check
 instance lives as long as the agent. Checks report healthy components too (severity `ok`), so
@@ -14,7 +14,7 @@ check at its shortest signal interval; `begin()` tells the check which signals a
 `keep()` remembers each signal's last findings so a run that reads only the fast signals still
 reports everything. A one-shot run (`babysitter check`) reads every signal.
 
-Event sources (NVML events, kmsg follow) are separate: `EventSource.start(emit)` runs a thread
+Event sources (NVML events) are separate: `EventSource.start(emit)` runs a thread
 that calls `emit(findings)` as soon as something happens.
 """
 
@@ -23,13 +23,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from babysitter.checks import tiers
 from babysitter.finding import Action, Finding, Severity
 
 if TYPE_CHECKING:
+    from babysitter.checks.profile import Expectations, NodeProfile
     from babysitter.config import CheckConfig, Config
 
 
@@ -39,9 +40,18 @@ class CheckContext:
 
     config: Config
     node_name: str
+    _profile: NodeProfile | None = field(default=None, init=False, repr=False, compare=False)
 
     def check_config(self, section: str) -> CheckConfig | None:
         return getattr(self.config.checks, section, None)
+
+    def expect(self) -> Expectations:
+        """What the node's hardware profile (checks/profile.py) says the checks should find."""
+        if self._profile is None:
+            from babysitter.checks.profile import NodeProfile
+
+            self._profile = NodeProfile(self.config)
+        return self._profile.get()
 
 
 class Check:
@@ -166,16 +176,6 @@ class Check:
         )
 
 
-REGISTRY: dict[str, type[Check]] = {}
-
-
-def register(cls: type[Check]) -> type[Check]:
-    if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
-        raise ValueError(f"duplicate check name {cls.name}")
-    REGISTRY[cls.name] = cls
-    return cls
-
-
 class EventSource:
     """Pushes findings as events happen (a thread per source, not per poll)."""
 
@@ -192,14 +192,6 @@ class EventSource:
 
     def stop(self) -> None:
         pass
-
-
-EVENT_SOURCES: dict[str, type[EventSource]] = {}
-
-
-def register_event_source(cls: type[EventSource]) -> type[EventSource]:
-    EVENT_SOURCES[cls.name] = cls
-    return cls
 
 
 @dataclass

@@ -7,15 +7,14 @@ reported by `gpu.presence` only; the other checks skip it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pynvml
 
 from babysitter.checks import nvml
-from babysitter.checks.base import Check, register
+from babysitter.checks.base import Check
 from babysitter.checks.nvml import NOT_SUPPORTED, Device, call
-from babysitter.checks.thresholds import thresholds_for
-from babysitter.config import GpuCheckConfig
 from babysitter.finding import Action, Finding, Severity
 
 # clock event (throttle) reason bits, nvml.h
@@ -34,28 +33,15 @@ _REASONS = {
 class GpuCheck(Check):
     section = "gpu"
 
-    def __init__(self, *a: Any, **kw: Any) -> None:
-        super().__init__(*a, **kw)
-        self._thresholds: dict[str, dict[str, float]] = {}
-
-    @property
-    def cfg(self) -> GpuCheckConfig:
-        return self.ctx.config.checks.gpu
-
-    def thresholds(self, dev: Device) -> dict[str, float]:
-        # per board name: the config does not change while the check lives
-        t = self._thresholds.get(dev.name)
-        if t is None:
-            t = self._thresholds[dev.name] = thresholds_for(
-                dev.name, self.cfg.profile, self.cfg.thresholds
-            )
-        return t
+    def thresholds(self) -> dict[str, float]:
+        """The node's hardware profile's GPU thresholds, with the site's overrides."""
+        return self.ctx.expect().gpu
 
     # a GPU lost since this list was read fails its own reads: gpu.presence reports it
     DEVICE_LIST_MAX_AGE_S = 5.0
 
     def run(self) -> list[Finding]:
-        due = self.begin()
+        due = sorted(self.begin())
         try:
             devs, lost = nvml.devices(self.DEVICE_LIST_MAX_AGE_S)
         except nvml.NvmlUnavailable:
@@ -64,30 +50,43 @@ class GpuCheck(Check):
             self.forget(gone.index)
         out: list[Finding] = []
         for dev in devs:
+            if self._read_due(dev, due):
+                out.extend(self.kept(dev.index) or [self.ok(dev)])
+        return out
+
+    def _read_due(self, dev: Device, due: list[str]) -> bool:
+        """Read one GPU's due signals and keep what each found; False when the GPU fell off the
+        bus meanwhile (gpu.presence reports that). An NVML error ends this GPU's reads for the
+        run and stands for the signal that failed."""
+        for sig in due:
             try:
-                for sig in sorted(due):
-                    self.keep(sig, dev.index, self.read(sig, dev))
+                self.keep(sig, dev.index, self.read(sig, dev))
             except pynvml.NVMLError_GPUIsLost:
                 self.forget(dev.index)
-                continue  # fell off the bus between calls: gpu.presence reports it
+                return False
             except pynvml.NVMLError as exc:
-                self.keep(
-                    sig,
-                    dev.index,
-                    [
-                        self.finding(
-                            dev.component,
-                            Severity.WARNING,
-                            f"{self.code_prefix}.nvml_error",
-                            f"{dev.label}: NVML error reading {self.name}: {exc}",
-                            Action.INSPECT,
-                            **dev.ids(),
-                            nvml_error=exc.value,
-                        )
-                    ],
-                )
-            out.extend(self.kept(dev.index) or [self.ok(dev)])
-        return out
+                self.keep(sig, dev.index, [self._nvml_error(dev, exc)])
+                break
+        return True
+
+    def _nvml_error(self, dev: Device, exc: pynvml.NVMLError) -> Finding:
+        return self.finding(
+            dev.component,
+            Severity.WARNING,
+            f"{self.code_prefix}.nvml_error",
+            f"{dev.label}: NVML error reading {self.name}: {exc}",
+            Action.INSPECT,
+            **dev.ids(),
+            nvml_error=exc.value,
+        )
+
+    def problem(
+        self, dev: Device, sev: Severity, code: str, msg: str, action: Action, **details: Any
+    ) -> Finding:
+        """A finding on one GPU: its label leads the message, its ids are in the details."""
+        return self.finding(
+            dev.component, sev, code, f"{dev.label}: {msg}", action, **dev.ids(), **details
+        )
 
     def read(self, signal: str, dev: Device) -> list[Finding]:
         raise NotImplementedError
@@ -100,7 +99,6 @@ class GpuCheck(Check):
         )
 
 
-@register
 class GpuPresenceCheck(Check):
     """Driver loads, every GPU answers, the count is what the node should have."""
 
@@ -111,7 +109,6 @@ class GpuPresenceCheck(Check):
 
     def run(self) -> list[Finding]:
         self.begin()  # one signal ("handles"), read on every run
-        cfg = self.ctx.config.checks.gpu
         try:
             devs, lost = nvml.devices()
         except nvml.NvmlUnavailable as exc:
@@ -143,26 +140,26 @@ class GpuPresenceCheck(Check):
                 )
             )
         seen = len(devs) + len(lost)
-        if cfg.expected_count is not None and seen < cfg.expected_count:
+        expected = self.ctx.expect().gpu_count
+        if expected is not None and seen < expected:
             out.append(
                 self.finding(
                     "host",
                     Severity.CRITICAL,
                     "gpu.count_low",
-                    f"{seen} GPUs visible, {cfg.expected_count} expected",
+                    f"{seen} GPUs visible, {expected} expected",
                     Action.REBOOT,
                     visible=seen,
-                    expected=cfg.expected_count,
+                    expected=expected,
                 )
             )
         for d in devs:
             out.append(self.steady_ok(d.component, "gpu.present", f"{d.label}: present", **d.ids()))
-        if not devs and not lost and cfg.expected_count is None:
+        if not devs and not lost and expected is None:
             out.append(self.finding("host", Severity.OK, "gpu.none", "no NVIDIA GPUs on this node"))
         return out
 
 
-@register
 class GpuMemoryCheck(GpuCheck):
     """ECC errors, retired pages and row remapping."""
 
@@ -172,129 +169,123 @@ class GpuMemoryCheck(GpuCheck):
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
-        self._dbe_volatile: dict[int, int] = {}
+        self._dbe_volatile_seen: dict[int, int] = {}  # last volatile DBE count per GPU
+        # one reader per signal of the tiers table (tiers.py)
+        self._readers: dict[str, Callable[[Device, dict[str, float]], list[Finding]]] = {
+            "dbe_volatile": self._dbe_volatile,
+            "dbe_aggregate": self._dbe_aggregate,
+            "sbe_volatile": self._sbe_volatile,
+            "retired_pending": self._retired_pending,
+            "retired_pages": self._retired_pages,
+            "row_remap": self._row_remap,
+        }
 
     def read(self, signal: str, dev: Device) -> list[Finding]:
-        t = self.thresholds(dev)
-        h = dev.handle
+        return self._readers[signal](dev, self.thresholds())
+
+    def _dbe_volatile(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+        dbe = _ecc_errors(dev, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
+        if dbe is None:
+            return []
+        self._dbe_volatile_seen[dev.index] = dbe
+        if dbe <= t["dbe_volatile_max"]:
+            return []
+        msg = f"{dbe} volatile uncorrected ECC error{'s' if dbe != 1 else ''}"
+        return [
+            self.problem(
+                dev, Severity.CRITICAL, "ecc.dbe.volatile", msg, Action.RESET_GPU, count=dbe
+            )
+        ]
+
+    def _dbe_aggregate(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+        dbe = _ecc_errors(dev, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC)
+        # history only matters when nothing is wrong now (a volatile DBE says more)
+        fresh = self._dbe_volatile_seen.get(dev.index, 0) <= t["dbe_volatile_max"]
+        if dbe is None or dbe <= t["dbe_aggregate_max"] or not fresh:
+            return []
+        msg = f"{dbe} uncorrected ECC errors over the GPU's lifetime"
+        return [
+            self.problem(dev, Severity.WARNING, "ecc.dbe.aggregate", msg, Action.WATCH, count=dbe)
+        ]
+
+    def _sbe_volatile(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+        sbe = _ecc_errors(dev, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC)
+        if sbe is None or sbe <= t["sbe_volatile_warn"]:
+            return []
+        msg = f"{sbe} volatile corrected ECC errors"
+        return [
+            self.problem(dev, Severity.WARNING, "ecc.sbe.volatile", msg, Action.WATCH, count=sbe)
+        ]
+
+    def _retired_pending(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+        pending = call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, dev.handle)
+        if pending is NOT_SUPPORTED or not pending:
+            return []
+        msg = "page retirement pending (needs a GPU reset)"
+        return [
+            self.problem(dev, Severity.CRITICAL, "retired_pages.pending", msg, Action.RESET_GPU)
+        ]
+
+    def _retired_pages(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+        retired = 0
+        for cause in (
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+        ):
+            pages = call(pynvml.nvmlDeviceGetRetiredPages, dev.handle, cause)
+            if pages is not NOT_SUPPORTED:
+                retired += len(pages)
+        if retired <= t["retired_pages_max"]:
+            return []
+        msg = f"{retired} retired pages (limit {int(t['retired_pages_max']) + 1})"
+        return [
+            self.problem(
+                dev, Severity.CRITICAL, "retired_pages.limit", msg, Action.INSPECT, count=retired
+            )
+        ]
+
+    def _row_remap(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+        rows = call(pynvml.nvmlDeviceGetRemappedRows, dev.handle)
+        if rows is NOT_SUPPORTED:
+            return []
+        corr, unc, pending, failure = rows
         out: list[Finding] = []
-
-        def f(sev: Severity, code: str, msg: str, action: Action, **details: Any) -> None:
+        counts = {"correctable": corr, "uncorrectable": unc}
+        if failure:
+            msg = "row remapping failed: the GPU needs hardware inspection"
             out.append(
-                self.finding(
-                    dev.component, sev, code, f"{dev.label}: {msg}", action, **dev.ids(), **details
+                self.problem(
+                    dev, Severity.CRITICAL, "row_remap.failed", msg, Action.INSPECT, **counts
                 )
             )
-
-        if signal == "dbe_volatile":
-            dbe_v = call(
-                pynvml.nvmlDeviceGetTotalEccErrors,
-                h,
-                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                pynvml.NVML_VOLATILE_ECC,
+        if pending:
+            msg = "row remapping pending (needs a GPU reset)"
+            out.append(
+                self.problem(
+                    dev, Severity.CRITICAL, "row_remap.pending", msg, Action.RESET_GPU, **counts
+                )
             )
-            if dbe_v is not NOT_SUPPORTED:
-                self._dbe_volatile[dev.index] = dbe_v
-            if dbe_v is not NOT_SUPPORTED and dbe_v > t["dbe_volatile_max"]:
-                f(
+        if unc > t["remap_uncorrectable_max"]:
+            msg = f"{unc} rows remapped for uncorrectable errors"
+            out.append(
+                self.problem(
+                    dev,
                     Severity.CRITICAL,
-                    "ecc.dbe.volatile",
-                    f"{dbe_v} volatile uncorrected ECC error{'s' if dbe_v != 1 else ''}",
-                    Action.RESET_GPU,
-                    count=dbe_v,
-                )
-        elif signal == "dbe_aggregate":
-            dbe_a = call(
-                pynvml.nvmlDeviceGetTotalEccErrors,
-                h,
-                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                pynvml.NVML_AGGREGATE_ECC,
-            )
-            # history only matters when nothing is wrong now (a volatile DBE says more)
-            fresh = self._dbe_volatile.get(dev.index, 0) <= t["dbe_volatile_max"]
-            if dbe_a is not NOT_SUPPORTED and dbe_a > t["dbe_aggregate_max"] and fresh:
-                f(
-                    Severity.WARNING,
-                    "ecc.dbe.aggregate",
-                    f"{dbe_a} uncorrected ECC errors over the GPU's lifetime",
-                    Action.WATCH,
-                    count=dbe_a,
-                )
-        elif signal == "sbe_volatile":
-            sbe_v = call(
-                pynvml.nvmlDeviceGetTotalEccErrors,
-                h,
-                pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                pynvml.NVML_VOLATILE_ECC,
-            )
-            if sbe_v is not NOT_SUPPORTED and sbe_v > t["sbe_volatile_warn"]:
-                f(
-                    Severity.WARNING,
-                    "ecc.sbe.volatile",
-                    f"{sbe_v} volatile corrected ECC errors",
-                    Action.WATCH,
-                    count=sbe_v,
-                )
-        elif signal == "retired_pending":
-            pending = call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
-            if pending is not NOT_SUPPORTED and pending:
-                f(
-                    Severity.CRITICAL,
-                    "retired_pages.pending",
-                    "page retirement pending (needs a GPU reset)",
-                    Action.RESET_GPU,
-                )
-        elif signal == "retired_pages":
-            retired = 0
-            for cause in (
-                pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-                pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
-            ):
-                pages = call(pynvml.nvmlDeviceGetRetiredPages, h, cause)
-                if pages is not NOT_SUPPORTED:
-                    retired += len(pages)
-            if retired > t["retired_pages_max"]:
-                f(
-                    Severity.CRITICAL,
-                    "retired_pages.limit",
-                    f"{retired} retired pages (limit {int(t['retired_pages_max']) + 1})",
+                    "row_remap.limit",
+                    msg,
                     Action.INSPECT,
-                    count=retired,
+                    uncorrectable=unc,
                 )
-        elif signal == "row_remap":
-            rows = call(pynvml.nvmlDeviceGetRemappedRows, h)
-            if rows is not NOT_SUPPORTED:
-                corr, unc, rpending, failure = rows
-                if failure:
-                    f(
-                        Severity.CRITICAL,
-                        "row_remap.failed",
-                        "row remapping failed: the GPU needs hardware inspection",
-                        Action.INSPECT,
-                        correctable=corr,
-                        uncorrectable=unc,
-                    )
-                if rpending:
-                    f(
-                        Severity.CRITICAL,
-                        "row_remap.pending",
-                        "row remapping pending (needs a GPU reset)",
-                        Action.RESET_GPU,
-                        correctable=corr,
-                        uncorrectable=unc,
-                    )
-                if unc > t["remap_uncorrectable_max"]:
-                    f(
-                        Severity.CRITICAL,
-                        "row_remap.limit",
-                        f"{unc} rows remapped for uncorrectable errors",
-                        Action.INSPECT,
-                        uncorrectable=unc,
-                    )
+            )
         return out
 
 
-@register
+def _ecc_errors(dev: Device, error_type: int, counter: int) -> int | None:
+    """One total-ECC-error counter of a GPU (None: the board does not count it)."""
+    v = call(pynvml.nvmlDeviceGetTotalEccErrors, dev.handle, error_type, counter)
+    return None if v is NOT_SUPPORTED else int(v)
+
+
 class GpuNvlinkCheck(GpuCheck):
     """Every NVLink the board has is up; error counters do not climb."""
 
@@ -315,7 +306,7 @@ class GpuNvlinkCheck(GpuCheck):
         return self._errors(dev)
 
     def _state(self, dev: Device) -> list[Finding]:
-        t = self.thresholds(dev)
+        t = self.thresholds()
         out: list[Finding] = []
         expected = int(t.get("expected_nvlinks", 0))
         active_links: list[int] = []
@@ -345,7 +336,7 @@ class GpuNvlinkCheck(GpuCheck):
         return out
 
     def _errors(self, dev: Device) -> list[Finding]:
-        t = self.thresholds(dev)
+        t = self.thresholds()
         out: list[Finding] = []
         for link in self._active.get(dev.index, []):
             for counter in range(4):  # replay, recovery, CRC flit, CRC data
@@ -373,7 +364,6 @@ class GpuNvlinkCheck(GpuCheck):
         return out
 
 
-@register
 class GpuPcieCheck(GpuCheck):
     """PCIe link trained at full width (a x8 link halves host<->GPU bandwidth)."""
 
@@ -382,7 +372,7 @@ class GpuPcieCheck(GpuCheck):
     code_prefix = "pcie"
 
     def read(self, signal: str, dev: Device) -> list[Finding]:
-        t = self.thresholds(dev)
+        t = self.thresholds()
         h = dev.handle
         out: list[Finding] = []
         if signal == "width":
@@ -425,7 +415,6 @@ class GpuPcieCheck(GpuCheck):
         return out
 
 
-@register
 class GpuThermalCheck(GpuCheck):
     """Temperature against the board's slowdown/shutdown thresholds; HW clock slowdowns."""
 
@@ -434,74 +423,78 @@ class GpuThermalCheck(GpuCheck):
     code_prefix = "thermal"
 
     def read(self, signal: str, dev: Device) -> list[Finding]:
-        t = self.thresholds(dev)
-        h = dev.handle
-        out: list[Finding] = []
-        util = call(pynvml.nvmlDeviceGetUtilizationRates, h)
+        self._utilisation(dev)
+        return self._temperature(dev, self.thresholds()) + self._clock_events(dev)
+
+    def _utilisation(self, dev: Device) -> None:
+        """Shipped with reports: hang detection asks whether a job's GPUs sit idle."""
+        util = call(pynvml.nvmlDeviceGetUtilizationRates, dev.handle)
         if util is not NOT_SUPPORTED:
-            # shipped with reports: hang detection asks whether a job's GPUs sit idle
             gpu_util = self.metrics.setdefault("gpu_util", {})
             assert isinstance(gpu_util, dict)
             gpu_util[str(dev.index)] = int(util.gpu)
+
+    def _temperature(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+        h = dev.handle
         temp = call(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
-        slow = call(
-            pynvml.nvmlDeviceGetTemperatureThreshold, h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
-        )
+        if temp is NOT_SUPPORTED:
+            return []
         shut = call(
             pynvml.nvmlDeviceGetTemperatureThreshold, h, pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
         )
-        if temp is not NOT_SUPPORTED:
-            if shut is not NOT_SUPPORTED and temp >= shut:
-                out.append(
-                    self.finding(
-                        dev.component,
-                        Severity.CRITICAL,
-                        "thermal.shutdown",
-                        f"{dev.label}: {temp} C, at/above shutdown threshold {shut} C",
-                        Action.DRAIN,
-                        temp_c=temp,
-                        shutdown_c=shut,
-                        **dev.ids(),
-                    )
+        slow = call(
+            pynvml.nvmlDeviceGetTemperatureThreshold, h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+        )
+        if shut is not NOT_SUPPORTED and temp >= shut:
+            msg = f"{temp} C, at/above shutdown threshold {shut} C"
+            return [
+                self.problem(
+                    dev,
+                    Severity.CRITICAL,
+                    "thermal.shutdown",
+                    msg,
+                    Action.DRAIN,
+                    temp_c=temp,
+                    shutdown_c=shut,
                 )
-            elif slow is not NOT_SUPPORTED and temp >= slow - t["temp_warn_margin_c"]:
-                out.append(
-                    self.finding(
-                        dev.component,
-                        Severity.WARNING,
-                        "thermal.slowdown",
-                        f"{dev.label}: {temp} C, near slowdown threshold {slow} C",
-                        Action.WATCH,
-                        temp_c=temp,
-                        slowdown_c=slow,
-                        **dev.ids(),
-                    )
+            ]
+        if slow is not NOT_SUPPORTED and temp >= slow - t["temp_warn_margin_c"]:
+            msg = f"{temp} C, near slowdown threshold {slow} C"
+            return [
+                self.problem(
+                    dev,
+                    Severity.WARNING,
+                    "thermal.slowdown",
+                    msg,
+                    Action.WATCH,
+                    temp_c=temp,
+                    slowdown_c=slow,
                 )
-        reasons = call(pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)
-        if reasons is not NOT_SUPPORTED and reasons:
-            hw = [name for bit, name in _REASONS.items() if reasons & bit and bit != SW_THERMAL]
-            if hw:
-                out.append(
-                    self.finding(
-                        dev.component,
-                        Severity.WARNING,
-                        "clocks.hw_slowdown",
-                        f"{dev.label}: clocks held down: {', '.join(hw)}",
-                        Action.WATCH,
-                        reasons=hex(reasons),
-                        **dev.ids(),
-                    )
+            ]
+        return []
+
+    def _clock_events(self, dev: Device) -> list[Finding]:
+        reasons = call(pynvml.nvmlDeviceGetCurrentClocksEventReasons, dev.handle)
+        if reasons is NOT_SUPPORTED or not reasons:
+            return []
+        hw = [name for bit, name in _REASONS.items() if reasons & bit and bit != SW_THERMAL]
+        if hw:
+            msg = f"clocks held down: {', '.join(hw)}"
+            return [
+                self.problem(
+                    dev,
+                    Severity.WARNING,
+                    "clocks.hw_slowdown",
+                    msg,
+                    Action.WATCH,
+                    reasons=hex(reasons),
                 )
-            elif reasons & SW_THERMAL:
-                out.append(
-                    self.finding(
-                        dev.component,
-                        Severity.INFO,
-                        "clocks.sw_thermal",
-                        f"{dev.label}: software thermal slowdown",
-                        Action.NONE,
-                        reasons=hex(reasons),
-                        **dev.ids(),
-                    )
+            ]
+        if reasons & SW_THERMAL:
+            msg = "software thermal slowdown"
+            return [
+                self.problem(
+                    dev, Severity.INFO, "clocks.sw_thermal", msg, Action.NONE, reasons=hex(reasons)
                 )
-        return out
+            ]
+        return []

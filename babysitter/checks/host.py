@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psutil
 
-from babysitter.checks.base import Check, register
+from babysitter.checks.base import Check
 from babysitter.config import HostCheckConfig
 from babysitter.finding import Action, Finding, Severity
 
@@ -16,7 +16,6 @@ from babysitter.finding import Action, Finding, Severity
 CLOCK_FLOOR = 1735689600  # 2025-01-01T00:00:00Z
 
 
-@register
 class HostCheck(Check):
     name = "host.resources"
     section = "host"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from babysitter.checks.base import Check, register
+from babysitter.checks.base import Check
 from babysitter.config import InfinibandCheckConfig
 from babysitter.finding import Action, Finding, Severity
 
@@ -32,13 +32,6 @@ RATE_LIMITS: dict[str, float] = {  # counter -> max increase per second
     "link_error_recovery": 5 / 60,
     "port_rcv_errors": 10.0,
     "port_xmit_discards": 100.0,
-}
-PROFILES: dict[str, tuple[int, float | None]] = {  # expected ACTIVE ports, rate Gb/s
-    "default": (0, None),
-    "H100": (8, 400.0),
-    "H200": (8, 400.0),
-    "B200": (8, 400.0),
-    "A100": (1, 200.0),
 }
 FLAP_COUNT = 3
 FLAP_WINDOW_S = 600.0
@@ -98,7 +91,6 @@ class PortState:
     last_change: float = 0.0
 
 
-@register
 class InfinibandCheck(Check):
     name = "ib.ports"
     section = "infiniband"
@@ -121,15 +113,15 @@ class InfinibandCheck(Check):
         return Path(self.ctx.config.agent.sysfs_root) / "sys" / "class" / "infiniband"
 
     def supported(self) -> bool:
-        return self.root.is_dir() or bool(self.expected()[0])
+        if self.root.is_dir():
+            return True
+        # no IB device: a fault only if the config promises a fabric (checks/profile.py)
+        e = self.ctx.expect()
+        return e.ib_required and e.ib_ports > 0
 
     def expected(self) -> tuple[int, float | None]:
-        ports, rate = PROFILES.get(self.cfg.profile or "default", PROFILES["default"])
-        if self.cfg.expected_ports is not None:
-            ports = self.cfg.expected_ports
-        if self.cfg.expected_rate_gbps is not None:
-            rate = self.cfg.expected_rate_gbps
-        return ports, rate
+        e = self.ctx.expect()
+        return e.ib_ports, e.ib_rate_gbps
 
     def _ports(self) -> list[tuple[str, int, Path]]:
         found: list[tuple[str, int, Path]] = []

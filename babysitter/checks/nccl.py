@@ -1,7 +1,8 @@
 """NCCL health.
 
 Active (invasive, only on idle/drained nodes): run nccl-tests `all_reduce_perf` when configured,
-parse its table, compare the bus bandwidth at the largest size with the SKU threshold.
+parse its table, compare the bus bandwidth at the largest size with the hardware profile's
+floor.
 Passive: scan the stdout/stderr files of babysat jobs running on this node for NCCL failure
 signatures; each new match is a finding on `job:<id>` with the node attached. Files are found
 with `[checks.nccl] job_log_globs` (e.g. "/scratch/*/slurm-*.out"); the job id is the first
@@ -18,12 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from babysitter.checks.base import Check, register
+from babysitter.checks.base import Check
 from babysitter.config import NcclCheckConfig
 from babysitter.finding import Action, Finding, Severity
-
-# Bus bandwidth thresholds in GB/s at large sizes (Azure HPC health checks; domain notes)
-BUSBW_GBPS = {"H100": 460.0, "H200": 431.0, "A100": 228.0, "default": 150.0}
 
 SIGNATURES: list[tuple[str, re.Pattern[str], Severity]] = [
     (
@@ -93,7 +91,6 @@ def parse_all_reduce_perf(text: str) -> tuple[list[PerfRow], float | None]:
     return rows, avg
 
 
-@register
 class NcclPerfCheck(Check):
     name = "nccl.perf"
     section = "nccl"
@@ -151,9 +148,7 @@ class NcclPerfCheck(Check):
                     Action.INSPECT,
                 )
             ]
-        expected = self.cfg.min_busbw_gbps or BUSBW_GBPS.get(
-            self.cfg.profile or "default", BUSBW_GBPS["default"]
-        )
+        expected = self.ctx.expect().nccl_busbw_gbps  # the hardware profile's floor
         top = max(rows, key=lambda r: r.size)
         measured = max(top.busbw_oop, top.busbw_ip)
         wrong = sum(r.wrong for r in rows)
@@ -246,7 +241,6 @@ def job_id_of(path: Path) -> str | None:
     return m.group(1) if m else None
 
 
-@register
 class NcclLogCheck(Check):
     name = "nccl.logs"
     section = "nccl"

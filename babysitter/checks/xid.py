@@ -14,9 +14,9 @@ from typing import Any
 import pynvml
 
 from babysitter.checks import nvml
-from babysitter.checks.base import Check, EventSource, register, register_event_source
-from babysitter.checks.xid_catalog import classify
+from babysitter.checks.base import Check, EventSource
 from babysitter.finding import Action, Finding, Severity
+from babysitter.hardware.xids import XidClass, classify
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def _norm_pci(pci: str) -> str:
 def xid_finding(
     check: str,
     xid: int,
-    overrides: dict[int, str],
+    overrides: dict[int, XidClass],
     component: str,
     where: str,
     extra: str = "",
@@ -79,7 +79,6 @@ def parse_kmsg_line(line: str) -> tuple[str, int | None, str] | None:
     return None
 
 
-@register
 class KmsgXidCheck(Check):
     """XIDs from the kernel log (agent.kmsg_path). Remembers how far it read."""
 
@@ -232,7 +231,6 @@ _RECOVERY = {1: Action.RESET_GPU, 2: Action.REBOOT, 3: Action.DRAIN, 4: Action.R
 SBE_WINDOW_S = 3600.0
 
 
-@register_event_source
 class NvmlEvents(EventSource):
     """One thread blocked in nvmlEventSetWait_v2, registered on every GPU for every fault event
     type that GPU supports (NOT_SUPPORTED on a board is normal: the fast tier still polls the

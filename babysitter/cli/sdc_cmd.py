@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import click
 from rich.console import Console
 from rich.table import Table
 
 from babysitter.cli.common import State, echo_json, pass_state
+from babysitter.config import SdcDtype
 from babysitter.errors import UsageError
 from babysitter.finding import exit_code
 
@@ -25,7 +28,7 @@ def parse_inject(text: str | None) -> tuple[int, int, int, int] | None:
 @click.command("sdc-test")
 @click.option("--backend", type=click.Choice(["auto", "numpy", "torch", "cupy"]), default=None)
 @click.option("--size", type=click.IntRange(16, 65536), default=None, help="Matrix size n.")
-@click.option("--dtype", type=click.Choice(["float32", "float64", "float16"]), default=None)
+@click.option("--dtype", type=click.Choice(get_args(SdcDtype)), default=None)
 @click.option("--seed", type=int, default=None)
 @click.option(
     "--devices",

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from babysitter.checks import nvml
-from babysitter.checks.base import Check, register
+from babysitter.checks.base import Check
 from babysitter.checks.sdc.runner import run_sdc
 from babysitter.finding import Finding, Severity
 
@@ -31,7 +31,6 @@ def gpus_busy() -> list[int]:
     return busy
 
 
-@register
 class SdcCheck(Check):
     name = "sdc.matmul"
     section = "sdc"

@@ -14,7 +14,7 @@ import numpy as np
 import xxhash
 
 from babysitter.checks.sdc import abft, fingerprint
-from babysitter.checks.sdc.backends import devices
+from babysitter.checks.sdc.backends import Device, devices
 from babysitter.finding import Action, Finding, Severity
 
 NP_DTYPES = {"float64": np.float64, "float32": np.float32, "float16": np.float16}
@@ -203,82 +203,166 @@ def run_sdc(
     results: list[DeviceResult] = []
     sums: list[tuple[np.ndarray, np.ndarray]] = []
     for idx, d in enumerate(devs):
-        dev_out = d.run(a, b, inject[1:] if inject and inject[0] == idx else None)
-        t = time.perf_counter()
-        if dev_out.c is not None:  # host device: C is here already
-            col, row = abft.checksums(dev_out.c)
-            dig, algo = digest(dev_out.c), DIGEST_ALGO
-        else:  # verified on the device: only the sums and the fingerprint came back
-            assert dev_out.col_sums is not None and dev_out.row_sums is not None
-            assert dev_out.fingerprint is not None
-            col, row = dev_out.col_sums, dev_out.row_sums
-            dig, algo = dev_out.fingerprint, fingerprint.ALGO
-        res = abft.check_sums(ref, col, row)
-        ver_s = dev_out.device_verify_s + time.perf_counter() - t
-        mm_s = dev_out.matmul_s
-        results.append(
-            DeviceResult(
-                d.name,
-                d.label,
-                d.model,
-                dig,
-                res.ok,
-                res.worst_ratio,
-                None,
-                mm_s,
-                ver_s,
-                2 * size**3 / max(mm_s, 1e-9) / 1e9,
-                algo,
-            )
-        )
-        sums.append((col, row))
+        flip = inject[1:] if inject and inject[0] == idx else None
+        result, dev_sums = _run_device(d, a, b, ref, size, flip)
+        results.append(result)
+        sums.append(dev_sums)
     if ref_source != "computed" and not all(r.abft_ok for r in results):
-        # a wrong cached reference must not drain a healthy node: confirm against a fresh one
-        fresh = abft.prepare(a, b, dtype)
-        if any(not np.array_equal(getattr(fresh, f), getattr(ref, f)) for f in _REF_FIELDS):
-            _store_reference(size, dtype, seed, state_dir, fresh)
-            for r, (col, row) in zip(results, sums, strict=True):
-                res = abft.check_sums(fresh, col, row)
-                r.abft_ok, r.abft_worst_ratio = res.ok, res.worst_ratio
+        _recheck_with_fresh_reference(a, b, ref, results, sums, size, dtype, seed, state_dir)
     out = SdcResult(
         backend, library, dtype, size, seed, results, reference_source=ref_source, reference_s=ref_s
     )
-    # cross-device: identical inputs must give bit-identical outputs
-    digests = [r.digest for r in results]
+    # identical inputs must give bit-identical outputs: across devices, or against the digest
+    # a single device stored on its first clean run
     if len(results) > 1:
-        # the reference is the most common digest among devices whose checksums passed; a
-        # device ABFT already caught does not get a vote
-        voters = [r.digest for r in results if r.abft_ok] or digests
-        majority = max(sorted(set(voters)), key=voters.count)
-        if voters.count(majority) * 2 <= len(voters):
-            # no strict majority (e.g. two devices that disagree): nobody can be named the good
-            # one, so every device is reported
-            majority = ""
-        for r in results:
-            r.matches_peers = r.digest == majority
+        majority: str | None = _vote(results)
     else:
-        r0 = results[0]
-        key = "|".join([r0.digest_algo, library, dtype, str(size), str(seed), r0.model])
-        path = _golden_path(state_dir)
-        try:
-            golden = json.loads(path.read_text()) if path.exists() else {}
-        except (OSError, ValueError):
-            golden = {}
-        if key in golden:
-            results[0].matches_peers = golden[key] == results[0].digest
-            out.golden = golden[key]
-        elif results[0].abft_ok and inject is None:
-            # only a verified, uninjected result becomes the reference
-            golden[key] = results[0].digest
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(golden, indent=1))
-                tmp.replace(path)
-            except OSError:
-                pass
+        majority = None
+        out.golden = _compare_golden(results[0], library, dtype, size, seed, state_dir, inject)
     for r in results:
-        ids = {
+        out.findings.append(_finding(check_name, r, majority, library, dtype, size, seed))
+    return out
+
+
+def _run_device(
+    d: Device,
+    a: np.ndarray,
+    b: np.ndarray,
+    ref: abft.Reference,
+    size: int,
+    flip: tuple[int, int, int] | None,
+) -> tuple[DeviceResult, tuple[np.ndarray, np.ndarray]]:
+    """The matmul on one device, its checksums against the reference, and its digest."""
+    dev_out = d.run(a, b, flip)
+    t = time.perf_counter()
+    if dev_out.c is not None:  # host device: C is here already
+        col, row = abft.checksums(dev_out.c)
+        dig, algo = digest(dev_out.c), DIGEST_ALGO
+    else:  # verified on the device: only the sums and the fingerprint came back
+        assert dev_out.col_sums is not None and dev_out.row_sums is not None
+        assert dev_out.fingerprint is not None
+        col, row = dev_out.col_sums, dev_out.row_sums
+        dig, algo = dev_out.fingerprint, fingerprint.ALGO
+    res = abft.check_sums(ref, col, row)
+    ver_s = dev_out.device_verify_s + time.perf_counter() - t
+    mm_s = dev_out.matmul_s
+    result = DeviceResult(
+        d.name,
+        d.label,
+        d.model,
+        dig,
+        res.ok,
+        res.worst_ratio,
+        None,
+        mm_s,
+        ver_s,
+        2 * size**3 / max(mm_s, 1e-9) / 1e9,
+        algo,
+    )
+    return result, (col, row)
+
+
+def _recheck_with_fresh_reference(
+    a: np.ndarray,
+    b: np.ndarray,
+    ref: abft.Reference,
+    results: list[DeviceResult],
+    sums: list[tuple[np.ndarray, np.ndarray]],
+    size: int,
+    dtype: str,
+    seed: int,
+    state_dir: Path | None,
+) -> None:
+    """A wrong cached reference must not drain a healthy node: confirm against a fresh one."""
+    fresh = abft.prepare(a, b, dtype)
+    if all(np.array_equal(getattr(fresh, f), getattr(ref, f)) for f in _REF_FIELDS):
+        return
+    _store_reference(size, dtype, seed, state_dir, fresh)
+    for r, (col, row) in zip(results, sums, strict=True):
+        res = abft.check_sums(fresh, col, row)
+        r.abft_ok, r.abft_worst_ratio = res.ok, res.worst_ratio
+
+
+def _vote(results: list[DeviceResult]) -> str:
+    """The digest most devices whose checksums passed agree on (a device ABFT already caught
+    gets no vote); "" when no strict majority can be trusted (e.g. two devices that disagree:
+    nobody can be named the good one, so every device is reported). Sets matches_peers."""
+    digests = [r.digest for r in results]
+    voters = [r.digest for r in results if r.abft_ok] or digests
+    majority = max(sorted(set(voters)), key=voters.count)
+    if voters.count(majority) * 2 <= len(voters):
+        majority = ""
+    for r in results:
+        r.matches_peers = r.digest == majority
+    return majority
+
+
+def _compare_golden(
+    r0: DeviceResult,
+    library: str,
+    dtype: str,
+    size: int,
+    seed: int,
+    state_dir: Path | None,
+    inject: tuple[int, int, int, int] | None,
+) -> str | None:
+    """One device: compare with the stored golden digest (sets matches_peers), or store this
+    result as the golden one when it is verified and uninjected. Returns the stored digest."""
+    key = "|".join([r0.digest_algo, library, dtype, str(size), str(seed), r0.model])
+    path = _golden_path(state_dir)
+    try:
+        golden = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        golden = {}
+    if key in golden:
+        r0.matches_peers = golden[key] == r0.digest
+        return str(golden[key])
+    if r0.abft_ok and inject is None:
+        golden[key] = r0.digest
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(golden, indent=1))
+            tmp.replace(path)
+        except OSError:
+            pass
+    return None
+
+
+def _finding(
+    check_name: str,
+    r: DeviceResult,
+    majority: str | None,
+    library: str,
+    dtype: str,
+    size: int,
+    seed: int,
+) -> Finding:
+    """One device's verdict (majority: the peers' digest, "" for none, None: single device)."""
+    if not r.abft_ok:
+        severity, code, action = Severity.CRITICAL, "sdc.abft_mismatch", Action.DRAIN
+        message = (
+            f"{r.label} ({r.model}): matmul checksums off by "
+            f"{r.abft_worst_ratio:.3g}x the rounding bound: silent data corruption"
+        )
+    elif r.matches_peers is False:
+        if majority is None:
+            other = "the stored golden digest"
+        else:
+            other = "the other devices" if majority else "its peers, with no majority to trust"
+        severity, code, action = Severity.CRITICAL, "sdc.mismatch", Action.DRAIN
+        message = f"{r.label} ({r.model}): result differs bit-wise from {other}"
+    else:
+        severity, code, action = Severity.OK, "sdc.ok", Action.NONE
+        message = f"{r.label}: {size}x{size} {dtype} matmul verified, {r.gflops:.0f} GFLOP/s"
+    return Finding(
+        check=check_name,
+        component=r.device,
+        severity=severity,
+        code=code,
+        message=message,
+        action=action,
+        details={
             "device": r.label,
             "model": r.model,
             "gflops": round(r.gflops, 1),
@@ -289,42 +373,5 @@ def run_sdc(
             "dtype": dtype,
             "size": size,
             "seed": seed,
-        }
-        if not r.abft_ok:
-            verdict = (
-                Severity.CRITICAL,
-                "sdc.abft_mismatch",
-                Action.DRAIN,
-                f"{r.label} ({r.model}): matmul checksums off by "
-                f"{r.abft_worst_ratio:.3g}x the rounding bound: silent data corruption",
-            )
-        elif r.matches_peers is False:
-            other = "the stored golden digest"
-            if len(results) > 1:
-                other = "the other devices" if majority else "its peers, with no majority to trust"
-            verdict = (
-                Severity.CRITICAL,
-                "sdc.mismatch",
-                Action.DRAIN,
-                f"{r.label} ({r.model}): result differs bit-wise from {other}",
-            )
-        else:
-            verdict = (
-                Severity.OK,
-                "sdc.ok",
-                Action.NONE,
-                f"{r.label}: {size}x{size} {dtype} matmul verified, {r.gflops:.0f} GFLOP/s",
-            )
-        severity, code, action, message = verdict
-        out.findings.append(
-            Finding(
-                check=check_name,
-                component=r.device,
-                severity=severity,
-                code=code,
-                message=message,
-                action=action,
-                details=ids,
-            )
-        )
-    return out
+        },
+    )

@@ -8,6 +8,7 @@ must restart; not a node fault), ignore, inspect (a workflow a human follows).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from babysitter.finding import Action, Severity
 
@@ -59,6 +60,9 @@ _CLASS_RESULT: dict[str, tuple[Severity, Action]] = {
     "ignore": (Severity.OK, Action.NONE),
 }
 CLASSES = tuple(_CLASS_RESULT)
+# what `[checks.xid] actions` may map an XID to (the config validates against these)
+XidClass = Literal["reboot", "reset_gpu", "inspect", "app", "ignore"]
+KNOWN_XIDS: frozenset[int] = frozenset().union(*CATALOG.values())
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,8 @@ class XidVerdict:
     rule: str  # which rule fired: "catalog:reset_gpu" or "site override"
 
 
-def classify(xid: int, overrides: dict[int, str] | None = None) -> XidVerdict:
-    if overrides and xid in overrides and overrides[xid] in _CLASS_RESULT:
+def classify(xid: int, overrides: dict[int, XidClass] | None = None) -> XidVerdict:
+    if overrides and xid in overrides:
         k = overrides[xid]
         sev, act = _CLASS_RESULT[k]
         return XidVerdict(xid, k, sev, act, f"site override: xid {xid} -> {k}")

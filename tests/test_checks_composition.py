@@ -1,0 +1,75 @@
+"""The explicit list of checks (checks/all.py): what it selects, that the heavy SDC module is
+imported only when its check is named, and that event sources exist without selecting checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from babysitter.checks.all import CHECKS, EVENT_SOURCES, compose, select_checks
+from babysitter.checks.base import CheckContext
+from babysitter.config import Config
+
+
+def ctx(tmp_path: Path, **agent: object) -> CheckContext:
+    cfg = Config.model_validate(
+        {
+            "agent": {"sysfs_root": str(tmp_path), "kmsg_path": str(tmp_path / "kmsg"), **agent},
+            "checks": {"host": {"check_slurmd": False, "paths": [str(tmp_path)]}},
+        }
+    )
+    return CheckContext(cfg, "n1")
+
+
+def test_every_entry_makes_the_check_it_names(tmp_path):
+    c = ctx(tmp_path)
+    names = [e.name for e in CHECKS]
+    assert len(names) == len(set(names))
+    for entry in CHECKS:
+        check = entry.make(c)
+        assert check.name == entry.name and check.invasive == entry.invasive
+
+
+def test_default_selection_leaves_out_invasive_checks(tmp_path):
+    names = {c.name for c in select_checks(ctx(tmp_path))}
+    assert "host.resources" in names and "xid.kmsg" in names
+    assert not names & {"sdc.matmul", "nccl.perf"}
+
+
+def test_an_invasive_check_runs_when_enabled_checks_names_it(tmp_path):
+    names = [c.name for c in select_checks(ctx(tmp_path, enabled_checks=["sdc", "host"]))]
+    assert names == ["host.resources", "sdc.matmul"]
+
+
+def test_only_selects_by_prefix(tmp_path):
+    names = [c.name for c in select_checks(ctx(tmp_path), ["xid"])]
+    assert names == ["xid.kmsg"]
+
+
+def test_event_sources_come_with_the_composition(tmp_path):
+    comp = compose(ctx(tmp_path, enabled_checks=["host"]))
+    assert [c.name for c in comp.checks] == ["host.resources"]
+    assert (
+        [s.name for s in comp.sources]
+        == ["nvml.events"]
+        == [make(ctx(tmp_path)).name for make in EVENT_SOURCES]
+    )
+
+
+def test_numpy_is_imported_only_when_the_sdc_check_is_selected(tmp_path):
+    code = (
+        "import sys\n"
+        "from babysitter.checks.all import select_checks\n"
+        "from babysitter.checks.base import CheckContext\n"
+        "from babysitter.config import Config\n"
+        "ctx = CheckContext(Config(), 'n')\n"
+        "select_checks(ctx, ['host'])\n"
+        "print('numpy' in sys.modules)\n"
+        "select_checks(ctx, ['sdc'])\n"
+        "print('numpy' in sys.modules)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert r.stdout.split() == ["False", "True"], r.stderr
