@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 from babysitter.finding import Action, Finding, Severity
 
@@ -29,13 +29,38 @@ DRAIN_ACTIONS = frozenset({Action.DRAIN, Action.RESET_GPU, Action.REBOOT})
 FATAL_XID_CLASSES = frozenset({Action.REBOOT, Action.RESET_GPU})
 
 
+# The names a decision may carry: a misspelled one is a mypy error where the decision is made
+# (and a ValueError at run time, see Decision); RULES below describes each one.
+RuleName = Literal[
+    "critical_finding",
+    "drain_action",
+    "warning_suspect",
+    "heartbeat_missing",
+    "fault_cleared",
+    "not_ours",
+    "guard_fraction",
+    "guard_unknown",
+    "job_owned_finding",
+    "guard_rate",
+    "guard_tripped",
+    "xid_escalation",
+    "lemon_node",
+    "validate_before_resume",
+    "validation_exhausted",
+    "node_slow",
+    "job_on_failed_node",
+    "manual",
+]
+NoRule = Literal[""]  # a resolve_alert: nothing fired
+
+
 @dataclass(frozen=True)
 class Rule:
-    name: str
+    name: RuleName
     description: str
 
 
-RULES = {
+RULES: dict[RuleName, Rule] = {
     "critical_finding": Rule("critical_finding", "a critical finding drains the node"),
     "drain_action": Rule(
         "drain_action", "a warning whose recommended action is drain/reset/reboot drains"
@@ -84,11 +109,17 @@ RULES = {
 }
 
 
+if set(RULES) != set(get_args(RuleName)) or any(k != r.name for k, r in RULES.items()):
+    raise AssertionError("RULES must describe exactly the names of RuleName")
+
+
 def rule_description(name: str | None) -> str:
     """What a rule means, for people reading actions and decisions ("" for no/unknown rule:
     rows written by an older version may name a rule that no longer exists)."""
-    rule = RULES.get(name or "")
-    return rule.description if rule else ""
+    for key, rule in RULES.items():
+        if key == name:
+            return rule.description
+    return ""
 
 
 XID_ESCALATION_COUNT = 5
@@ -153,7 +184,7 @@ class ClusterFacts:
 class Decision:
     kind: str  # drain resume validate alert keep_alert resolve_alert escalate guard_tripped
     node: str | None
-    rule: str  # a key of RULES ("" only for resolve_alert)
+    rule: RuleName | NoRule  # "" only for resolve_alert
     reason: str
     severity: Severity = Severity.WARNING
     condition: str = ""
@@ -210,7 +241,7 @@ def summary(findings: Sequence[Finding]) -> str:
 
 def node_verdict(
     open_findings: Sequence[Finding], heartbeat_age_s: float | None, heartbeat_timeout_s: float
-) -> tuple[str, str]:
+) -> tuple[str, RuleName | NoRule]:
     """THE verdict of a node (healthy suspect unhealthy unknown) and the rule that gave it;
     the policy and the API's node view both call this, so they cannot disagree."""
     if heartbeat_age_s is None or heartbeat_age_s > heartbeat_timeout_s:
@@ -224,7 +255,7 @@ def node_verdict(
     return "healthy", ""
 
 
-def facts_verdict(n: NodeFacts, s: PolicySettings) -> tuple[str, str]:
+def facts_verdict(n: NodeFacts, s: PolicySettings) -> tuple[str, RuleName | NoRule]:
     return node_verdict(n.open_findings, n.heartbeat_age_s, s.heartbeat_timeout_s)
 
 
@@ -341,7 +372,7 @@ def decide(
     order: the most severe nodes first, then by name."""
     verdicts: dict[str, str] = {}
     decisions: list[Decision] = []
-    want_drain: list[tuple[int, NodeFacts, str, str]] = []
+    want_drain: list[tuple[int, NodeFacts, RuleName | NoRule, str]] = []
     for n in nodes:
         verdict, rule = facts_verdict(n, s)
         verdicts[n.name] = verdict
@@ -410,7 +441,7 @@ def decide(
     drains_hour = cluster.drains_last_hour
     blocked: list[str] = []
     unsized: list[str] = []
-    guard_rule = "guard_tripped" if tripped else ""
+    guard_rule: RuleName | NoRule = "guard_tripped" if tripped else ""
     for _, n, rule, why in sorted(want_drain, key=lambda t: (-t[0], t[1].name)):
         if any(p not in cluster.partition_sizes for p in n.partitions):
             # never trip on a size we do not know: hold the drain and say so
