@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import APIRouter, Depends, Request
 
+from babysitter.controller.auth import Principal
 from babysitter.controller.policy import rule_description
 from babysitter.controller.store import Store
 
@@ -29,7 +30,11 @@ def guard_view(store: Store) -> dict[str, Any]:
     return info
 
 
-def add_guard_route(app: FastAPI, store: Store, reader: Callable[..., Any]) -> None:
-    @app.get("/api/v1/guard")
-    def get_guard(_: Any = Depends(reader)) -> dict[str, Any]:
+def guard_router(store: Store, reader: Callable[[Request], Principal]) -> APIRouter:
+    router = APIRouter(prefix="/api/v1")
+
+    @router.get("/guard")
+    def get_guard(_: Principal = Depends(reader)) -> dict[str, Any]:
         return guard_view(store)
+
+    return router
