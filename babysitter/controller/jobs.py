@@ -181,6 +181,10 @@ class JobTracker:
             except Exception as exc:
                 self.record_error(j.job_id, "scan", exc, now)
         self._resolve_requeue_limit_alerts({j.job_id: j for j in jobs})
+        # forget jobs that left the queue: a long-running controller sees millions of job ids
+        live = {j.job_id for j in jobs}
+        for gone in self._hb_read.keys() - live:
+            del self._hb_read[gone]
 
     def _scan_one(self, j: SlurmJob, down: set[str], now: datetime) -> None:
         try:
