@@ -1,6 +1,12 @@
 """Configuration: TOML file + `BABYSITTER_<SECTION>__<KEY>` environment overrides, validated by
 pydantic. An unknown key or a bad value is a `ConfigError` naming the key.
 
+The environment is read here (`env_overrides`), not by pydantic-settings: importing that costs
+~0.1 s of CPU and a few MB on every `babysitter check` (the HealthCheckProgram mode). The rules
+are the ones it had: names are case-insensitive, `__` descends into a section, a list/dict/
+section value is JSON, anything else a string for pydantic to convert, the environment wins
+over the file key by key, and names that are no setting are ignored.
+
 Each section is its own model; checks own their `[checks.<name>]` model below. Add keys to the
 model of the part you build, with a default and a one-line description (the README's
 configuration reference is generated from these models).
@@ -8,21 +14,34 @@ configuration reference is generated from these models).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import tomllib
+import types
+import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from babysitter.errors import ConfigError
+from babysitter.finding import Severity
 from babysitter.hardware.profiles import GPU_THRESHOLDS, PROFILES
 from babysitter.hardware.xids import KNOWN_XIDS, XidClass
 
 DEFAULT_CONFIG_PATH = Path("/etc/babysitter/babysitter.toml")
 ENV_CONFIG = "BABYSITTER_CONFIG"
+ENV_PREFIX = "BABYSITTER_"
+ENV_NESTED = "__"
 
 
 class Section(BaseModel):
@@ -58,7 +77,9 @@ class AgentConfig(Section):
         None, description="host:port for the agent's Prometheus metrics (off when unset)"
     )
     enabled_checks: list[str] | None = Field(
-        None, description="checks to run (default: every non-invasive check that is supported)"
+        None,
+        description="checks to run, by name or prefix (default: every non-invasive check that "
+        "is supported; an invasive one, sdc.matmul or nccl.perf, runs only when named here)",
     )
     ca_file: Path | None = Field(
         None, description="CA bundle to verify an https controller with (agent and CLI)"
@@ -211,7 +232,14 @@ class ValidationConfig(Section):
         return self.partition is not None
 
 
-Severity_ = Literal["info", "warning", "critical"]
+def _routable(v: Severity) -> Severity:
+    if v is Severity.OK:
+        raise ValueError("a route's lowest severity is info, warning or critical")
+    return v
+
+
+# the lowest severity a sink receives: Severity's own order decides (no second order here)
+RouteSeverity = Annotated[Severity, AfterValidator(_routable)]
 
 
 class AlertsConfig(Section):
@@ -223,10 +251,18 @@ class AlertsConfig(Section):
     )
     webhook_url: str | None = Field(None, description="generic JSON webhook")
     timeout_s: float = Field(5.0, gt=0, description="timeout of every alert delivery")
-    route_alertmanager: Severity_ = Field("warning", description="lowest severity sent there")
-    route_slack: Severity_ = Field("warning", description="lowest severity sent to Slack")
-    route_pagerduty: Severity_ = Field("critical", description="lowest severity that pages")
-    route_webhook: Severity_ = Field("info", description="lowest severity sent to the webhook")
+    route_alertmanager: RouteSeverity = Field(
+        Severity.WARNING, description="lowest severity sent there"
+    )
+    route_slack: RouteSeverity = Field(
+        Severity.WARNING, description="lowest severity sent to Slack"
+    )
+    route_pagerduty: RouteSeverity = Field(
+        Severity.CRITICAL, description="lowest severity that pages"
+    )
+    route_webhook: RouteSeverity = Field(
+        Severity.INFO, description="lowest severity sent to the webhook"
+    )
     repeat_interval_s: float = Field(
         4 * 3600, gt=0, description="re-send a still-firing alert after this long"
     )
@@ -253,6 +289,14 @@ class CheckConfig(Section):
         default_factory=dict,
         description='per-signal interval overrides, {"gpu.memory/sbe_volatile" = 30 | "fast"}',
     )
+
+    @field_validator("signal_intervals")
+    @classmethod
+    def _positive(cls, v: dict[str, float | Literal["fast"]]) -> dict[str, float | Literal["fast"]]:
+        bad = sorted(k for k, x in v.items() if x != "fast" and not float(x) > 0)
+        if bad:
+            raise ValueError(f'{", ".join(bad)}: an interval is seconds > 0 or "fast"')
+        return v
 
 
 class GpuCheckConfig(CheckConfig):
@@ -351,14 +395,7 @@ class ChecksConfig(Section):
     sdc: SdcCheckConfig = Field(default_factory=SdcCheckConfig)
 
 
-class Config(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="BABYSITTER_",
-        env_nested_delimiter="__",
-        extra="forbid",
-        validate_default=True,
-    )
-
+class Config(Section):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     controller: ControllerConfig = Field(default_factory=ControllerConfig)
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
@@ -367,17 +404,78 @@ class Config(BaseSettings):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     checks: ChecksConfig = Field(default_factory=ChecksConfig)
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Environment wins over the file (the file arrives as init kwargs).
-        return (env_settings, init_settings)
+
+def _model(annotation: Any) -> type[BaseModel] | None:
+    return (
+        annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    )
+
+
+def _is_json(annotation: Any) -> bool:
+    """A value given as JSON in the environment: a section, list, dict, set or tuple (also
+    inside `X | None`)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_json(a) for a in typing.get_args(annotation) if a is not type(None))
+    if _model(annotation) is not None:
+        return True
+    return (origin or annotation) in (list, dict, set, frozenset, tuple)
+
+
+def _deep_update(base: dict[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in new.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _deep_update(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings `BABYSITTER_<SECTION>__<KEY>` variables give, as nested dicts."""
+    out: dict[str, Any] = {}
+    for name, raw in sorted(environ.items()):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split(ENV_NESTED)
+        model: type[BaseModel] = Config
+        path: list[str] = []
+        value: Any = None
+        for i, part in enumerate(parts):
+            field = model.model_fields.get(part)
+            if field is None:
+                if path:  # a typo inside a section: validation names it as an unknown key
+                    path.append(ENV_NESTED.join(parts[i:]))
+                    value = raw
+                break  # not a section (BABYSITTER_CONFIG, ...): ignored, as always
+            path.append(part)
+            ann = field.annotation
+            last = i == len(parts) - 1
+            if not last and _model(ann) is not None:
+                model = _model(ann)  # type: ignore[assignment]
+                continue
+            if not last:  # a key of a dict setting (or of a plain one: validation refuses it)
+                path.append(ENV_NESTED.join(parts[i + 1 :]))
+                value = raw
+            else:
+                value = raw
+                if _is_json(ann):
+                    try:
+                        value = json.loads(raw)
+                    except ValueError as exc:
+                        raise ConfigError(
+                            f"invalid configuration in the environment: {name} is not valid "
+                            f"JSON ({exc})"
+                        ) from None
+            break
+        if value is None:
+            continue
+        nested: Any = value
+        for key in reversed(path):
+            nested = {key: nested}
+        out = _deep_update(out, nested)
+    return out
 
 
 # Keys older releases accepted: an old config fails with what to write instead (a silently
@@ -430,9 +528,9 @@ def load_config(path: str | Path | None = None) -> Config:
             raise ConfigError(f"cannot read config file {p}: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+    # the environment wins over the file, key by key
+    data = _deep_update(data, env_overrides(os.environ))
     try:
-        return Config(**data)
+        return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, origin)) from exc
-    except ValueError as exc:  # pydantic-settings raises this for undecodable env JSON
-        raise ConfigError(f"invalid configuration in {origin}: {exc}") from exc

@@ -107,7 +107,7 @@ def main() -> int:
             BABYSITTER_AGENT__SPOOL_PATH=str(work / "spool.db"),
             BABYSITTER_AGENT__SYSFS_ROOT=str(work / "sysfs"),
             BABYSITTER_AGENT__KMSG_PATH=str(work / "kmsg"),
-            BABYSITTER_CHECKS__INFINIBAND__PROFILE="H100",
+            BABYSITTER_AGENT__HARDWARE_PROFILE="h100-sxm",
             BABYSITTER_CHECKS__HOST__CHECK_SLURMD="false",
             BABYSITTER_CHECKS__HOST__PATHS=json.dumps([str(work)]),
             BABYSITTER_CHECKS__GPU__EXPECTED_COUNT="8",

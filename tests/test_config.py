@@ -77,6 +77,17 @@ def test_example_config_is_valid():
         ("[checks.infiniband]\nprofile = 'H100'\n", "checks.infiniband.profile", "hardware"),
         ("[agent]\nhardware_profile = 'h100'\n", "agent.hardware_profile", "h100-sxm"),
         ("[checks.gpu]\nthresholds = {temp_warn_margin = 3}\n", "checks.gpu.thresholds", "margin"),
+        (
+            '[checks.gpu]\nsignal_intervals = {"gpu.memory/sbe_volatile" = 0}\n',
+            "checks.gpu.signal_intervals",
+            "gpu.memory/sbe_volatile: an interval is seconds > 0",
+        ),
+        (
+            '[checks.gpu]\nsignal_intervals = {"gpu.memory/sbe_volatil" = 30}\n',
+            "checks.gpu.signal_intervals",
+            "gpu.memory/sbe_volatil is not a signal",
+        ),
+        ("[agent]\nenabled_checks = ['gpu.memroy']\n", "agent.enabled_checks", "gpu.memroy"),
     ],
 )
 def test_config_check_refuses_what_the_code_cannot_do(tmp_path, toml, key, says):
@@ -104,3 +115,24 @@ def test_xid_overrides_and_profile_that_exist_are_accepted(tmp_path):
     cfg = load_config(p)
     assert cfg.checks.xid.actions == {13: "ignore", 79: "inspect"}
     assert cfg.agent.hardware_profile == "a100-sxm"
+
+
+def test_env_json_values_typos_and_merge_with_the_file(tmp_path, monkeypatch):
+    p = write(tmp_path, "[checks.host]\nmin_free_gb = 7\n[agent]\nnode_name = 'file'\n")
+    monkeypatch.setenv("BABYSITTER_CHECKS__HOST__PATHS", '["/a", "/b"]')
+    monkeypatch.setenv("babysitter_checks__host__check_slurmd", "false")  # any case
+    monkeypatch.setenv("BABYSITTER_CHECKS__XID__ACTIONS", '{"79": "reboot"}')
+    monkeypatch.setenv("BABYSITTER_BOGUS", "not a section: ignored")
+    cfg = load_config(p)
+    assert [str(x) for x in cfg.checks.host.paths] == ["/a", "/b"]
+    assert cfg.checks.host.check_slurmd is False
+    assert cfg.checks.host.min_free_gb == 7  # the file's key beside the environment's
+    assert cfg.checks.xid.actions == {79: "reboot"}
+    assert cfg.agent.node_name == "file"
+    monkeypatch.setenv("BABYSITTER_AGENT__NODE_NAEM", "typo")
+    with pytest.raises(ConfigError, match=r"agent\.node_naem: unknown key"):
+        load_config(p)
+    monkeypatch.delenv("BABYSITTER_AGENT__NODE_NAEM")
+    monkeypatch.setenv("BABYSITTER_CHECKS__HOST__PATHS", "/not/json")
+    with pytest.raises(ConfigError, match="BABYSITTER_CHECKS__HOST__PATHS"):
+        load_config(p)

@@ -11,9 +11,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from babysitter.config import Config
+from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import make_engine
-from babysitter.controller.store import Report, Store
+from babysitter.controller.store import Store
 from babysitter.finding import Finding
+from babysitter.report import Report
 from babysitter.slurm.client import SlurmJob
 from bench.slurm_standin import InMemorySlurm
 
@@ -35,7 +37,12 @@ def _calls(tmp_path: Path, n: int, failing: int) -> tuple[Counter[str], Counter[
     names = [f"n{i:05d}" for i in range(n)]
     now = datetime.now(UTC)
     for k in range(0, n, 2000):
-        store.ingest([Report(x, str(uuid.uuid4()), now, [], {}) for x in names[k : k + 2000]])
+        ReportWriter(store).write(
+            [
+                Report(node=x, report_id=str(uuid.uuid4()), sent_at=now, findings=[], metrics={})
+                for x in names[k : k + 2000]
+            ]
+        )
     slurm = InMemorySlurm(names)
     for j in range(3):  # babysat jobs on the nodes that will fail
         slurm.add_job(
@@ -55,7 +62,12 @@ def _calls(tmp_path: Path, n: int, failing: int) -> tuple[Counter[str], Counter[
         engine.tick()
     steady = Counter(op for op, _ in slurm.calls)
     slurm.calls.clear()
-    store.ingest([Report(x, str(uuid.uuid4()), now, [DBE], {}) for x in names[:failing]])
+    ReportWriter(store).write(
+        [
+            Report(node=x, report_id=str(uuid.uuid4()), sent_at=now, findings=[DBE], metrics={})
+            for x in names[:failing]
+        ]
+    )
     engine.tick()
     failure = Counter(op for op, _ in slurm.calls)
     drained = sum(1 for x in slurm.nodes() if x.drained_or_draining)
@@ -102,7 +114,7 @@ def test_steady_tick_passes_only_nodes_that_may_need_a_decision(tmp_path):
     store.upgrade()
     names = [f"n{i:05d}" for i in range(2000)]
     t0 = datetime.now(UTC)
-    store.ingest([Report(x, str(uuid.uuid4()), t0, [], {}) for x in names])
+    _write(store, [_report(x, t0, []) for x in names])
     slurm = InMemorySlurm(names)
     cfg = Config.model_validate(
         {"policy": {"max_drained_fraction": 1.0}, "slurm": {"node_refresh_s": 0}}
@@ -115,7 +127,7 @@ def test_steady_tick_passes_only_nodes_that_may_need_a_decision(tmp_path):
     assert len(facts) <= 4 and cluster.partition_sizes == {"gpu": 2000}
 
     sick, other, silent = names[10], names[20], names[30]
-    store.ingest([Report(sick, str(uuid.uuid4()), t0, [DBE], {})])
+    _write(store, [_report(sick, t0, [DBE])])
     held = slurm._nodes[other]
     slurm._nodes[other] = replace(held, flags=frozenset({"DRAIN"}), reason="admin: fan")
     engine.tick(t0)
@@ -137,7 +149,7 @@ def test_steady_tick_passes_only_nodes_that_may_need_a_decision(tmp_path):
     assert store.node(names[40])["verdict"] == "healthy"
 
     for _ in range(cfg.policy.resume_after_clean_checks):
-        store.ingest([Report(sick, str(uuid.uuid4()), datetime.now(UTC), [], {})])
+        _write(store, [_report(sick, datetime.now(UTC), [])])
     engine.tick(datetime.now(UTC))
     assert not slurm.node(sick).drained_or_draining
     store.close()
@@ -154,7 +166,7 @@ def test_a_slow_node_listing_neither_delays_the_tick_nor_undoes_its_drains(tmp_p
     store.upgrade()
     names = [f"n{i:05d}" for i in range(2000)]
     now = datetime.now(UTC)
-    store.ingest([Report(x, str(uuid.uuid4()), now, [], {}) for x in names])
+    _write(store, [_report(x, now, []) for x in names])
     slurm = InMemorySlurm(names)
     cfg = Config.model_validate(
         {"policy": {"max_drained_fraction": 1.0}, "slurm": {"node_refresh_s": 0}}
@@ -170,7 +182,7 @@ def test_a_slow_node_listing_neither_delays_the_tick_nor_undoes_its_drains(tmp_p
         return before
 
     slurm.nodes = slow_nodes  # type: ignore[method-assign]
-    store.ingest([Report(names[7], str(uuid.uuid4()), datetime.now(UTC), [DBE], {})])
+    _write(store, [_report(names[7], datetime.now(UTC), [DBE])])
     t = time.monotonic()
     engine.tick()
     assert time.monotonic() - t < 10  # not the 30 s the listing would take
@@ -184,3 +196,11 @@ def test_a_slow_node_listing_neither_delays_the_tick_nor_undoes_its_drains(tmp_p
     assert sum(1 for op, _ in slurm.calls if op == "drain_many") == 1
     assert engine.facts(datetime.now(UTC))[1].drained_by_us == {"gpu": 1}
     store.close()
+
+
+def _report(node: str, at: datetime, findings: list[Finding]) -> Report:
+    return Report(node=node, report_id=str(uuid.uuid4()), sent_at=at, findings=findings, metrics={})
+
+
+def _write(store: Store, reports: list[Report]) -> None:
+    ReportWriter(store).write(reports)

@@ -62,6 +62,7 @@ from babysitter.controller.tickstore import (
     xid_history,
 )
 from babysitter.controller.validation import Validator, summarise
+from babysitter.finding import Action, Finding, Severity
 from babysitter.slurm.client import (
     SlurmClient,
     SlurmError,
@@ -497,7 +498,7 @@ class RemediationEngine:
         return result.decisions
 
     def _stragglers(
-        self, facts: list[NodeFacts], now: datetime | None = None
+        self, facts: list[NodeFacts], now: datetime
     ) -> tuple[list[NodeFacts], list[Decision]]:
         """Compare each node's throughput with its GPU model's fleet median (pure policy in
         controller/stragglers.py). A straggler the site wants drained becomes a drain-worthy
@@ -507,23 +508,22 @@ class RemediationEngine:
         drains = {d.node: d for d in res.decisions if d.kind == "drain" and d.node}
         missing = drains.keys() - {f.name for f in facts}
         if missing:  # healthy otherwise, so not passed this tick: the straggler finding is new
-            facts = facts + self._node_facts(
-                policy_rows(self.store, names=missing), now or datetime.now(UTC)
-            )
+            facts = facts + self._node_facts(policy_rows(self.store, names=missing), now)
         if drains:
             facts = [
                 replace(
                     f,
                     open_findings=(
                         *f.open_findings,
-                        {
-                            "check": "stragglers",
-                            "component": "host",
-                            "severity": "warning",
-                            "code": CONDITION,
-                            "action": "drain",
-                            "message": drains[f.name].reason,
-                        },
+                        Finding(
+                            check="stragglers",
+                            component="host",
+                            severity=Severity.WARNING,
+                            code=CONDITION,
+                            action=Action.DRAIN,
+                            message=drains[f.name].reason,
+                            observed_at=now,
+                        ),
                     ),
                 )
                 if f.name in drains
@@ -531,7 +531,9 @@ class RemediationEngine:
                 for f in facts
             ]
         alerts = [
-            Decision("alert", d.node, d.rule, d.reason, "warning", CONDITION, details=d.details)
+            Decision(
+                "alert", d.node, d.rule, d.reason, Severity.WARNING, CONDITION, details=d.details
+            )
             if d.kind == "drain"
             else d
             for d in res.decisions
@@ -604,7 +606,7 @@ class RemediationEngine:
                 Alert(
                     None,
                     "guard_tripped",
-                    "critical",
+                    Severity.CRITICAL,
                     d.reason,
                     "stopped draining (resumes still allowed)",
                     now,
@@ -693,9 +695,9 @@ class RemediationEngine:
             "rule": rule,
             "reason": reason,
             "since": since,
-            "blocked": list((trip.details.get("blocked") if trip else None) or []),
+            "blocked": _names(trip.details.get("blocked") if trip else None),
             "slurm_data": bool(cluster.partition_sizes),
-            "undecided": list((unsized.details.get("blocked") if unsized else None) or []),
+            "undecided": _names(unsized.details.get("blocked") if unsized else None),
             "undecided_reason": unsized.reason if unsized else "",
             "limits": {
                 "max_drained_fraction": s.max_drained_fraction,
@@ -737,7 +739,7 @@ class RemediationEngine:
                     else f"drain {outcome}"
                 )
             )
-            firing.append(Alert(d.node, "node_unhealthy", "critical", d.reason, done, now))
+            firing.append(Alert(d.node, "node_unhealthy", Severity.CRITICAL, d.reason, done, now))
         else:
             clearing.append((d.node, "node_unhealthy"))
 
@@ -984,3 +986,8 @@ class RemediationEngine:
             aid, status=status, done_at=now, attempts=attempts + 1, outcome=outcome[:1000]
         )
         return status
+
+
+def _names(value: object) -> list[str]:
+    """The node names a decision's details carry (a list of str), or []."""
+    return [str(v) for v in value] if isinstance(value, list) else []

@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import String, and_, bindparam, cast, false, or_, select, true, update
 
 from babysitter.controller import models as m
-from babysitter.controller.store import Store, aware
+from babysitter.controller.store import Store, aware, stored_finding
 
 # larger name sets than this are read as a full pass (a long IN list costs more than a scan)
 MAX_NAMED = 500
@@ -70,7 +70,7 @@ def policy_rows(
         rows = [r._asdict() for r in c.execute(q)]
     for r in rows:
         r["last_report_at"] = aware(r["last_report_at"])
-        r["open_findings"] = r["open_findings"] or []
+        r["open_findings"] = [stored_finding(f) for f in r["open_findings"] or []]
     return rows
 
 
