@@ -22,11 +22,19 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from babysitter.errors import ConfigError
+from babysitter.finding import Severity
 from babysitter.hardware.profiles import GPU_THRESHOLDS, PROFILES
 from babysitter.hardware.xids import KNOWN_XIDS, XidClass
 
@@ -69,7 +77,9 @@ class AgentConfig(Section):
         None, description="host:port for the agent's Prometheus metrics (off when unset)"
     )
     enabled_checks: list[str] | None = Field(
-        None, description="checks to run (default: every non-invasive check that is supported)"
+        None,
+        description="checks to run, by name or prefix (default: every non-invasive check that "
+        "is supported; an invasive one, sdc.matmul or nccl.perf, runs only when named here)",
     )
     ca_file: Path | None = Field(
         None, description="CA bundle to verify an https controller with (agent and CLI)"
@@ -222,7 +232,14 @@ class ValidationConfig(Section):
         return self.partition is not None
 
 
-Severity_ = Literal["info", "warning", "critical"]
+def _routable(v: Severity) -> Severity:
+    if v is Severity.OK:
+        raise ValueError("a route's lowest severity is info, warning or critical")
+    return v
+
+
+# the lowest severity a sink receives: Severity's own order decides (no second order here)
+RouteSeverity = Annotated[Severity, AfterValidator(_routable)]
 
 
 class AlertsConfig(Section):
@@ -234,10 +251,18 @@ class AlertsConfig(Section):
     )
     webhook_url: str | None = Field(None, description="generic JSON webhook")
     timeout_s: float = Field(5.0, gt=0, description="timeout of every alert delivery")
-    route_alertmanager: Severity_ = Field("warning", description="lowest severity sent there")
-    route_slack: Severity_ = Field("warning", description="lowest severity sent to Slack")
-    route_pagerduty: Severity_ = Field("critical", description="lowest severity that pages")
-    route_webhook: Severity_ = Field("info", description="lowest severity sent to the webhook")
+    route_alertmanager: RouteSeverity = Field(
+        Severity.WARNING, description="lowest severity sent there"
+    )
+    route_slack: RouteSeverity = Field(
+        Severity.WARNING, description="lowest severity sent to Slack"
+    )
+    route_pagerduty: RouteSeverity = Field(
+        Severity.CRITICAL, description="lowest severity that pages"
+    )
+    route_webhook: RouteSeverity = Field(
+        Severity.INFO, description="lowest severity sent to the webhook"
+    )
     repeat_interval_s: float = Field(
         4 * 3600, gt=0, description="re-send a still-firing alert after this long"
     )
@@ -264,6 +289,14 @@ class CheckConfig(Section):
         default_factory=dict,
         description='per-signal interval overrides, {"gpu.memory/sbe_volatile" = 30 | "fast"}',
     )
+
+    @field_validator("signal_intervals")
+    @classmethod
+    def _positive(cls, v: dict[str, float | Literal["fast"]]) -> dict[str, float | Literal["fast"]]:
+        bad = sorted(k for k, x in v.items() if x != "fast" and not float(x) > 0)
+        if bad:
+            raise ValueError(f'{", ".join(bad)}: an interval is seconds > 0 or "fast"')
+        return v
 
 
 class GpuCheckConfig(CheckConfig):

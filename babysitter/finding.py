@@ -24,25 +24,28 @@ class Severity(StrEnum):
     def rank(self) -> int:
         return _SEVERITY_RANK[self]
 
+    # THE order of severities. A plain string on the other side is read as a Severity (a
+    # misspelled one raises ValueError): it must never compare as text ("critical" < "info").
+    # Python asks these first even with the str on the left, Severity being a str subclass.
     def __ge__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank >= other.rank
+        return self.rank >= _rank_of(other)
 
     def __gt__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank > other.rank
+        return self.rank > _rank_of(other)
 
     def __le__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank <= other.rank
+        return self.rank <= _rank_of(other)
 
     def __lt__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank < other.rank
+        return self.rank < _rank_of(other)
+
+
+def _rank_of(other: object) -> int:
+    if isinstance(other, Severity):
+        return other.rank
+    if isinstance(other, str):
+        return Severity(other).rank
+    raise TypeError(f"cannot order a Severity against {type(other).__name__}")
 
 
 _SEVERITY_RANK = {Severity.OK: 0, Severity.INFO: 1, Severity.WARNING: 2, Severity.CRITICAL: 3}

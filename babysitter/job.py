@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from babysitter.checkpoints.discover import MARKER, find_latest_complete
 from babysitter.checkpoints.resume import STATE_DIR, read_resume_json
@@ -33,7 +33,15 @@ class BabysitArgsError(ValueError):
     pass
 
 
-def parse_babysit_args(text: str) -> dict[str, Any]:
+class BabysitSpec(TypedDict, total=False):
+    """The parsed `--babysit` arguments (each key only when given)."""
+
+    ckpt: str
+    max_requeues: int
+    hang_timeout: int
+
+
+def parse_babysit_args(text: str) -> BabysitSpec:
     """`ckpt=/abs/dir,max_requeues=3,hang_timeout=1800` (optionally prefixed `babysit=`), the
     value of `--babysit` and of AdminComment/Comment. Same rules as the SPANK plugin."""
     if len(text) > MAX_SPEC_CHARS:
@@ -71,10 +79,10 @@ def parse_babysit_args(text: str) -> dict[str, Any]:
             if n > MAX_NUMBER:
                 raise BabysitArgsError(f"--babysit: {key} is too large")
             out[key] = n
-    return out
+    return cast(BabysitSpec, out)
 
 
-def babysit_spec(admin_comment: str, comment: str = "") -> dict[str, Any] | None:
+def babysit_spec(admin_comment: str, comment: str = "") -> BabysitSpec | None:
     """The job's babysit arguments from AdminComment (plugin) or Comment (fallback); None when
     the job did not opt in or its arguments are invalid."""
     for text in (admin_comment, comment):

@@ -16,10 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from babysitter.config import Config
+from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import make_engine
-from babysitter.controller.store import Report, Store
+from babysitter.controller.store import Store
 from babysitter.devcluster.receiver import Receiver
 from babysitter.finding import Finding
+from babysitter.report import Report
 from bench.common import figure, summary, write_result
 from bench.slurm_standin import InMemorySlurm
 
@@ -40,7 +42,12 @@ def run(webhook: str, d: Path, tag: str) -> list[float]:
     store.upgrade()
     names = [f"n{i:03d}" for i in range(NODES)]
     now = datetime.now(UTC)
-    store.ingest([Report(n, str(uuid.uuid4()), now, [], {}) for n in names])
+    ReportWriter(store).write(
+        [
+            Report(node=n, report_id=str(uuid.uuid4()), sent_at=now, findings=[], metrics={})
+            for n in names
+        ]
+    )
     slurm = InMemorySlurm(names, call_latency_s=0.005)
     cfg = Config.model_validate(
         {
@@ -53,7 +60,17 @@ def run(webhook: str, d: Path, tag: str) -> list[float]:
     lat = []
     for i in range(FAULTS):
         node = names[i]
-        store.ingest([Report(node, str(uuid.uuid4()), datetime.now(UTC), [XID79], {})])
+        ReportWriter(store).write(
+            [
+                Report(
+                    node=node,
+                    report_id=str(uuid.uuid4()),
+                    sent_at=datetime.now(UTC),
+                    findings=[XID79],
+                    metrics={},
+                )
+            ]
+        )
         t0 = time.perf_counter()
         engine.tick()
         lat.append(time.perf_counter() - t0)

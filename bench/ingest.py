@@ -36,7 +36,8 @@ import httpx
 
 from babysitter.controller import models as m
 from babysitter.controller.auth import node_token
-from babysitter.controller.store import NODE_STATE_UPDATE, Store
+from babysitter.controller.ingest import NODE_STATE_UPDATE
+from babysitter.controller.store import Store
 from bench.common import figure, summary, write_result
 
 NODES = 10_000

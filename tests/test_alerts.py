@@ -9,6 +9,7 @@ from typing import Any
 from babysitter.config import Config
 from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.alerts.router import sinks_from_config
+from babysitter.finding import Severity
 from tests.fixtures.slurm import wait_for
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -31,7 +32,7 @@ def unhealthy(node: str, when: datetime = NOW) -> Alert:
     return Alert(
         node,
         "node_unhealthy",
-        "critical",
+        Severity.CRITICAL,
         "xid.kmsg: XID 79 on GPU 3 (reboot: node fault)",
         f"drained {node} in Slurm",
         when,

@@ -18,7 +18,7 @@ def ctl(secrets: Secrets, db_url: str) -> Iterator[Controller]:
     c = Controller(controller_config(secrets, db_url))
     c.setup()
     yield c
-    c.store.close()
+    c.close()
 
 
 @pytest.fixture

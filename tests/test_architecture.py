@@ -43,6 +43,18 @@ def test_contract_bites_when_a_check_imports_the_controller(tmp_path: Path):
     assert "BROKEN" in r.stdout and "babysitter.checks.host" in r.stdout, r.stdout
 
 
+def test_contract_bites_when_a_check_imports_the_list_of_checks(tmp_path: Path):
+    """checks/all.py is the composition root: a check importing it would bring back
+    registration by import (and a cycle waiting to happen)."""
+    shutil.copytree(REPO / "babysitter", tmp_path / "babysitter")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    gpu = tmp_path / "babysitter" / "checks" / "gpu.py"
+    gpu.write_text(gpu.read_text() + "\nimport babysitter.checks.all  # noqa\n")
+    r = _lint_imports(tmp_path)
+    assert r.returncode != 0
+    assert "BROKEN" in r.stdout and "babysitter.checks.gpu" in r.stdout, r.stdout
+
+
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from babysitter.checks.all import CHECKS, EVENT_SOURCES, compose, select_checks
 from babysitter.checks.base import CheckContext
 from babysitter.config import Config
+from babysitter.errors import ConfigError, UsageError
 
 
 def ctx(tmp_path: Path, **agent: object) -> CheckContext:
@@ -73,3 +76,24 @@ def test_numpy_is_imported_only_when_the_sdc_check_is_selected(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert r.stdout.split() == ["False", "True"], r.stderr
+
+
+def test_a_name_that_matches_no_check_is_an_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"agent.enabled_checks: gpu.memroy names no check"):
+        select_checks(ctx(tmp_path, enabled_checks=["gpu.memory", "gpu.memroy"]))
+    with pytest.raises(UsageError, match=r"--only: xdi names no check"):
+        select_checks(ctx(tmp_path), ["gpu", "xdi"])
+
+
+def test_a_signal_override_that_names_no_signal_is_an_error(tmp_path):
+    c = ctx(tmp_path)
+    c.config.checks.gpu.signal_intervals["gpu.memory/sbe_volatil"] = 30
+    with pytest.raises(ConfigError, match=r"checks.gpu.signal_intervals: gpu.memory/sbe_volatil"):
+        select_checks(c)
+    c.config.checks.gpu.signal_intervals.clear()
+    c.config.checks.infiniband.signal_intervals["gpu.memory/sbe_volatile"] = 30  # wrong section
+    with pytest.raises(ConfigError, match=r"checks.infiniband.signal_intervals"):
+        select_checks(c)
+    c.config.checks.infiniband.signal_intervals.clear()
+    c.config.checks.gpu.signal_intervals["gpu.memory/sbe_volatile"] = "fast"
+    assert select_checks(c, ["host"])

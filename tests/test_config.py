@@ -77,6 +77,17 @@ def test_example_config_is_valid():
         ("[checks.infiniband]\nprofile = 'H100'\n", "checks.infiniband.profile", "hardware"),
         ("[agent]\nhardware_profile = 'h100'\n", "agent.hardware_profile", "h100-sxm"),
         ("[checks.gpu]\nthresholds = {temp_warn_margin = 3}\n", "checks.gpu.thresholds", "margin"),
+        (
+            '[checks.gpu]\nsignal_intervals = {"gpu.memory/sbe_volatile" = 0}\n',
+            "checks.gpu.signal_intervals",
+            "gpu.memory/sbe_volatile: an interval is seconds > 0",
+        ),
+        (
+            '[checks.gpu]\nsignal_intervals = {"gpu.memory/sbe_volatil" = 30}\n',
+            "checks.gpu.signal_intervals",
+            "gpu.memory/sbe_volatil is not a signal",
+        ),
+        ("[agent]\nenabled_checks = ['gpu.memroy']\n", "agent.enabled_checks", "gpu.memroy"),
     ],
 )
 def test_config_check_refuses_what_the_code_cannot_do(tmp_path, toml, key, says):

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from babysitter.controller.api import Refused, create_app
+from babysitter.controller.api import create_app
 from babysitter.controller.auth import Principal
 from babysitter.controller.fastpath import IngestFastPath
+from babysitter.controller.ingest import Ingest, Refused
 from babysitter.controller.runtime import Controller
 from tests.fixtures.controller import Secrets, controller_config
 
@@ -25,7 +26,7 @@ def ctl(secrets: Secrets, tmp_path) -> Iterator[Controller]:
     c = Controller(controller_config(secrets, f"sqlite:///{tmp_path / 'f.db'}"))
     c.setup()
     yield c
-    c.store.close()
+    c.close()
 
 
 def body(node: str, findings: list[dict] | None = None) -> dict[str, Any]:
@@ -51,7 +52,7 @@ WARN = {
 
 def test_fast_path_and_route_give_the_same_answers(ctl, secrets):
     fast = TestClient(ctl.app())
-    plain = TestClient(create_app(ctl.store, ctl.auth, ctl.metrics, ctl.state))
+    plain = TestClient(create_app(ctl.store, ctl.auth, ctl.metrics, ctl.ingest, ctl.state))
     h = secrets.headers("node1")
     for client in (fast, plain):
         b = body("node1", [WARN])
@@ -204,7 +205,13 @@ def test_garbage_bodies_and_tokens_never_crash_the_ingest(ctl, secrets):
 def test_the_route_refuses_a_sender_without_reading_the_body(ctl, secrets):
     """The FastAPI route on its own (no fast path in front): 401/403 from the headers, and
     413 for a declared length over the limit, with no body message received."""
-    app = create_app(ctl.store, ctl.auth, ctl.metrics, ctl.state, max_body=4096)
+    app = create_app(
+        ctl.store,
+        ctl.auth,
+        ctl.metrics,
+        Ingest(ctl.writer, ctl.auth, ctl.metrics, max_body=4096),
+        ctl.state,
+    )
     cases = [
         ([], 401),
         ([(b"authorization", b"Bearer nope")], 403),

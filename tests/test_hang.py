@@ -9,9 +9,11 @@ from pathlib import Path
 
 from babysitter.config import Config
 from babysitter.controller import jobs
+from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import make_engine
-from babysitter.controller.store import Report, Store
+from babysitter.controller.store import Store
 from babysitter.devcluster.receiver import Receiver
+from babysitter.report import Report
 from babysitter.slurm.cli import CliSlurmClient
 from tests.fixtures.slurm import slurm, wait_for
 
@@ -51,14 +53,14 @@ def _tick(cluster, tmp_path, receiver, job, cl, util: int, **policy):
     store = Store(f"sqlite:///{tmp_path / f'h{util}.db'}")
     store.upgrade()
     node = cl.job(job).nodes[0]
-    store.ingest(
+    ReportWriter(store).write(
         [
             Report(
-                node,
-                str(uuid.uuid4()),
-                datetime.now(UTC),
-                [],
-                {"gpu_util": {str(i): util for i in range(8)}},
+                node=node,
+                report_id=str(uuid.uuid4()),
+                sent_at=datetime.now(UTC),
+                findings=[],
+                metrics={"gpu_util": {str(i): util for i in range(8)}},
             )
         ]
     )

@@ -20,9 +20,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from babysitter.controller.ingest import ReportRejected, ReportWriter
 from babysitter.controller.runtime import Controller
-from babysitter.controller.store import Report, ReportRejected, Store
+from babysitter.controller.store import Store
 from babysitter.finding import Finding, Severity
+from babysitter.report import Report
 from tests.fixtures.controller import ControllerProcess, Secrets, controller_config, free_port
 
 MB = 1 << 20
@@ -33,7 +35,7 @@ def ctl(secrets: Secrets, db_url: str) -> Iterator[Controller]:
     c = Controller(controller_config(secrets, db_url))
     c.setup()
     yield c
-    c.store.close()
+    c.close()
 
 
 @pytest.fixture
@@ -169,17 +171,34 @@ def test_a_batch_the_database_refuses_is_retried_report_by_report(pg_url):
     store): the other reports of the same batch are stored and acknowledged."""
     store = Store(pg_url)
     store.upgrade()
-    store.start()
+    writer = ReportWriter(store)
+    writer.start()
 
     async def submit() -> list[Any]:
         reports = [
-            Report(f"n{i}", str(uuid.uuid4()), datetime.now(UTC), [], {"i": i}) for i in range(20)
+            Report(
+                node=f"n{i}",
+                report_id=str(uuid.uuid4()),
+                sent_at=datetime.now(UTC),
+                findings=[],
+                metrics={"i": i},
+            )
+            for i in range(20)
         ]
         bad = Finding(
             check="gpu.memory", component="gpu0", severity=Severity.WARNING, code="x", message="\0"
         )
-        reports.insert(7, Report("bad", str(uuid.uuid4()), datetime.now(UTC), [bad], {}))
-        futs = [store.submit_async(r) for r in reports]
+        reports.insert(
+            7,
+            Report(
+                node="bad",
+                report_id=str(uuid.uuid4()),
+                sent_at=datetime.now(UTC),
+                findings=[bad],
+                metrics={},
+            ),
+        )
+        futs = [writer.submit_async(r) for r in reports]
         return await asyncio.gather(*futs, return_exceptions=True)
 
     try:
@@ -188,8 +207,9 @@ def test_a_batch_the_database_refuses_is_retried_report_by_report(pg_url):
         assert "NUL" in str(out[7]) and len(str(out[7])) <= 200
         assert out[:7] + out[8:] == [True] * 20
         assert store.count("reports") == 20
-        assert store.split_batches >= 1
+        assert writer.split_batches >= 1
     finally:
+        writer.close()
         store.close()
 
 
@@ -234,24 +254,28 @@ def test_old_reports_are_history_and_do_not_move_node_state(db_url):
     )
 
     def rep(at: datetime, findings: list[Finding]) -> Report:
-        return Report("n1", str(uuid.uuid4()), at, findings, {})
+        return Report(
+            node="n1", report_id=str(uuid.uuid4()), sent_at=at, findings=findings, metrics={}
+        )
 
     try:
-        store.ingest([rep(t0 + timedelta(minutes=5), [crit])])
+        ReportWriter(store).write([rep(t0 + timedelta(minutes=5), [crit])])
         # a spool replay of older clean reports: stored, but not clean reports of this node
-        store.ingest([rep(t0 + timedelta(minutes=k), []) for k in range(3)])
+        ReportWriter(store).write([rep(t0 + timedelta(minutes=k), []) for k in range(3)])
         node = store.node("n1")
         assert node is not None
         assert node["worst_severity"] == "critical" and node["consecutive_clean"] == 0
         assert store.count("reports") == 4
-        store.ingest([rep(t0 + timedelta(minutes=6), [])])
-        store.ingest([rep(t0 + timedelta(minutes=4), [crit])])  # older: changes nothing
+        ReportWriter(store).write([rep(t0 + timedelta(minutes=6), [])])
+        ReportWriter(store).write(
+            [rep(t0 + timedelta(minutes=4), [crit])]
+        )  # older: changes nothing
         node = store.node("n1")
         assert node is not None
         assert node["worst_severity"] == "ok" and node["consecutive_clean"] == 1
         # a clock far ahead does not freeze the node: sent_at counts at most as received
-        store.ingest([rep(datetime.now(UTC) + timedelta(days=365), [crit])])
-        store.ingest([rep(datetime.now(UTC) + timedelta(seconds=1), [])])
+        ReportWriter(store).write([rep(datetime.now(UTC) + timedelta(days=365), [crit])])
+        ReportWriter(store).write([rep(datetime.now(UTC) + timedelta(seconds=1), [])])
         node = store.node("n1")
         assert node is not None and node["worst_severity"] == "ok"
     finally:
@@ -259,20 +283,32 @@ def test_old_reports_are_history_and_do_not_move_node_state(db_url):
 
 
 def test_open_findings_fold_past_the_cap(db_url):
-    store = Store(db_url, max_open_findings=8)
+    store = Store(db_url)
     store.upgrade()
+    writer = ReportWriter(store, max_open_findings=8)
     try:
         for i in range(30):
             sev = Severity.CRITICAL if i == 3 else Severity.WARNING
             f = Finding(check="xid.nvml", component="gpu0", severity=sev, code=f"c{i}", message="m")
-            store.ingest([Report("n1", str(uuid.uuid4()), datetime.now(UTC), [f], {}, "event")])
+            writer.write(
+                [
+                    Report(
+                        node="n1",
+                        report_id=str(uuid.uuid4()),
+                        sent_at=datetime.now(UTC),
+                        findings=[f],
+                        metrics={},
+                        kind="event",
+                    )
+                ]
+            )
         node = store.node("n1")
         assert node is not None
         assert len(node["open_findings"]) <= 8
         assert node["worst_severity"] == "critical"
-        (folded,) = [f for f in node["open_findings"] if f["code"] == "ingest.findings_folded"]
+        (folded,) = [f for f in node["open_findings"] if f.code == "ingest.findings_folded"]
         kept = len(node["open_findings"]) - 1
-        assert folded["details"]["folded"] == 30 - kept
+        assert folded.details["folded"] == 30 - kept
     finally:
         store.close()
 

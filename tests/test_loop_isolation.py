@@ -103,4 +103,4 @@ def test_watchdog_pings_only_while_the_loop_makes_progress(secrets, tmp_path):
     wait_for(lambda: ctl.watchdog_ok(0.2), 10, "watchdog resumes with progress")
     ctl._stop.set()
     t.join(timeout=5)
-    ctl.store.close()
+    ctl.close()

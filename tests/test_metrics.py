@@ -27,7 +27,7 @@ def test_metrics_pass_promtool(secrets, tmp_path):
         client.post("/api/v1/reports", json=body, headers=secrets.headers("n1"))
         text = client.get("/metrics").text
     finally:
-        c.store.close()
+        c.close()
     assert 'babysitter_reports_ingested_total{result="new"} 1.0' in text
     assert 'babysitter_nodes{verdict="healthy"} 1.0' in text
     r = subprocess.run(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from babysitter.controller.policy import ClusterFacts, NodeFacts, PolicySettings, decide
+from babysitter.finding import Finding
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 DBE = {
@@ -29,7 +30,9 @@ S = PolicySettings(max_drained_fraction=0.5, max_drains_per_hour=20, resume_afte
 def node(name, findings=(), **kw):
     kw.setdefault("heartbeat_age_s", 5.0)
     kw.setdefault("partitions", ("gpu",))
-    return NodeFacts(name=name, open_findings=tuple(findings), **kw)
+    return NodeFacts(
+        name=name, open_findings=tuple(Finding.model_validate(f) for f in findings), **kw
+    )
 
 
 def cluster(n=4, **kw):

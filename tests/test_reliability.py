@@ -20,9 +20,11 @@ from sqlalchemy import text
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
 from babysitter.config import Config
+from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import make_engine
-from babysitter.controller.store import Report, Store
+from babysitter.controller.store import Store
 from babysitter.finding import Finding
+from babysitter.report import Report
 from babysitter.slurm.cli import CliSlurmClient
 from tests.fixtures.controller import (
     ControllerProcess,
@@ -147,13 +149,33 @@ def test_slurmctld_down_during_a_fault_storm(clean_cluster, devcluster_obj, tmp_
     )
     wait_for(lambda: client.job(job).running, 30, "job running")
     for n in clean_cluster.nodes:
-        store.ingest([Report(n, str(uuid.uuid4()), datetime.now(UTC), [], {})])
+        ReportWriter(store).write(
+            [
+                Report(
+                    node=n,
+                    report_id=str(uuid.uuid4()),
+                    sent_at=datetime.now(UTC),
+                    findings=[],
+                    metrics={},
+                )
+            ]
+        )
     engine.tick()
     down_s = 60 if FULL else 5
     devcluster_obj.stop_slurmctld()
     try:
         for n in ("node1", "node2", "node3"):
-            store.ingest([Report(n, str(uuid.uuid4()), datetime.now(UTC), [XID79], {})])
+            ReportWriter(store).write(
+                [
+                    Report(
+                        node=n,
+                        report_id=str(uuid.uuid4()),
+                        sent_at=datetime.now(UTC),
+                        findings=[XID79],
+                        metrics={},
+                    )
+                ]
+            )
         deadline = time.monotonic() + down_s
         while time.monotonic() < deadline:
             engine.tick()

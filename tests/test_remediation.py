@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from babysitter.config import Config
+from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import RemediationEngine, make_engine
-from babysitter.controller.store import Report, Store
+from babysitter.controller.store import Store
 from babysitter.finding import Finding
+from babysitter.report import Report
 from babysitter.slurm.cli import CliSlurmClient
 from tests.fixtures.slurm import node_state, slurm, submit, wait_for
 
@@ -31,7 +33,17 @@ XID79 = Finding(
 
 
 def send(store: Store, node: str, *findings: Finding) -> None:
-    store.ingest([Report(node, str(uuid.uuid4()), datetime.now(UTC), list(findings), {})])
+    ReportWriter(store).write(
+        [
+            Report(
+                node=node,
+                report_id=str(uuid.uuid4()),
+                sent_at=datetime.now(UTC),
+                findings=list(findings),
+                metrics={},
+            )
+        ]
+    )
 
 
 @pytest.fixture

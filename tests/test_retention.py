@@ -12,9 +12,11 @@ from sqlalchemy import update
 
 from babysitter.config import ControllerConfig
 from babysitter.controller import models as m
+from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.retention import Retention
-from babysitter.controller.store import Report, Store
+from babysitter.controller.store import Store
 from babysitter.finding import Finding, Severity
+from babysitter.report import Report
 
 WARN = Finding(check="gpu.pcie", component="gpu2", severity=Severity.WARNING, code="x", message="m")
 
@@ -35,9 +37,15 @@ def test_retention_thins_clean_reports_keeps_findings(db_url):
         ids = {k: [str(uuid.uuid4()) for _ in range(5)] for k in ("clean_old", "clean_new", "warn")}
         ids["warn_ancient"] = [str(uuid.uuid4())]
         for kind, rids in ids.items():
-            store.ingest(
+            ReportWriter(store).write(
                 [
-                    Report("n1", r, datetime.now(UTC), [WARN] if "warn" in kind else [], {})
+                    Report(
+                        node="n1",
+                        report_id=r,
+                        sent_at=datetime.now(UTC),
+                        findings=[WARN] if "warn" in kind else [],
+                        metrics={},
+                    )
                     for r in rids
                 ]
             )
@@ -59,7 +67,9 @@ def test_retention_runs_in_its_own_thread(tmp_path):
     try:
         store.upgrade()
         rid = str(uuid.uuid4())
-        store.ingest([Report("n1", rid, datetime.now(UTC), [], {})])
+        ReportWriter(store).write(
+            [Report(node="n1", report_id=rid, sent_at=datetime.now(UTC), findings=[], metrics={})]
+        )
         _age(store, [rid], timedelta(hours=1))
         ret = Retention(store, ControllerConfig(retention_interval_s=0.05))
         ret.start()

@@ -43,7 +43,7 @@ def test_a_new_critical_report_wakes_the_policy_loop(secrets, tmp_path):
     )
     ctl = Controller(cfg)
     ctl.store.upgrade()
-    ctl.store.start()
+    ctl.writer.start()
     ticks: list[float] = []
     ctl.add_loop("policy", lambda: ticks.append(time.monotonic()))
     client = TestClient(ctl.app())
@@ -76,5 +76,5 @@ def test_a_new_critical_report_wakes_the_policy_loop(secrets, tmp_path):
         ctl._stop.set()
         ctl.wake.event.set()
         loop.join(timeout=5)
-        ctl.store.close()
+        ctl.close()
     assert not loop.is_alive()

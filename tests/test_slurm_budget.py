@@ -11,9 +11,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from babysitter.config import Config
+from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import make_engine
-from babysitter.controller.store import Report, Store
+from babysitter.controller.store import Store
 from babysitter.finding import Finding
+from babysitter.report import Report
 from babysitter.slurm.client import SlurmJob
 from bench.slurm_standin import InMemorySlurm
 
@@ -35,7 +37,12 @@ def _calls(tmp_path: Path, n: int, failing: int) -> tuple[Counter[str], Counter[
     names = [f"n{i:05d}" for i in range(n)]
     now = datetime.now(UTC)
     for k in range(0, n, 2000):
-        store.ingest([Report(x, str(uuid.uuid4()), now, [], {}) for x in names[k : k + 2000]])
+        ReportWriter(store).write(
+            [
+                Report(node=x, report_id=str(uuid.uuid4()), sent_at=now, findings=[], metrics={})
+                for x in names[k : k + 2000]
+            ]
+        )
     slurm = InMemorySlurm(names)
     for j in range(3):  # babysat jobs on the nodes that will fail
         slurm.add_job(
@@ -55,7 +62,12 @@ def _calls(tmp_path: Path, n: int, failing: int) -> tuple[Counter[str], Counter[
         engine.tick()
     steady = Counter(op for op, _ in slurm.calls)
     slurm.calls.clear()
-    store.ingest([Report(x, str(uuid.uuid4()), now, [DBE], {}) for x in names[:failing]])
+    ReportWriter(store).write(
+        [
+            Report(node=x, report_id=str(uuid.uuid4()), sent_at=now, findings=[DBE], metrics={})
+            for x in names[:failing]
+        ]
+    )
     engine.tick()
     failure = Counter(op for op, _ in slurm.calls)
     drained = sum(1 for x in slurm.nodes() if x.drained_or_draining)

@@ -34,8 +34,9 @@ def test_retention_prunes_old_reports(db_url):
     from sqlalchemy import update
 
     from babysitter.controller import models as m
-    from babysitter.controller.store import Report
+    from babysitter.controller.ingest import ReportWriter
     from babysitter.finding import Finding, Severity
+    from babysitter.report import Report
 
     store = Store(db_url)
     try:
@@ -43,10 +44,22 @@ def test_retention_prunes_old_reports(db_url):
         f = Finding(
             check="gpu.memory", component="gpu0", severity=Severity.WARNING, code="x", message="m"
         )
-        store.ingest(
+        ReportWriter(store).write(
             [
-                Report("n1", "00000000-0000-4000-8000-000000000001", datetime.now(UTC), [f], {}),
-                Report("n1", "00000000-0000-4000-8000-000000000002", datetime.now(UTC), [f], {}),
+                Report(
+                    node="n1",
+                    report_id="00000000-0000-4000-8000-000000000001",
+                    sent_at=datetime.now(UTC),
+                    findings=[f],
+                    metrics={},
+                ),
+                Report(
+                    node="n1",
+                    report_id="00000000-0000-4000-8000-000000000002",
+                    sent_at=datetime.now(UTC),
+                    findings=[f],
+                    metrics={},
+                ),
             ]
         )
         with store.engine.begin() as c:

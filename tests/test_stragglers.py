@@ -185,8 +185,10 @@ def _fleet_tick(tmp_path: Path, action: str) -> tuple[list[str], Any]:
     from datetime import UTC, datetime
 
     from babysitter.config import Config
+    from babysitter.controller.ingest import ReportWriter
     from babysitter.controller.remediation import make_engine
-    from babysitter.controller.store import Report, Store
+    from babysitter.controller.store import Store
+    from babysitter.report import Report
     from bench.slurm_standin import InMemorySlurm
 
     store = Store(f"sqlite:///{tmp_path / f'{action}.db'}")
@@ -215,8 +217,16 @@ def _fleet_tick(tmp_path: Path, action: str) -> tuple[list[str], Any]:
                     "measured_at": 1000.0 + round_,
                 }
             }
-            reports.append(Report(n, str(uuid.uuid4()), datetime.now(UTC), [], metrics))
-        store.ingest(reports)
+            reports.append(
+                Report(
+                    node=n,
+                    report_id=str(uuid.uuid4()),
+                    sent_at=datetime.now(UTC),
+                    findings=[],
+                    metrics=metrics,
+                )
+            )
+        ReportWriter(store).write(reports)
         eng.tick()
     assert eng.sender.flush()
     drained = [n.name for n in slurm.nodes() if n.drained_or_draining]

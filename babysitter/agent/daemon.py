@@ -9,8 +9,6 @@ import math
 import signal
 import threading
 import time
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from babysitter.checks.base import (
 from babysitter.config import Config
 from babysitter.errors import ConfigError
 from babysitter.finding import Finding, Severity
+from babysitter.report import Report, ReportKind
 from babysitter.sdnotify import notify, watchdog_interval_s
 from babysitter.secretfile import check_private
 
@@ -84,26 +83,22 @@ class Agent:
             self.metrics = AgentMetrics(a.metrics_listen)
 
     # ---- reports
-    def _report(self, findings: list[Finding], kind: str) -> dict[str, Any]:
+    def _report(self, findings: list[Finding], kind: ReportKind) -> dict[str, Any]:
+        """The report (babysitter.report.Report, the model the API validates) as it goes on
+        the wire: the shipper and the spool keep it as JSON."""
         extra: dict[str, Any] = {}
         for c in self.checks:
             extra.update(c.metrics)
-        return {
-            "node": self.node,
-            "report_id": str(uuid.uuid4()),
-            "sent_at": datetime.now(UTC).isoformat(),
-            "kind": kind,
-            "findings": [f.to_json_dict() for f in findings],
-            "metrics": {
-                "check_duration_s": dict(self.durations),
-                "tiers": TIER_STATS.snapshot(),
-                "spool_size": self.spool.size(),
-                "spool_dropped": self.spool.counter("dropped"),
-                "spool_replayed_total": self.spool.counter("replayed"),
-                "reports_refused": self.spool.counter("refused"),
-                **extra,
-            },
+        metrics = {
+            "check_duration_s": dict(self.durations),
+            "tiers": TIER_STATS.snapshot(),
+            "spool_size": self.spool.size(),
+            "spool_dropped": self.spool.counter("dropped"),
+            "spool_replayed_total": self.spool.counter("replayed"),
+            "reports_refused": self.spool.counter("refused"),
+            **extra,
         }
+        return Report.new(self.node, findings, metrics, kind).to_json_dict()
 
     def emit_event(self, findings: list[Finding]) -> None:
         """Event sources call this from their thread: ship at once, keep them in later reports

@@ -11,19 +11,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from babysitter.checks import gpu, host, infiniband, nccl, xid
+from babysitter.checks import gpu, host, infiniband, nccl, tiers, xid
 from babysitter.checks.base import Check, CheckContext, EventSource
+from babysitter.config import Config
+from babysitter.errors import BabysitterError, ConfigError, UsageError
 
 
 @dataclass(frozen=True)
 class Entry:
     name: str  # the check's name (Check.name), matched by --only / agent.enabled_checks
+    section: str  # its [checks.<section>] (Check.section)
     make: Callable[[CheckContext], Check]
     invasive: bool = False  # uses the GPUs: runs only when named explicitly
 
     @classmethod
     def of(cls, check: type[Check]) -> Entry:
-        return cls(check.name, check, check.invasive)
+        return cls(check.name, check.section, check, check.invasive)
 
 
 def _sdc_matmul(ctx: CheckContext) -> Check:
@@ -43,7 +46,7 @@ CHECKS: tuple[Entry, ...] = (
     Entry.of(infiniband.InfinibandCheck),
     Entry.of(nccl.NcclPerfCheck),
     Entry.of(nccl.NcclLogCheck),
-    Entry("sdc.matmul", _sdc_matmul, invasive=True),
+    Entry("sdc.matmul", "sdc", _sdc_matmul, invasive=True),
 )
 
 # Push findings from their own thread as events happen (the agent only; a one-shot run polls).
@@ -67,6 +70,9 @@ def select_checks(
     """Instantiate the enabled, supported checks; `only` (else `agent.enabled_checks`) matches
     names or name prefixes. An invasive check runs only when one of them names it (or with
     include_invasive): the default set never takes the GPUs from a job."""
+    if only:
+        _known_names(only, "--only", UsageError)
+    check_config(ctx.config)
     wanted = only or ctx.config.agent.enabled_checks
     out: list[Check] = []
     for entry in sorted(CHECKS, key=lambda e: e.name):
@@ -79,6 +85,31 @@ def select_checks(
             continue
         out.append(check)
     return out
+
+
+def check_config(cfg: Config) -> None:
+    """What only the list of checks can tell about a config (`babysitter config check` asks too):
+    the check names in agent.enabled_checks and the signal names in signal_intervals. A typo
+    would silently leave a check out, or a signal at its default interval."""
+    _known_names(cfg.agent.enabled_checks or [], "agent.enabled_checks", ConfigError)
+    for section in type(cfg.checks).model_fields:
+        overrides = getattr(cfg.checks, section).signal_intervals
+        known = {
+            f"{e.name}/{sig}" for e in CHECKS if e.section == section for sig in tiers.table(e.name)
+        }
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(
+                f"checks.{section}.signal_intervals: {', '.join(unknown)} is not a signal of "
+                f"[checks.{section}] (signals: {', '.join(sorted(known)) or 'none'})"
+            )
+
+
+def _known_names(names: list[str], where: str, error: type[BabysitterError]) -> None:
+    unknown = [w for w in names if not any(_named(e.name, [w]) for e in CHECKS)]
+    if unknown:
+        known = ", ".join(sorted(e.name for e in CHECKS))
+        raise error(f"{where}: {', '.join(unknown)} names no check (checks: {known})")
 
 
 def compose(ctx: CheckContext, only: list[str] | None = None) -> Composition:

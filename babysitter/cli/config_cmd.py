@@ -16,7 +16,9 @@ def config_group() -> None:
 @pass_state
 def config_check(state: State) -> None:
     """Exit 0 when the configuration is valid, else one line naming the bad key (exit 2)."""
-    state.config  # noqa: B018 - loading validates
+    from babysitter.checks.all import check_config  # the check and signal names
+
+    check_config(state.config)  # loading validated the rest
     click.echo("configuration ok")
 
 

@@ -90,8 +90,9 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
 def _guard_line(g: dict[str, Any]) -> str:
     if g.get("tripped"):
         return (
-            f"guard: TRIPPED since {g.get('since') or '?'} ({g.get('rule')}): {g.get('reason')} "
-            "— `babysitter guard reset` after investigating"
+            f"guard: TRIPPED since {g.get('since') or '?'} ({g.get('rule')}"
+            + (f": {g['rule_description']}" if g.get("rule_description") else "")
+            + f"): {g.get('reason')} — `babysitter guard reset` after investigating"
         )
     if g.get("undecided"):
         return f"guard: undecided: {g.get('undecided_reason')}"

@@ -11,25 +11,22 @@ from __future__ import annotations
 
 import json
 
-from fastapi import FastAPI
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from babysitter.controller.api import (
-    REPORTS_PATH,
-    Ingest,
-    Refused,
-    ReportIn,
-    StoreUnavailable,
-    report_problems,
-)
+from babysitter.controller.api import REPORTS_PATH
 from babysitter.controller.auth import NODE_HEADER
+from babysitter.controller.ingest import Ingest, Refused, StoreUnavailable, report_problems
+from babysitter.report import Report
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _NODE_HEADER = NODE_HEADER.encode()
 
 
 class IngestFastPath:
+    """`app` (from api.create_app) behind the fast path; `ingest` is the same ingest service
+    the app's report route was built with, so both answer alike."""
+
     def __init__(self, app: ASGIApp, ingest: Ingest) -> None:
         self.app = app
         self.ingest = ingest
@@ -86,14 +83,9 @@ class IngestFastPath:
         await send({"type": "http.response.body", "body": payload})
 
 
-def with_fast_ingest(app: FastAPI) -> IngestFastPath:
-    """The ASGI app to serve: `app` (from api.create_app) behind the ingest fast path."""
-    return IngestFastPath(app, app.state.ingest)
-
-
-def _well_formed(raw: bytes) -> ReportIn | None:
+def _well_formed(raw: bytes) -> Report | None:
     try:
-        return ReportIn.model_validate_json(raw)
+        return Report.model_validate_json(raw)
     except ValidationError:
         return None
 

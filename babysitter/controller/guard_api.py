@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import APIRouter, Depends, Request
 
+from babysitter.controller.auth import Principal
+from babysitter.controller.policy import rule_description
 from babysitter.controller.store import Store
 
 GUARD_KEY = "guard_tripped"
@@ -24,10 +26,15 @@ def guard_view(store: Store) -> dict[str, Any]:
     if not tripped:
         info.update(rule="", reason="", since=None, blocked=[])
     info["state"] = "tripped" if tripped else ("undecided" if info.get("undecided") else "armed")
+    info["rule_description"] = rule_description(info.get("rule"))
     return info
 
 
-def add_guard_route(app: FastAPI, store: Store, reader: Callable[..., Any]) -> None:
-    @app.get("/api/v1/guard")
-    def get_guard(_: Any = Depends(reader)) -> dict[str, Any]:
+def guard_router(store: Store, reader: Callable[[Request], Principal]) -> APIRouter:
+    router = APIRouter(prefix="/api/v1")
+
+    @router.get("/guard")
+    def get_guard(_: Principal = Depends(reader)) -> dict[str, Any]:
         return guard_view(store)
+
+    return router

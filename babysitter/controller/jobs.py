@@ -16,26 +16,39 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Protocol, TypeVar
 
 from babysitter.checkpoints import owner as ckpt_owner
 from babysitter.config import Config
 from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.metrics import ControllerMetrics
-from babysitter.controller.store import Store
-from babysitter.job import parse_babysit_args
+from babysitter.controller.policy import RuleName
+from babysitter.controller.store import HistoryEntry, JobRow, Store
+from babysitter.finding import Severity
+from babysitter.job import BabysitSpec, parse_babysit_args
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmJob, SlurmNode
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_REQUEUES = 3
 CKPT_SETTLE_S = 10.0  # marker-less formats: files this fresh may still be being written
-REQUEUE_RULE = "job_on_failed_node"
+REQUEUE_RULE: RuleName = "job_on_failed_node"
 HISTORY_MAX = 50  # entries kept per job (a job failing every tick must not grow a row forever)
 HELD_REASONS = ("JobHeldAdmin", "JobHeldUser")
+T = TypeVar("T")
+
+
+class Bounded(Protocol):
+    """Runs one job's work with a time limit (the engine's worker pool): fn, timeout, key."""
+
+    def __call__(self, fn: Callable[[], T], timeout_s: float, key: str, /) -> T: ...
+
+
+def _inline(fn: Callable[[], T], timeout_s: float, key: str, /) -> T:
+    return fn()
 
 
 # ---- the pure job policy
@@ -47,7 +60,7 @@ class JobDecision:
     why: str = ""
 
 
-def max_requeues(spec: dict[str, Any]) -> int:
+def max_requeues(spec: Mapping[str, object]) -> int:
     """The job's limit, from user-controlled text: ASCII digits only, bounded."""
     raw = spec.get("max_requeues", DEFAULT_MAX_REQUEUES)
     if isinstance(raw, bool) or not isinstance(raw, int | str):
@@ -59,12 +72,14 @@ def max_requeues(spec: dict[str, Any]) -> int:
 
 
 def decide_requeue(
-    restart_count: int, requeues_done: int, history: list[dict[str, Any]], limit: int
+    restart_count: int, requeues_done: int, history: list[HistoryEntry], limit: int
 ) -> JobDecision:
     """Requeue, hold (limit reached) or skip (this restart generation was handled already)."""
     for h in history:
         if h.get("restart_count") == restart_count and h.get("event") in ("requeue", "held"):
-            return JobDecision("skip", f"restart {restart_count} already handled ({h['event']})")
+            return JobDecision(
+                "skip", f"restart {restart_count} already handled ({h.get('event')})"
+            )
     if requeues_done >= limit:
         return JobDecision("hold", f"max_requeues={limit} reached")
     return JobDecision("requeue")
@@ -73,7 +88,7 @@ def decide_requeue(
 # ---- facts and execution
 
 
-def babysit_spec(j: SlurmJob) -> dict[str, Any] | None:
+def babysit_spec(j: SlurmJob) -> BabysitSpec | None:
     """The job's babysit arguments (AdminComment from the plugin, else the Comment fallback);
     None when it did not opt in. Raises on an invalid spec, so the job's error can be shown
     instead of the job being dropped silently."""
@@ -103,7 +118,7 @@ class JobTracker:
         slurm: SlurmClient,
         metrics: ControllerMetrics,
         router: AlertRouter,
-        bounded: Callable[[Callable[[], Any], float, str], Any] | None = None,
+        bounded: Bounded | None = None,
         item_timeout_s: float = 30.0,
     ) -> None:
         self.cfg = cfg
@@ -112,20 +127,20 @@ class JobTracker:
         self.metrics = metrics
         self.router = router
         # runs one job's work with a time limit (the engine's worker pool); inline when None
-        self.bounded = bounded or (lambda fn, _t, _k: fn())
+        self.bounded: Bounded = bounded or _inline
         self.item_timeout_s = item_timeout_s
         self._last_scan = 0.0
         self._hb_read: dict[int, float] = {}  # job -> monotonic time of its last heartbeat read
 
     # -- recording history and errors on the job
-    def _history(self, job_id: int) -> list[dict[str, Any]]:
+    def _history(self, job_id: int) -> list[HistoryEntry]:
         row = self._row(job_id)
         return list((row or {}).get("history") or [])
 
-    def _row(self, job_id: int) -> dict[str, Any] | None:
-        return next((r for r in self.store.jobs() if r["job_id"] == job_id), None)
+    def _row(self, job_id: int) -> JobRow | None:
+        return next((r for r in self.store.jobs() if r.get("job_id") == job_id), None)
 
-    def _append(self, job_id: int, entry: dict[str, Any], **values: Any) -> None:
+    def _append(self, job_id: int, entry: HistoryEntry, **values: object) -> None:
         history = self._history(job_id)
         history.append(entry)
         self.store.upsert_job(job_id, history=history[-HISTORY_MAX:], **values)
@@ -136,7 +151,8 @@ class JobTracker:
         err = f"{what}: {type(exc).__name__}: {str(exc)[:300]}"
         try:
             history = self._history(job_id)
-            if history and history[-1].get("event") == "error" and history[-1]["error"] == err:
+            last = history[-1] if history else None
+            if last and last.get("event") == "error" and last.get("error") == err:
                 return  # recorded (and logged) once
             log.warning("job %s: %s", job_id, err)
             self._append(job_id, {"event": "error", "at": now.isoformat(), "error": err})
@@ -165,6 +181,10 @@ class JobTracker:
             except Exception as exc:
                 self.record_error(j.job_id, "scan", exc, now)
         self._resolve_requeue_limit_alerts({j.job_id: j for j in jobs})
+        # forget jobs that left the queue: a long-running controller sees millions of job ids
+        live = {j.job_id for j in jobs}
+        for gone in self._hb_read.keys() - live:
+            del self._hb_read[gone]
 
     def _scan_one(self, j: SlurmJob, down: set[str], now: datetime) -> None:
         try:
@@ -246,7 +266,7 @@ class JobTracker:
                     return False
         return True if seen else None
 
-    def _check_hang(self, j: SlurmJob, spec: dict[str, Any], now: datetime) -> None:
+    def _check_hang(self, j: SlurmJob, spec: BabysitSpec, now: datetime) -> None:
         # each read starts a helper process as the job's owner: at most every hang_timeout/10 s
         if time.monotonic() - self._hb_read.get(j.job_id, -1e9) < max(
             self.cfg.slurm.job_scan_s, spec["hang_timeout"] / 10
@@ -271,7 +291,7 @@ class JobTracker:
                     Alert(
                         None,
                         cond,
-                        "warning",
+                        Severity.WARNING,
                         why,
                         "requeued it from its last checkpoint"
                         if requeue
@@ -299,7 +319,7 @@ class JobTracker:
             return "skipped", f"job {job_id} is {j.state or 'gone'}: nothing to requeue"
         spec = babysit_spec(j) or {}
         row = self._row(job_id) or {}
-        history: list[dict[str, Any]] = list(row.get("history") or [])
+        history: list[HistoryEntry] = list(row.get("history") or [])
         limit = max_requeues(spec)
         d = decide_requeue(j.restart_count, int(row.get("requeues") or 0), history, limit)
         if d.kind == "skip":
@@ -357,7 +377,7 @@ class JobTracker:
                 Alert(
                     None,
                     f"job_unplaceable_{j.job_id}",
-                    "warning",
+                    Severity.WARNING,
                     f"job {j.job_id} ({j.name[:100]}) requires node(s) {','.join(stuck)}, "
                     "which babysitter drained: it waits for them to be resumed",
                     f"requeued job {j.job_id} without excluding {','.join(stuck)}",
@@ -384,7 +404,7 @@ class JobTracker:
                 Alert(
                     None,
                     f"job_requeue_limit_{j.job_id}",
-                    "warning",
+                    Severity.WARNING,
                     f"job {j.job_id} ({j.name[:100]}) hit max_requeues={limit} after: {why}",
                     f"requeued job {j.job_id} held, excluding {','.join(bad_nodes)}",
                     now,

@@ -1,7 +1,10 @@
 """Policy: pure functions from facts to a verdict per node and a list of decisions, each
 carrying the rule that fired. No I/O here; remediation.py gathers facts and executes.
 
-Rules are data (RULES, ESCALATIONS below) so a site can read them in one place.
+Rules are data (RULES below) so a site can read them in one place: every decision names a
+rule of RULES (checked when the decision is made), and the API shows the rule's description
+beside every action it caused. Facts hold `Finding`s, severities are `Severity` and their order
+is `Severity`'s own (finding.py); there is no second order here.
 """
 
 from __future__ import annotations
@@ -9,7 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Literal, get_args
+
+from babysitter.finding import Action, Finding, Severity
+
+if TYPE_CHECKING:
+    from babysitter.config import Config
 
 # Marks the drains `babysitter check --slurm-drain` (the HealthCheckProgram mode) makes:
 # reason `<prefix> [healthcheck] <check>: <message>`. The check resumes only drains carrying
@@ -17,17 +25,42 @@ from typing import Any
 HEALTHCHECK_MARK = "[healthcheck]"
 
 # Actions that mean "this node must not run jobs"
-DRAIN_ACTIONS = {"drain", "reset_gpu", "reboot"}
-FATAL_XID_CLASSES = {"reboot", "reset_gpu"}
+DRAIN_ACTIONS = frozenset({Action.DRAIN, Action.RESET_GPU, Action.REBOOT})
+FATAL_XID_CLASSES = frozenset({Action.REBOOT, Action.RESET_GPU})
+
+
+# The names a decision may carry: a misspelled one is a mypy error where the decision is made
+# (and a ValueError at run time, see Decision); RULES below describes each one.
+RuleName = Literal[
+    "critical_finding",
+    "drain_action",
+    "warning_suspect",
+    "heartbeat_missing",
+    "fault_cleared",
+    "not_ours",
+    "guard_fraction",
+    "guard_unknown",
+    "job_owned_finding",
+    "guard_rate",
+    "guard_tripped",
+    "xid_escalation",
+    "lemon_node",
+    "validate_before_resume",
+    "validation_exhausted",
+    "node_slow",
+    "job_on_failed_node",
+    "manual",
+]
+NoRule = Literal[""]  # a resolve_alert: nothing fired
 
 
 @dataclass(frozen=True)
 class Rule:
-    name: str
+    name: RuleName
     description: str
 
 
-RULES = {
+RULES: dict[RuleName, Rule] = {
     "critical_finding": Rule("critical_finding", "a critical finding drains the node"),
     "drain_action": Rule(
         "drain_action", "a warning whose recommended action is drain/reset/reboot drains"
@@ -63,7 +96,31 @@ RULES = {
     "validation_exhausted": Rule(
         "validation_exhausted", "validation failed max_attempts times: stays drained for an admin"
     ),
+    "node_slow": Rule(
+        "node_slow",
+        "throughput below the fleet median of its GPU model in consecutive measurements",
+    ),
+    # rules of actions that are not the node policy's own decisions
+    "job_on_failed_node": Rule(
+        "job_on_failed_node",
+        "a babysat job on a drained or DOWN node is requeued from its last checkpoint",
+    ),
+    "manual": Rule("manual", "requested by an admin (API or CLI)"),
 }
+
+
+if set(RULES) != set(get_args(RuleName)) or any(k != r.name for k, r in RULES.items()):
+    raise AssertionError("RULES must describe exactly the names of RuleName")
+
+
+def rule_description(name: str | None) -> str:
+    """What a rule means, for people reading actions and decisions ("" for no/unknown rule:
+    rows written by an older version may name a rule that no longer exists)."""
+    for key, rule in RULES.items():
+        if key == name:
+            return rule.description
+    return ""
+
 
 XID_ESCALATION_COUNT = 5
 XID_ESCALATION_WINDOW = timedelta(hours=24)
@@ -83,7 +140,7 @@ class PolicySettings:
     validation_max_attempts: int = 3
 
     @classmethod
-    def from_config(cls, cfg: Any) -> PolicySettings:
+    def from_config(cls, cfg: Config) -> PolicySettings:
         return cls(
             dry_run=cfg.policy.dry_run,
             max_drained_fraction=cfg.policy.max_drained_fraction,
@@ -99,7 +156,7 @@ class PolicySettings:
 @dataclass(frozen=True)
 class NodeFacts:
     name: str
-    open_findings: tuple[dict[str, Any], ...] = ()
+    open_findings: tuple[Finding, ...] = ()
     consecutive_clean: int = 0
     heartbeat_age_s: float | None = None
     partitions: tuple[str, ...] = ("default",)
@@ -127,12 +184,23 @@ class ClusterFacts:
 class Decision:
     kind: str  # drain resume validate alert keep_alert resolve_alert escalate guard_tripped
     node: str | None
-    rule: str
+    rule: RuleName | NoRule  # "" only for resolve_alert
     reason: str
-    severity: str = "warning"
+    severity: Severity = Severity.WARNING
     condition: str = ""
     dry_run: bool = False
-    details: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a rule name nobody can look up is a bug here, not something to show an admin
+        if self.rule not in RULES and not (self.rule == "" and self.kind == "resolve_alert"):
+            raise ValueError(f"decision {self.kind} names rule {self.rule!r}, not one of RULES")
+        if not isinstance(self.severity, Severity):
+            object.__setattr__(self, "severity", Severity(self.severity))
+
+    @property
+    def rule_description(self) -> str:
+        return rule_description(self.rule)
 
 
 @dataclass
@@ -142,24 +210,20 @@ class PolicyResult:
     guard_tripped: bool
 
 
-def _sev_rank(s: str) -> int:
-    return {"ok": 0, "info": 1, "warning": 2, "critical": 3}.get(s, 0)
-
-
 # Checks whose findings come from content a job's owner controls (its log files): they say
 # something about the job, not the node, so they never drain a node on their own.
 JOB_OWNED_CHECKS = frozenset({"nccl.logs"})
 
 
-def job_owned(f: dict[str, Any]) -> bool:
-    return f.get("check") in JOB_OWNED_CHECKS or str(f.get("component", "")).startswith("job:")
+def job_owned(f: Finding) -> bool:
+    return f.check in JOB_OWNED_CHECKS or f.component.startswith("job:")
 
 
-def drain_worthy(f: dict[str, Any]) -> bool:
+def drain_worthy(f: Finding) -> bool:
     if job_owned(f):
         return False
-    sev = f.get("severity", "ok")
-    return sev == "critical" or (sev == "warning" and f.get("action") in DRAIN_ACTIONS)
+    sev = f.severity
+    return sev is Severity.CRITICAL or (sev is Severity.WARNING and f.action in DRAIN_ACTIONS)
 
 
 def drain_limit(size: int, s: PolicySettings) -> float:
@@ -168,23 +232,31 @@ def drain_limit(size: int, s: PolicySettings) -> float:
     return max(float(s.min_drainable), s.max_drained_fraction * size)
 
 
-def summary(findings: Sequence[dict[str, Any]]) -> str:
+def summary(findings: Sequence[Finding]) -> str:
     """`<check>: <message>` of the worst finding, for drain reasons and alert titles."""
-    worst = max(findings, key=lambda f: _sev_rank(f.get("severity", "ok")))
+    worst = max(findings, key=lambda f: f.severity.rank)
     more = f" (+{len(findings) - 1} more)" if len(findings) > 1 else ""
-    return f"{worst.get('check')}: {worst.get('message')}{more}"
+    return f"{worst.check}: {worst.message}{more}"
 
 
-def node_verdict(n: NodeFacts, s: PolicySettings) -> tuple[str, str]:
-    if n.heartbeat_age_s is None or n.heartbeat_age_s > s.heartbeat_timeout_s:
+def node_verdict(
+    open_findings: Sequence[Finding], heartbeat_age_s: float | None, heartbeat_timeout_s: float
+) -> tuple[str, RuleName | NoRule]:
+    """THE verdict of a node (healthy suspect unhealthy unknown) and the rule that gave it;
+    the policy and the API's node view both call this, so they cannot disagree."""
+    if heartbeat_age_s is None or heartbeat_age_s > heartbeat_timeout_s:
         return "unknown", "heartbeat_missing"
-    node_owned = [f for f in n.open_findings if not job_owned(f)]
-    worst = max((_sev_rank(f.get("severity", "ok")) for f in node_owned), default=0)
-    if any(drain_worthy(f) for f in n.open_findings):
-        return "unhealthy", ("critical_finding" if worst == 3 else "drain_action")
-    if worst >= 2:
+    node_owned = [f.severity for f in open_findings if not job_owned(f)]
+    worst = max(node_owned, default=Severity.OK, key=lambda s: s.rank)
+    if any(drain_worthy(f) for f in open_findings):
+        return "unhealthy", ("critical_finding" if worst is Severity.CRITICAL else "drain_action")
+    if worst >= Severity.WARNING:
         return "suspect", "warning_suspect"
     return "healthy", ""
+
+
+def facts_verdict(n: NodeFacts, s: PolicySettings) -> tuple[str, RuleName | NoRule]:
+    return node_verdict(n.open_findings, n.heartbeat_age_s, s.heartbeat_timeout_s)
 
 
 def _escalations(n: NodeFacts, now: datetime) -> list[Decision]:
@@ -201,7 +273,7 @@ def _escalations(n: NodeFacts, now: datetime) -> list[Decision]:
                     n.name,
                     "xid_escalation",
                     f"XID {xid} seen {c} times in 24 h on {comp}: needs hardware inspection",
-                    "critical",
+                    Severity.CRITICAL,
                     f"xid_{xid}_repeated",
                     details={"component": comp, "count": c},
                 )
@@ -214,7 +286,7 @@ def _escalations(n: NodeFacts, now: datetime) -> list[Decision]:
                 n.name,
                 "lemon_node",
                 f"{n.name} was drained {len(drains)} times in 7 days: lemon node, consider RMA",
-                "warning",
+                Severity.WARNING,
                 "lemon_node",
                 details={"drains_7d": len(drains)},
             )
@@ -230,10 +302,9 @@ def _job_owned_alerts(n: NodeFacts) -> list[Decision]:
     out: list[Decision] = []
     seen: set[str] = set()
     for f in n.open_findings:
-        if not job_owned(f) or _sev_rank(f.get("severity", "ok")) < 2:
+        if not job_owned(f) or f.severity < Severity.WARNING:
             continue
-        details = f.get("details") or {}
-        job = str(details.get("job_id") or str(f.get("component", "")).removeprefix("job:"))
+        job = str(f.details.get("job_id") or f.component.removeprefix("job:"))
         job = "".join(c for c in job if c.isascii() and c.isalnum())[:32] or "unknown"
         if job in seen:
             continue
@@ -243,11 +314,11 @@ def _job_owned_alerts(n: NodeFacts) -> list[Decision]:
                 "alert",
                 n.name,
                 "job_owned_finding",
-                f"job {job} on {n.name}: {f.get('check')}: {f.get('message')} (from the job's "
+                f"job {job} on {n.name}: {f.check}: {f.message} (from the job's "
                 "own log: the node is not drained for this alone)",
-                "warning",
+                Severity.WARNING,
                 f"{JOB_ALERT_PREFIX}{job}",
-                details={"job_id": job, "code": f.get("code")},
+                details={"job_id": job, "code": f.code},
             )
         )
     return out
@@ -263,7 +334,7 @@ def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
                 n.name,
                 "fault_cleared",
                 cleared,
-                "info",
+                Severity.INFO,
                 "node_unhealthy",
                 dry_run=s.dry_run,
             )
@@ -277,7 +348,7 @@ def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
                 n.name,
                 "validation_exhausted",
                 f"{n.name} failed validation {n.validation_failures} times: needs an admin",
-                "critical",
+                Severity.CRITICAL,
                 "validation_lemon",
             )
         ]
@@ -287,7 +358,7 @@ def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
             n.name,
             "validate_before_resume",
             f"{cleared}: validation job before it returns",
-            "info",
+            Severity.INFO,
             "node_unhealthy",
             dry_run=s.dry_run,
         )
@@ -301,9 +372,9 @@ def decide(
     order: the most severe nodes first, then by name."""
     verdicts: dict[str, str] = {}
     decisions: list[Decision] = []
-    want_drain: list[tuple[int, NodeFacts, str, str]] = []
+    want_drain: list[tuple[int, NodeFacts, RuleName | NoRule, str]] = []
     for n in nodes:
-        verdict, rule = node_verdict(n, s)
+        verdict, rule = facts_verdict(n, s)
         verdicts[n.name] = verdict
         decisions.extend(_escalations(n, now))
         decisions.extend(_job_owned_alerts(n))
@@ -315,7 +386,7 @@ def decide(
                     n.name,
                     "heartbeat_missing",
                     f"no report from {n.name} for {n.heartbeat_age_s:.0f} s",
-                    "warning",
+                    Severity.WARNING,
                     "node_unknown",
                 )
             )
@@ -330,12 +401,12 @@ def decide(
                         "not_ours",
                         f"{summary(bad)} — node is held by someone else ({n.reason!r}); "
                         "babysitter left it alone",
-                        "warning",
+                        Severity.WARNING,
                         "node_unhealthy_not_ours",
                     )
                 )
             elif not n.drained and not n.drain_pending and n.in_slurm:
-                worst = max(_sev_rank(f.get("severity", "ok")) for f in bad)
+                worst = max(f.severity.rank for f in bad)
                 want_drain.append((worst, n, rule, summary(bad)))
             else:
                 # drained (or about to be) by babysitter and still broken: the alert still
@@ -346,7 +417,7 @@ def decide(
                         n.name,
                         rule,
                         summary(bad),
-                        "critical",
+                        Severity.CRITICAL,
                         "node_unhealthy",
                         dry_run=s.dry_run,
                     )
@@ -370,7 +441,7 @@ def decide(
     drains_hour = cluster.drains_last_hour
     blocked: list[str] = []
     unsized: list[str] = []
-    guard_rule = "guard_tripped" if tripped else ""
+    guard_rule: RuleName | NoRule = "guard_tripped" if tripped else ""
     for _, n, rule, why in sorted(want_drain, key=lambda t: (-t[0], t[1].name)):
         if any(p not in cluster.partition_sizes for p in n.partitions):
             # never trip on a size we do not know: hold the drain and say so
@@ -389,7 +460,9 @@ def decide(
             blocked.append(n.name)
             continue
         decisions.append(
-            Decision("drain", n.name, rule, why, "critical", "node_unhealthy", dry_run=s.dry_run)
+            Decision(
+                "drain", n.name, rule, why, Severity.CRITICAL, "node_unhealthy", dry_run=s.dry_run
+            )
         )
         drains_hour += 1
         for p in n.partitions:
@@ -401,7 +474,7 @@ def decide(
                 None,
                 "guard_tripped",
                 "blast-radius guard tripped earlier: drains stay stopped until an admin reset",
-                "critical",
+                Severity.CRITICAL,
                 "guard_tripped",
             )
         )
@@ -415,7 +488,7 @@ def decide(
                 f"({', '.join(blocked[:10])}{'…' if len(blocked) > 10 else ''}); "
                 f"limits: {s.max_drained_fraction:.0%} of a partition (at least "
                 f"{s.min_drainable} node(s)), {s.max_drains_per_hour}/h",
-                "critical",
+                Severity.CRITICAL,
                 "guard_tripped",
                 details={"blocked": blocked},
             )
@@ -429,7 +502,7 @@ def decide(
                 f"{len(unsized)} unhealthy node(s) NOT drained "
                 f"({', '.join(unsized[:10])}{'…' if len(unsized) > 10 else ''}): partition "
                 "sizes unknown (no Slurm data yet); babysitter decides once Slurm answers",
-                "critical",
+                Severity.CRITICAL,
                 "guard_sizes_unknown",
                 details={"blocked": unsized},
             )

@@ -54,6 +54,7 @@ from babysitter.controller.stragglers import (
     perf_from_metrics,
 )
 from babysitter.controller.validation import Validator, summarise
+from babysitter.finding import Action, Finding, Severity
 from babysitter.slurm.client import (
     SlurmClient,
     SlurmError,
@@ -206,7 +207,7 @@ class RemediationEngine:
                     drains_last_hour += 1
         xids: dict[str, list[tuple[str, int, datetime]]] = {}
         for f in self.store.findings(
-            since=now - timedelta(hours=24), severity="critical", limit=10_000
+            since=now - timedelta(hours=24), severity=Severity.CRITICAL, limit=10_000
         ):
             code = str(f["code"])
             if code.startswith("xid.") and code[4:].isascii() and code[4:].isdigit():
@@ -279,7 +280,7 @@ class RemediationEngine:
         now = now or datetime.now(UTC)
         read = self._read_slurm()
         facts, cluster = self.facts(now)
-        slow = self._isolated("stragglers", lambda: self._stragglers(facts))
+        slow = self._isolated("stragglers", lambda: self._stragglers(facts, now))
         if slow is not None:
             facts = slow[0]
         result = decide(facts, cluster, self.settings, now)
@@ -325,7 +326,9 @@ class RemediationEngine:
         self._isolated("jobs", lambda: self.jobs.tick(self.slurm_nodes, now))
         return result.decisions
 
-    def _stragglers(self, facts: list[NodeFacts]) -> tuple[list[NodeFacts], list[Decision]]:
+    def _stragglers(
+        self, facts: list[NodeFacts], now: datetime
+    ) -> tuple[list[NodeFacts], list[Decision]]:
         """Compare each node's throughput with its GPU model's fleet median (pure policy in
         controller/stragglers.py). A straggler the site wants drained becomes a drain-worthy
         finding of the node, so the blast-radius guard applies to it like to any other."""
@@ -338,14 +341,15 @@ class RemediationEngine:
                     f,
                     open_findings=(
                         *f.open_findings,
-                        {
-                            "check": "stragglers",
-                            "component": "host",
-                            "severity": "warning",
-                            "code": CONDITION,
-                            "action": "drain",
-                            "message": drains[f.name].reason,
-                        },
+                        Finding(
+                            check="stragglers",
+                            component="host",
+                            severity=Severity.WARNING,
+                            code=CONDITION,
+                            action=Action.DRAIN,
+                            message=drains[f.name].reason,
+                            observed_at=now,
+                        ),
                     ),
                 )
                 if f.name in drains
@@ -353,7 +357,9 @@ class RemediationEngine:
                 for f in facts
             ]
         alerts = [
-            Decision("alert", d.node, d.rule, d.reason, "warning", CONDITION, details=d.details)
+            Decision(
+                "alert", d.node, d.rule, d.reason, Severity.WARNING, CONDITION, details=d.details
+            )
             if d.kind == "drain"
             else d
             for d in res.decisions
@@ -407,7 +413,7 @@ class RemediationEngine:
                 Alert(
                     None,
                     "guard_tripped",
-                    "critical",
+                    Severity.CRITICAL,
                     d.reason,
                     "stopped draining (resumes still allowed)",
                     now,
@@ -496,9 +502,9 @@ class RemediationEngine:
             "rule": rule,
             "reason": reason,
             "since": since,
-            "blocked": list((trip.details.get("blocked") if trip else None) or []),
+            "blocked": _names(trip.details.get("blocked") if trip else None),
             "slurm_data": bool(cluster.partition_sizes),
-            "undecided": list((unsized.details.get("blocked") if unsized else None) or []),
+            "undecided": _names(unsized.details.get("blocked") if unsized else None),
             "undecided_reason": unsized.reason if unsized else "",
             "limits": {
                 "max_drained_fraction": s.max_drained_fraction,
@@ -540,7 +546,7 @@ class RemediationEngine:
                     else f"drain {outcome}"
                 )
             )
-            firing.append(Alert(d.node, "node_unhealthy", "critical", d.reason, done, now))
+            firing.append(Alert(d.node, "node_unhealthy", Severity.CRITICAL, d.reason, done, now))
         else:
             clearing.append((d.node, "node_unhealthy"))
 
@@ -736,3 +742,8 @@ class RemediationEngine:
             aid, status=status, done_at=now, attempts=attempts + 1, outcome=outcome[:1000]
         )
         return status
+
+
+def _names(value: object) -> list[str]:
+    """The node names a decision's details carry (a list of str), or []."""
+    return [str(v) for v in value] if isinstance(value, list) else []

@@ -25,19 +25,22 @@ from sqlalchemy import delete, select
 from babysitter.config import ControllerConfig
 from babysitter.controller import models as m
 from babysitter.controller.store import Store
+from babysitter.finding import Severity
 
 log = logging.getLogger(__name__)
-CLEAN = ("ok", "info")
+CLEAN = tuple(s for s in Severity if s <= Severity.INFO)  # thinned first
 PAUSE_S = 0.05  # between batches: the ingest writer gets the database in between
 
 
-def prune_batch(store: Store, cutoff: datetime, batch: int, severity: str | None = None) -> int:
+def prune_batch(
+    store: Store, cutoff: datetime, batch: int, severity: Severity | None = None
+) -> int:
     """Delete up to `batch` of the oldest reports received before `cutoff` (only those whose
     worst severity is `severity`, when given) and their findings, in one transaction."""
     r = m.reports
     q = select(r.c.id, r.c.report_id).where(r.c.received_at < cutoff)
     if severity is not None:
-        q = q.where(r.c.worst_severity == severity)
+        q = q.where(r.c.worst_severity == str(severity))
     q = q.order_by(r.c.received_at).limit(batch)
     with store.engine.begin() as c:
         rows = c.execute(q).all()
@@ -66,7 +69,7 @@ class Retention:
     def run_once(self, now: datetime | None = None) -> int:
         """Prune until caught up (or stopped); returns the number of reports deleted."""
         now = now or datetime.now(UTC)
-        plan: list[tuple[datetime, str | None]] = [
+        plan: list[tuple[datetime, Severity | None]] = [
             (now - timedelta(days=self.cfg.retention_days), None)
         ]
         plan += [(now - timedelta(minutes=self.cfg.clean_report_minutes), s) for s in CLEAN]

@@ -15,7 +15,8 @@ from sqlalchemy import text
 from babysitter.config import Config
 from babysitter.controller.api import create_app
 from babysitter.controller.auth import Authenticator
-from babysitter.controller.fastpath import with_fast_ingest
+from babysitter.controller.fastpath import IngestFastPath
+from babysitter.controller.ingest import Ingest, ReportWriter
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.remediation import RemediationEngine, make_engine
 from babysitter.controller.store import Store
@@ -87,12 +88,15 @@ class Controller:
             raise ConfigError("controller.tls_cert_file and tls_key_file go together")
         if c.tls_key_file:
             check_private(c.tls_key_file, "controller.tls_key_file")
+        self.store = Store(c.database_url)
         # ingest wakes the policy loop when a node newly reports a drain-worthy finding
         self.wake = DrainWake()
-        self.store = Store(
-            c.database_url, max_open_findings=c.max_open_findings_per_node, wake=self.wake
+        self.writer = ReportWriter(
+            self.store, max_open_findings=c.max_open_findings_per_node, wake=self.wake
         )
         self.metrics = ControllerMetrics()
+        # one ingest service, shared by the report route and the fast path in front of it
+        self.ingest = Ingest(self.writer, self.auth, self.metrics, c.max_body_bytes)
         self.state: dict[str, Any] = {
             "heartbeat_timeout_s": c.heartbeat_timeout_s,
             "leader": False,
@@ -112,7 +116,7 @@ class Controller:
 
     def setup(self) -> None:
         self.store.upgrade()
-        self.store.start()
+        self.writer.start()
         # tokens of known nodes are recognised without the node header (older agents)
         self.auth.learn({n["name"] for n in self.store.node_rows()})
         if self.cfg.controller.remediation:
@@ -160,22 +164,21 @@ class Controller:
         self.wake.event.wait(max(0.0, interval - (time.monotonic() - started)))
         self.wake.event.clear()
 
+    def close(self) -> None:
+        """Finish the queued writes, then close the database."""
+        self.writer.close()
+        self.store.close()
+
     def watchdog_ok(self, watchdog_s: float) -> bool:
         """Ping systemd only while the policy loop finished an iteration within the watchdog
         period (plus one loop interval and the Slurm timeout a tick may legitimately wait)."""
         limit = 2 * watchdog_s + self.cfg.controller.loop_interval_s
         return time.monotonic() - self.last_progress <= limit
 
-    def app(self) -> Any:
-        return with_fast_ingest(
-            create_app(
-                self.store,
-                self.auth,
-                self.metrics,
-                self.state,
-                max_body=self.cfg.controller.max_body_bytes,
-            )
-        )
+    def app(self) -> IngestFastPath:
+        """The ASGI app to serve: the API behind the ingest fast path."""
+        api = create_app(self.store, self.auth, self.metrics, self.ingest, self.state)
+        return IngestFastPath(api, self.ingest)
 
     def serve(self) -> None:
         import uvicorn
@@ -220,7 +223,7 @@ class Controller:
                 self.engine.close()
             if self.retention is not None:
                 self.retention.stop()
-            self.store.close()
+            self.close()
 
 
 def _tune_gc() -> None:

@@ -20,10 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from babysitter.controller.policy import Decision
+from babysitter.controller.policy import Decision, RuleName
+from babysitter.finding import Severity
 
 CONDITION = "node_slow"
-RULE = "node_slow"
+RULE: RuleName = "node_slow"
 METRICS = ("gflops", "busbw")
 
 
@@ -150,7 +151,7 @@ def _slow_decision(
         p.node,
         RULE,
         reason,
-        "warning",
+        Severity.WARNING,
         CONDITION,
         details={"gpu_model": p.gpu_model, "consecutive": st.slow, **evidence},
     )

@@ -27,6 +27,7 @@ from typing import Any
 from babysitter.config import Config
 from babysitter.controller.alerts import Alert
 from babysitter.controller.store import Store
+from babysitter.finding import Severity
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNotFound, SlurmUnavailable
 
 log = logging.getLogger(__name__)
@@ -205,14 +206,14 @@ class Validator:
             status="done",
             outcome=drained,
         )
-        firing.append(Alert(node, "validation_failed", "critical", reason, drained, now))
+        firing.append(Alert(node, "validation_failed", Severity.CRITICAL, reason, drained, now))
         total = summarise(self.store.actions(limit=5000)).get(node, NodeValidation()).failures
         if total >= self.cfg.max_attempts:
             firing.append(
                 Alert(
                     node,
                     "validation_lemon",
-                    "critical",
+                    Severity.CRITICAL,
                     f"{node} failed validation {total} times: lemon node, needs an admin",
                     "stays drained; no more automatic validation",
                     now,

@@ -13,18 +13,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import Protocol
 
 from babysitter.controller.policy import drain_worthy
-from babysitter.finding import Finding
+from babysitter.report import Report
 
 Key = tuple[str, str, str]
-
-
-class _Report(Protocol):
-    node: str
-    kind: str
-    findings: list[Finding]
 
 
 class DrainWake:
@@ -32,22 +25,11 @@ class DrainWake:
         self.event = threading.Event()
         self._seen: dict[str, frozenset[Key]] = {}
 
-    def note(self, reports: Iterable[_Report]) -> None:
+    def note(self, reports: Iterable[Report]) -> None:
         """Called by the ingest writer after the reports' transaction committed."""
         news = False
         for r in reports:
-            keys = frozenset(
-                (f.check, f.component, f.code)
-                for f in r.findings
-                if drain_worthy(
-                    {
-                        "check": f.check,
-                        "component": f.component,
-                        "severity": str(f.severity),
-                        "action": str(f.action),
-                    }
-                )
-            )
+            keys = frozenset((f.check, f.component, f.code) for f in r.findings if drain_worthy(f))
             before = self._seen.get(r.node, frozenset())
             if keys - before:
                 news = True

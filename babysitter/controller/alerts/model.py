@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from babysitter.finding import Severity
+
 # condition -> what on-call should do (shown in every alert; the README lists the same)
 RUNBOOK: dict[str, str] = {
     "node_unhealthy": "Check the finding: XID 79 / GPU lost -> reboot the node and reseat the GPU "
@@ -48,7 +50,7 @@ def runbook(condition: str) -> str:
 class Alert:
     node: str | None  # None: cluster-wide
     condition: str  # stable name: node_unhealthy, guard_tripped, lemon_node, ...
-    severity: str  # critical | warning | info
+    severity: Severity
     summary: str  # what happened
     action_taken: str  # what babysitter did
     starts_at: datetime
@@ -56,6 +58,11 @@ class Alert:
     ends_at: datetime | None = None
     nodes: list[str] = field(default_factory=list)  # grouped alerts: every node
     details: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a severity given as text is read as the enum (a misspelled one raises here, where it
+        # was made, not as a silently unrouted alert)
+        self.severity = Severity(self.severity)
 
     @property
     def key(self) -> str:

@@ -19,8 +19,7 @@ from babysitter.controller.alerts.sinks import (
     SlackSink,
     WebhookSink,
 )
-
-SEV_RANK = {"info": 1, "warning": 2, "critical": 3}
+from babysitter.finding import Severity
 
 
 class AlertState(Protocol):
@@ -28,11 +27,11 @@ class AlertState(Protocol):
     def alerts(self) -> list[dict[str, Any]]: ...
 
 
-def sinks_from_config(cfg: Any) -> list[tuple[Sink, str]]:
+def sinks_from_config(cfg: Any) -> list[tuple[Sink, Severity]]:
     """(sink, minimum severity) per configured sink."""
     a = cfg.alerts
     t = a.timeout_s
-    out: list[tuple[Sink, str]] = []
+    out: list[tuple[Sink, Severity]] = []
     if a.alertmanager_url:
         am = AlertmanagerSink(a.alertmanager_url, resend_s=a.alertmanager_resend_s, timeout_s=t)
         out.append((am, a.route_alertmanager))
@@ -53,7 +52,7 @@ def sinks_from_config(cfg: Any) -> list[tuple[Sink, str]]:
 class AlertRouter:
     def __init__(
         self,
-        sinks: list[tuple[Sink, str]],
+        sinks: list[tuple[Sink, Severity]],
         state: AlertState,
         repeat_interval: timedelta = timedelta(hours=4),
         group_threshold: int = 3,
@@ -74,8 +73,7 @@ class AlertRouter:
         return [
             sink
             for sink, min_sev in self.sinks
-            if (sinks is None or sink in sinks)
-            and (alert.resolved or SEV_RANK.get(alert.severity, 2) >= SEV_RANK.get(min_sev, 2))
+            if (sinks is None or sink in sinks) and (alert.resolved or alert.severity >= min_sev)
         ]
 
     def _deliver(
@@ -148,7 +146,7 @@ class AlertRouter:
         for cond, group in by_cond.items():
             if len(group) > self.group_threshold:
                 nodes = sorted({a.node or "cluster" for a in group})
-                sev = max(group, key=lambda a: SEV_RANK.get(a.severity, 2)).severity
+                sev = max(group, key=lambda a: a.severity.rank).severity
                 g = Alert(
                     None,
                     cond,

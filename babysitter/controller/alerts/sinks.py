@@ -19,6 +19,7 @@ from tenacity import (
 )
 
 from babysitter.controller.alerts.model import Alert
+from babysitter.finding import Severity
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +140,10 @@ class PagerDutySink(Sink):
             body["payload"] = {
                 "summary": alert.title + ": " + alert.summary[:900],
                 "source": alert.node or "babysitter",
+                # PagerDuty knows critical, error, warning and info: ok is not an alert
                 "severity": alert.severity
-                if alert.severity in ("critical", "error", "warning", "info")
-                else "warning",
+                if alert.severity is not Severity.OK
+                else Severity.WARNING,
                 "custom_details": {
                     "action_taken": alert.action_taken,
                     "what_to_do": alert.todo,

@@ -1,0 +1,51 @@
+"""Liveness, readiness and Prometheus metrics (no token: probes and scrapers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from babysitter import __version__
+from babysitter.controller.api_read import node_view
+from babysitter.controller.metrics import ControllerMetrics
+from babysitter.controller.store import Store
+
+
+def health_router(
+    store: Store, metrics: ControllerMetrics, runtime_state: dict[str, Any]
+) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    @router.get("/readyz")
+    def readyz() -> Response:
+        ok = store.ping()
+        body = {
+            "database": "ok" if ok else "unreachable",
+            # leader: this controller holds the lock AND runs the remediation loop
+            "leader": bool(runtime_state.get("leader", False)),
+            "remediation": bool(runtime_state.get("remediation", False)),
+        }
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @router.get("/metrics")
+    def prom() -> Response:
+        verdicts: dict[str, int] = {"healthy": 0, "suspect": 0, "unhealthy": 0, "unknown": 0}
+        try:
+            for n in store.node_rows():
+                v = node_view(n, runtime_state)["verdict"]
+                verdicts[v] = verdicts.get(v, 0) + 1
+        except Exception:
+            pass
+        for v, c in verdicts.items():
+            metrics.nodes.labels(v).set(c)
+        metrics.is_leader.set(1 if runtime_state.get("leader") else 0)
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return router
