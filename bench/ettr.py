@@ -159,13 +159,18 @@ def build_model(
 # ---- measured figures -> arms
 
 
-def _fault_drain_samples(results_dir: Path) -> dict[str, list[float]]:
+def _fault_drain_samples(results_dir: Path) -> tuple[dict[str, list[float]], bool]:
+    """fault_drain's samples, and whether they were taken at default settings. Those include
+    the wait for the polled check's next read (faults are injected at a random phase), so no
+    poll interval is added on top; older files hold samples taken with every check at 0.5 s."""
     try:
         doc = json.loads((results_dir / "fault_drain.json").read_text())
-        samples = doc.get("details", {}).get("samples", {})
-        return {k: [float(x) for x in v] for k, v in samples.items() if v}
+        details = doc.get("details", {})
+        at_defaults = "samples_defaults" in details
+        samples = details.get("samples_defaults" if at_defaults else "samples", {})
+        return {k: [float(x) for x in v] for k, v in samples.items() if v}, at_defaults
     except (OSError, ValueError, AttributeError):
-        return {}
+        return {}, False
 
 
 def _measured_false_drains(results_dir: Path) -> float | None:
@@ -185,7 +190,7 @@ def build_arms(inp: dict[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[li
     """The arms, and notes saying where each babysitter figure came from (measured or fallback)."""
     notes: list[str] = []
     bs = inp["babysitter"]
-    samples = _fault_drain_samples(results_dir)
+    samples, at_defaults = _fault_drain_samples(results_dir)
 
     def measured(key: str, fallback: float, what: str) -> tuple[float, ...]:
         if key in samples:
@@ -199,8 +204,11 @@ def build_arms(inp: dict[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[li
 
     fb = float(bs["fallback_drain_s"])
     xid = measured("xid79", fb, "babysitter XID event -> drain")
-    dbe = measured("dbe", fb, "babysitter ECC -> drain (bench polled at 0.5 s; + U(0, 60 s))")
-    ib = measured("ib_port_down", fb, "babysitter IB port down -> drain (+ U(0, 30 s))")
+    ecc_poll_s = 0.0 if at_defaults else float(bs["ecc_poll_s"])
+    ib_poll_s = 0.0 if at_defaults else float(bs["ib_poll_s"])
+    how = "at default settings, the poll's wait included" if at_defaults else "+ U(0, poll) s"
+    dbe = measured("dbe", fb, f"babysitter ECC -> drain ({how})")
+    ib = measured("ib_port_down", fb, f"babysitter IB port down -> drain ({how})")
     req = measured("job_requeue", float(bs["fallback_requeue_s"]), "babysitter fault -> requeue")
     scontrol = measured("raw_scontrol_drain", 0.01, "scontrol drain (NHC's drain)")
     fd = _measured_false_drains(results_dir)
@@ -219,8 +227,8 @@ def build_arms(inp: dict[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[li
             sees={k: float(c["babysitter_sees"]) for k, c in cls.items()},
             latency={
                 "xid": Latency(xid),
-                "ecc": Latency(dbe, poll_s=float(bs["ecc_poll_s"])),
-                "ib": Latency(ib, poll_s=float(bs["ib_poll_s"])),
+                "ecc": Latency(dbe, poll_s=ecc_poll_s),
+                "ib": Latency(ib, poll_s=ib_poll_s),
             },
             acts_on_job=True,
             requeue=Latency(req),

@@ -19,7 +19,7 @@ BENCHMARKS: list[tuple[str, int]] = [
     ("bench.slurm_load", 1200),
     ("bench.alert_blackhole", 300),
     ("bench.ingest", 300),
-    ("bench.fault_drain", 900),
+    ("bench.fault_drain", 1800),  # ~25 min: 20 injections x 8 faults, defaults + reference
     # last: it reads the latencies fault_drain just measured
     ("bench.ettr", 600),
 ]

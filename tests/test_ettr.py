@@ -124,3 +124,16 @@ def test_missing_measurements_fall_back_and_say_so(inputs, tmp_path: Path):
     )
     arms, notes = ettr.build_arms(inputs, results_dir=tmp_path)
     assert next(a for a in arms if a.name == "babysitter").false_drains_per_node_day == 0.002
+
+
+def test_fault_drain_figures_at_defaults_are_used_as_measured(inputs, tmp_path: Path):
+    """fault_drain at default settings already includes the wait for the next poll: its
+    samples become the arm's latency with nothing added on top."""
+    details = {"samples_defaults": {"xid79": [0.1, 0.2], "dbe": [0.3], "ib_port_down": [0.7]}}
+    (tmp_path / "fault_drain.json").write_text(json.dumps({"details": details}))
+    arms, notes = ettr.build_arms(inputs, results_dir=tmp_path)
+    bs = next(a for a in arms if a.name == "babysitter")
+    assert bs.latency["xid"].samples == (0.1, 0.2)
+    assert bs.latency["ecc"].samples == (0.3,) and bs.latency["ecc"].poll_s == 0.0
+    assert bs.latency["ib"].samples == (0.7,) and bs.latency["ib"].poll_s == 0.0
+    assert any("measured, 2 samples" in n and "xid79" in n for n in notes)

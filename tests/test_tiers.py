@@ -157,3 +157,16 @@ def test_the_loop_wakes_for_the_next_run_of_a_check_that_is_still_running(tmp_pa
     assert agent.next_wake() <= 1.0
     agent._due[check.name] = now - 0.5  # overdue and still running: its end wakes the loop
     assert agent.next_wake() > 0.5
+
+
+def test_a_slow_signal_is_read_again_at_its_next_grid_point_after_a_start():
+    """The agent runs checks on a grid of their interval; a signal read at start-up between two
+    grid points is read again at the next point of its own grid, not an interval after the
+    start (it used to be skipped there and read up to 1.5 intervals after the first read)."""
+    chk = GpuMemoryCheck(CheckContext(Config.model_validate({}), "n"))
+    assert chk.signal_intervals()["retired_pending"] == 60.0
+    assert "retired_pending" in chk.begin(now=1000.2)  # start-up: everything
+    assert "retired_pending" not in chk.begin(now=1001.0)
+    assert "retired_pending" in chk.begin(now=1020.0)  # 17 x 60: its next grid point
+    assert "retired_pending" not in chk.begin(now=1021.0)
+    assert "retired_pending" in chk.begin(now=1080.0)

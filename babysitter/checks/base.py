@@ -20,6 +20,7 @@ that calls `emit(findings)` as soon as something happens.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -104,7 +105,10 @@ class Check:
         slack = 0.5 * min(intervals.values())
         due = {s for s in intervals if now + slack >= self._next_due.get(s, 0.0)}
         for s in due:
-            self._next_due[s] = now + intervals[s]
+            # on the grid the agent runs checks on (see Agent.run_due_checks), not `now +
+            # interval`: a first read between two grid points would otherwise be skipped at the
+            # next one (too early by less than the slack) and a fault seen up to 1.5 intervals late
+            self._next_due[s] = (math.floor(now / intervals[s]) + 1) * intervals[s]
         self.tier = "fast" if due <= self.fast_signals() else "slow"
         return due
 
