@@ -1,5 +1,6 @@
 """Policy: pure functions from facts to a verdict per node and a list of decisions, each
-carrying the rule that fired. No I/O here; remediation.py gathers facts and executes.
+carrying the rule that fired. No I/O here; facts.py gathers the facts, remediation.py applies
+the decisions and executor.py executes them through Slurm.
 
 Rules are data (RULES below) so a site can read them in one place: every decision names a
 rule of RULES (checked when the decision is made), and the API shows the rule's description

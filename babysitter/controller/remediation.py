@@ -2,6 +2,11 @@
 execute its decisions through the Slurm client, recording each in the actions log with the rule
 that fired and the outcome; then alert. Runs only on the leader controller.
 
+This module runs the tick and applies the decisions; its collaborators each do one job: the
+Slurm node snapshot (controller/snapshot.py), the facts the policy reads
+(controller/facts.py), the execution of recorded actions through Slurm
+(controller/executor.py), the jobs (controller/jobs.py) and the alerts (controller/alerts).
+
 Safety: decisions become `pending` actions first; a pending drain for a node blocks new drain
 decisions for it, so a drain that waits for slurmctld to come back is executed exactly once.
 Job requeues are actions in the same pipeline (a drain's follow-up `requeue_jobs` lists the
@@ -17,24 +22,22 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from typing import Any, TypeVar
 
 from babysitter.config import Config
 from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.alerts.router import sinks_from_config
 from babysitter.controller.alerts.sender import AlertSender
+from babysitter.controller.executor import ActionExecutor, node_alert
+from babysitter.controller.facts import FactGatherer
 from babysitter.controller.guard_api import GUARD_INFO_KEY, GUARD_KEY
-from babysitter.controller.jobs import REQUEUE_RULE, JobTracker
+from babysitter.controller.jobs import JobTracker
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.policy import (
-    HEALTHCHECK_MARK,
     JOB_ALERT_PREFIX,
     ClusterFacts,
     Decision,
@@ -44,44 +47,15 @@ from babysitter.controller.policy import (
     decide,
     drain_limit,
 )
+from babysitter.controller.snapshot import SlurmSnapshot
 from babysitter.controller.store import Store, aware
-from babysitter.controller.stragglers import (
-    CONDITION,
-    NodePerf,
-    StragglerSettings,
-    Streak,
-    evaluate,
-    perf_from_metrics,
-)
-from babysitter.controller.tickstore import (
-    Settled,
-    perf_metrics,
-    policy_rows,
-    record_actions,
-    settle,
-    xid_history,
-)
-from babysitter.controller.validation import Validator, summarise
-from babysitter.finding import Action, Finding, Severity
-from babysitter.slurm.client import (
-    SlurmClient,
-    SlurmError,
-    SlurmNode,
-    SlurmNotFound,
-    SlurmNotOwned,
-    SlurmUnavailable,
-)
+from babysitter.controller.tickstore import record_actions
+from babysitter.controller.validation import Validator
+from babysitter.finding import Severity
+from babysitter.slurm.client import SlurmClient, SlurmNode
 
 log = logging.getLogger(__name__)
 ITEM_TIMEOUT_S = 30.0  # one job's work (checkpoint scan, heartbeat read) at most this long
-# every node goes through the policy at least this often, changed or not (a safety net: a
-# steady tick passes only the nodes that may need a decision, see controller/tickstore.py):
-# each tick sweeps its share of the nodes in turn, no tick pays for all of them at once
-FULL_PASS_S = 600.0
-# a node listing the tick waits for at most (then it decides on the previous one); clusters
-# smaller than SNAPSHOT_ASYNC_NODES are listed in well under that and always waited for
-SNAPSHOT_WAIT_S = 0.2
-SNAPSHOT_ASYNC_NODES = 1000
 T = TypeVar("T")
 
 
@@ -128,31 +102,21 @@ class RemediationEngine:
         self.jobs = JobTracker(
             cfg, store, self.slurm, metrics, self.router, self.bounded, ITEM_TIMEOUT_S
         )
-        self.slurm_nodes: dict[str, SlurmNode] = {}
-        self.slurm_ok = False
-        # the node snapshot is re-read every slurm.node_refresh_s, or at once after a change
-        self._slurm_read_at = 0.0
-        self._slurm_stale = True
-        self._snap_pool = ThreadPoolExecutor(1, thread_name_prefix="slurm-snapshot")
-        self._snap: Future[list[SlurmNode]] | None = None
-        self._snap_started = 0.0
-        self._moved: dict[str, tuple[float, SlurmNode]] = {}  # our changes since: see _read_slurm
-        self._batch: list[tuple[dict[str, Any], Decision]] = []  # this tick's real drains/resumes
-        self._job_listing: list[Any] | None = None  # shared by this tick's requeue_jobs actions
+        self.snapshot = SlurmSnapshot(cfg, self.slurm)
+        self.executor = ActionExecutor(
+            store,
+            self.slurm,
+            self.snapshot,
+            self.jobs,
+            metrics,
+            self.bounded,
+            self._isolated,
+            ITEM_TIMEOUT_S,
+        )
+        self.gatherer = FactGatherer(
+            cfg, store, self.settings, self.snapshot, self.router, self._isolated
+        )
         self._written: dict[str, dict[str, Any]] = {}  # node columns last written by tick()
-        self._perfs: list[NodePerf] = []
-        self._perf_read_at = float("-inf")
-        self._full_pass_done = False  # the first tick passes every node
-        self._sweep: list[str] = []  # every node in Slurm, in the sweep's order
-        self._sweep_at = 0
-        # per node snapshot: nodes whose Slurm state changed (the next tick passes them to the
-        # policy), nodes Slurm holds drained/down, and the guard's partition aggregates
-        self._slurm_changed: set[str] = set()
-        self._slurm_held: set[str] = set()
-        self._partitions: dict[str, int] = {}
-        self._drained_by_us: dict[str, int] = {}
-        self._straggler_streaks: dict[str, Streak] = {}
-        self.straggler_settings = StragglerSettings.from_config(cfg)
         self.validator = Validator(cfg, store, self.slurm)
         self._guard_written: dict[str, Any] | None = None
 
@@ -196,271 +160,54 @@ class RemediationEngine:
     def close(self) -> None:
         self.sender.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._snap_pool.shutdown(wait=False, cancel_futures=True)
+        self.snapshot.close()
 
-    # ---- facts
+    # ---- the collaborators' state, under the names the rest of the code knows
+    @property
+    def slurm_nodes(self) -> dict[str, SlurmNode]:
+        return self.snapshot.nodes
+
+    @property
+    def slurm_ok(self) -> bool:
+        return self.snapshot.ok
+
     def _read_slurm(self, force: bool = False) -> bool:
-        """One snapshot of every Slurm node, shared by every decision of the tick. At 10,000
-        nodes each read costs slurmctld ~20 ms of CPU (bench/slurm_load.py), so it is re-read
-        at a bounded rate; ownership is re-checked by the drain/resume call itself. The
-        partition aggregates the guard needs and the nodes whose Slurm state changed are
-        worked out here, once per snapshot, not once per tick.
-
-        The listing runs on its own thread. A large cluster's listing takes 0.5 s and more
-        (seconds on a busy host): the tick waits at most SNAPSHOT_WAIT_S for it and otherwise
-        decides on the previous snapshot plus its own drains/resumes since (`_moved`), and a
-        later tick takes the new one up. A small cluster's tick waits for it, as does the
-        first tick. Returns True when a snapshot was taken up (or the read failed)."""
-        fresh = time.monotonic() - self._slurm_read_at < self.cfg.slurm.node_refresh_s
-        started = False
-        if self._snap is None and not (
-            self.slurm_ok and fresh and not self._slurm_stale and not force
-        ):
-            self._snap = self._snap_pool.submit(self.slurm.nodes)
-            self._snap_started = time.monotonic()
-            started = True
-        if self._snap is None:
-            return False
-        small = 0 < len(self.slurm_nodes) < SNAPSHOT_ASYNC_NODES
-        # only the tick that starts a listing waits for it; later ticks only look
-        wait = (SNAPSHOT_WAIT_S if started else 0.0) if self.slurm_nodes and not small else None
-        try:
-            listing = self._snap.result(timeout=wait)
-        except FutureTimeout:
-            return False
-        except SlurmError as exc:
-            self._snap = None
-            if self.slurm_ok:
-                log.warning("Slurm unavailable, decisions will wait: %s", exc)
-            self.slurm_ok = False
-            return True
-        finally:
-            if self._snap is not None and self._snap.done():
-                self._snap = None
-        self.slurm_ok = True
-        self._slurm_read_at = time.monotonic()
-        self._slurm_stale = False
-        snapshot = {n.name: n for n in listing}
-        # our own changes made after this listing started are not in it yet
-        self._moved = {k: v for k, v in self._moved.items() if v[0] >= self._snap_started}
-        for name, (_, node) in self._moved.items():
-            if name in snapshot:
-                snapshot[name] = node
-        old, self.slurm_nodes = self.slurm_nodes, snapshot
-        if len(old) != len(snapshot) or old.keys() != snapshot.keys():
-            self._sweep = sorted(snapshot)
-        # (the cli backend hands back the same object for an unchanged node line)
-        self._slurm_changed.update(
-            name for name, sn in snapshot.items() if (o := old.get(name)) is not sn and o != sn
-        )
-        self._slurm_changed.update(name for name in old if name not in snapshot)
-        self._aggregate()
-        return True
-
-    def _aggregate(self) -> None:
-        """The guard's partition sizes and babysitter-drained counts, and the nodes Slurm
-        holds drained/down, from the current snapshot."""
-        prefix = self.cfg.slurm.reason_prefix
-        partitions: dict[str, int] = {}
-        drained_by_us: dict[str, int] = {}
-        held: set[str] = set()
-        for known in self.slurm_nodes.values():
-            parts = known.partitions or ("default",)
-            for p in parts:
-                partitions[p] = partitions.get(p, 0) + 1
-            if known.drained_or_draining or known.down:
-                held.add(known.name)
-                if known.drained_or_draining and known.reason.startswith(prefix):
-                    for p in parts:
-                        drained_by_us[p] = drained_by_us.get(p, 0) + 1
-        self._partitions, self._drained_by_us, self._slurm_held = (
-            partitions,
-            drained_by_us,
-            held,
-        )
-
-    def _moved_here(self, drained: list[tuple[str, str]], resumed: list[str]) -> None:
-        """Our own drains/resumes, applied to the snapshot at once: the next tick must not
-        decide them again (nor the guard count without them) before the next listing."""
-        at = time.monotonic()
-        prefix = self.cfg.slurm.reason_prefix
-        for name, reason in drained:
-            if (sn := self.slurm_nodes.get(name)) is not None:
-                node = replace(sn, flags=sn.flags | {"DRAIN"}, reason=f"{prefix} {reason}")
-                self.slurm_nodes[name] = node
-                self._moved[name] = (at, node)
-        for name in resumed:
-            if (sn := self.slurm_nodes.get(name)) is not None:
-                node = replace(sn, flags=sn.flags - {"DRAIN", "DRAINED", "DRAINING"}, reason="")
-                self.slurm_nodes[name] = node
-                self._moved[name] = (at, node)
-        if drained or resumed:
-            self._slurm_changed.update(n for n, _ in drained)
-            self._slurm_changed.update(resumed)
-            self._aggregate()
-
-    def _read_perfs(self) -> None:
-        """Throughput measurements (stragglers) change on the slow check tiers: re-read at the
-        node snapshot's rate, only the rows that carry one."""
-        if time.monotonic() - self._perf_read_at < self.cfg.slurm.node_refresh_s:
-            return
-        self._perf_read_at = time.monotonic()
-        self._perfs = [
-            perf
-            for name, metrics in perf_metrics(self.store)
-            if (perf := perf_from_metrics(name, metrics)) is not None
-        ]
+        return self.snapshot.read(force)
 
     def facts(self, now: datetime) -> tuple[list[NodeFacts], ClusterFacts]:
-        """Facts of the nodes that may need a decision (all of them on a full pass: the first
-        tick, after a large Slurm change), a share of the rest in turn (every node within
-        FULL_PASS_S) and the cluster aggregates the
-        guard needs. A node left out is healthy, reporting, not drained and already written
-        as healthy: the policy would decide nothing for it."""
-        self._isolated("perfs", self._read_perfs)
-        actions = self.store.actions(limit=5000)
-        pending_drains = {
-            a["node"] for a in actions if a["status"] == "pending" and a["kind"] == "drain"
-        }
-        drains_by_node: dict[str, list[datetime]] = {}
-        drains_last_hour = 0
-        for a in actions:
-            if a["kind"] == "drain" and a["status"] == "done" and a["requested_by"] == "policy":
-                when = a["done_at"] or a["created_at"]
-                drains_by_node.setdefault(a["node"], []).append(when)
-                if now - when <= timedelta(hours=1):
-                    drains_last_hour += 1
-        xids = xid_history(self.store, now - timedelta(hours=24))
-        validations = summarise(actions)
-        if not self._full_pass_done:
-            self._full_pass_done = True
-            rows = policy_rows(self.store, full=True)
-        else:
-            named = (
-                self._sweep_share()
-                | self._slurm_changed
-                | self._slurm_held
-                | pending_drains
-                | drains_by_node.keys()
-                | xids.keys()
-                | validations.keys()
-                | self._alerting_nodes()
-            )
-            stale = now - timedelta(seconds=self.settings.heartbeat_timeout_s)
-            rows = policy_rows(self.store, stale_before=stale, names=named)
-        self._slurm_changed = set()
-        facts = self._node_facts(rows, now, pending_drains, drains_by_node, xids, validations)
-        drained_by_us = dict(self._drained_by_us)
-        if self.settings.dry_run:  # a dry-run drain holds its place in the guard's count
-            for f, r in zip(facts, rows, strict=True):
-                if r["babysitter_drained"]:
-                    for p in f.partitions:
-                        drained_by_us[p] = drained_by_us.get(p, 0) + 1
-        cluster = ClusterFacts(
-            partition_sizes=dict(self._partitions),
-            drained_by_us=drained_by_us,
-            drains_last_hour=drains_last_hour,
-            guard_tripped=bool(self.store.kv_get(GUARD_KEY, False)),
-        )
-        return facts, cluster
-
-    def _sweep_share(self) -> set[str]:
-        """This tick's share of every node, in turn: all of them within FULL_PASS_S."""
-        if not self._sweep:
-            return set()
-        ticks = max(1.0, FULL_PASS_S / self.cfg.controller.loop_interval_s)
-        k = max(1, -(-len(self._sweep) // int(ticks)))
-        start = self._sweep_at % len(self._sweep)
-        self._sweep_at = start + k
-        return set(self._sweep[start : start + k])
-
-    def _alerting_nodes(self) -> set[str]:
-        """Nodes with a firing alert: the policy must see them to resolve it."""
-        out = set()
-        for key in self.router.firing_keys():
-            node, _, _ = key.partition("|")
-            if node != "cluster":
-                out.add(node)
-        return out
-
-    def _node_facts(
-        self,
-        rows: list[dict[str, Any]],
-        now: datetime,
-        pending_drains: set[str] | None = None,
-        drains_by_node: dict[str, list[datetime]] | None = None,
-        xids: dict[str, list[tuple[str, int, datetime]]] | None = None,
-        validations: dict[str, Any] | None = None,
-    ) -> list[NodeFacts]:
-        pending_drains = pending_drains or set()
-        drains_by_node = drains_by_node or {}
-        xids = xids or {}
-        validations = validations or {}
-        prefix = self.cfg.slurm.reason_prefix
-        own_check_mark = f"{prefix} {HEALTHCHECK_MARK}"
-        facts: list[NodeFacts] = []
-        for r in rows:
-            sn = self.slurm_nodes.get(r["name"])
-            last = r["last_report_at"]
-            age = None if last is None else (now - last).total_seconds()
-            dry_drained = self.settings.dry_run and bool(r["babysitter_drained"])
-            if sn is not None:
-                drained = sn.drained_or_draining or sn.down
-                reason = sn.reason
-                # a HealthCheckProgram drain (`check --slurm-drain`) is the check's to resume
-                ours = (
-                    reason.startswith(prefix) and not reason.startswith(own_check_mark)
-                ) or dry_drained
-                parts = sn.partitions or ("default",)
-            else:  # Slurm unreadable: last known state
-                drained = bool(r["babysitter_drained"]) or bool(r.get("slurm_reason"))
-                reason = r.get("slurm_reason") or ""
-                ours = bool(r["babysitter_drained"])
-                parts = ("default",)
-            if dry_drained:
-                drained = True
-            facts.append(
-                NodeFacts(
-                    name=r["name"],
-                    open_findings=tuple(r["open_findings"]),
-                    consecutive_clean=r["consecutive_clean"] or 0,
-                    heartbeat_age_s=age,
-                    partitions=tuple(parts),
-                    drained=drained,
-                    reason=reason,
-                    ours=ours,
-                    in_slurm=sn is not None or not self.slurm_ok,
-                    drain_pending=r["name"] in pending_drains,
-                    recent_drains=tuple(drains_by_node.get(r["name"], [])),
-                    xid_history=tuple(xids.get(r["name"], [])),
-                    validation=validations[r["name"]].state if r["name"] in validations else "",
-                    validation_failures=(
-                        validations[r["name"]].failures if r["name"] in validations else 0
-                    ),
-                )
-            )
-        return facts
+        return self.gatherer.gather(now)
 
     # ---- the loop body
     def tick(self, now: datetime | None = None) -> list[Decision]:
         now = now or datetime.now(UTC)
         read = self._read_slurm()
+        facts, cluster, result, noticed = self._decide(now)
+        firing, clearing = self._straggler_alerts(noticed, now)
+        self._act(result, cluster, now, firing, clearing, read)
+        self._publish(result, facts, cluster, now, firing, clearing)
+        self._isolated("jobs", lambda: self.jobs.tick(self.slurm_nodes, now))
+        return result.decisions
+
+    def _decide(
+        self, now: datetime
+    ) -> tuple[list[NodeFacts], ClusterFacts, PolicyResult, list[Decision]]:
+        """The facts (stragglers folded in) and the policy's decisions on them; also the
+        straggler decisions, which only alert."""
         facts, cluster = self.facts(now)
-        slow = self._isolated("stragglers", lambda: self._stragglers(facts, now))
+        slow = self._isolated("stragglers", lambda: self.gatherer.with_stragglers(facts, now))
         if slow is not None:
             facts = slow[0]
         result = decide(facts, cluster, self.settings, now)
-        # actions recorded during this tick (follow-ups, admin requests) run from the next one
-        pending = self.store.pending_actions()
-        due = any(not ((nxt := aware(a["next_attempt_at"])) and nxt > now) for a in pending)
-        if due and not read:
-            # actions are due: they must not run against a slurmctld that went away since the
-            # snapshot (only while there is work, so the steady state keeps its budget)
-            self._read_slurm(force=True)
+        return facts, cluster, result, slow[1] if slow is not None else []
+
+    @staticmethod
+    def _straggler_alerts(
+        noticed: list[Decision], now: datetime
+    ) -> tuple[list[Alert], list[tuple[str | None, str]]]:
+        """The tick's alerts to fire and to clear, starting with the stragglers'."""
         firing: list[Alert] = []
         clearing: list[tuple[str | None, str]] = []
-        self._batch = []
-        for d in slow[1] if slow is not None else []:
+        for d in noticed:
             if d.kind == "alert" and d.node:
                 firing.append(
                     Alert(
@@ -475,6 +222,27 @@ class RemediationEngine:
                 )
             elif d.kind == "resolve_alert":
                 clearing.append((d.node, d.condition))
+        return firing, clearing
+
+    def _act(
+        self,
+        result: PolicyResult,
+        cluster: ClusterFacts,
+        now: datetime,
+        firing: list[Alert],
+        clearing: list[tuple[str | None, str]],
+        read: bool,
+    ) -> None:
+        """Record and apply the decisions, execute the drains/resumes batched, then the due
+        pending actions, and poll the validation jobs. `read`: this tick took up a snapshot."""
+        # actions recorded during this tick (follow-ups, admin requests) run from the next one
+        pending = self.store.pending_actions()
+        due = any(not ((nxt := aware(a["next_attempt_at"])) and nxt > now) for a in pending)
+        if due and not read:
+            # actions are due: they must not run against a slurmctld that went away since the
+            # snapshot (only while there is work, so the steady state keeps its budget)
+            self._read_slurm(force=True)
+        self.executor.batch = []
         # the tick's drains/resumes are recorded in one transaction (a rack: one, not 32)
         moves = [d for d in result.decisions if d.kind in ("drain", "resume")]
         ids = self._isolated("record actions", lambda: self._record_moves(moves, now)) or {}
@@ -485,60 +253,26 @@ class RemediationEngine:
                     d, cluster, now, firing, clearing, ids.get(id(d))
                 ),
             )
-        self._isolated("batch", lambda: self._execute_batch(now, firing, clearing))
-        self._run_pending(pending, now)
+        self._isolated("batch", lambda: self.executor.execute_batch(now, firing, clearing))
+        self.executor.run_pending(pending, now)
         if self.validator.enabled:
             self._isolated("validation", lambda: self.validator.poll(now, firing, clearing))
+
+    def _publish(
+        self,
+        result: PolicyResult,
+        facts: list[NodeFacts],
+        cluster: ClusterFacts,
+        now: datetime,
+        firing: list[Alert],
+        clearing: list[tuple[str | None, str]],
+    ) -> None:
+        """Write the verdicts and the guard's state, and send the tick's alerts."""
         self._isolated("verdicts", lambda: self._write_verdicts(result, facts))
         self._isolated("guard", lambda: self._write_guard(result, cluster, now))
         if not result.guard_tripped:
             clearing.append((None, "guard_tripped"))
         self._isolated("alerts", lambda: self._alert(firing, clearing, now))
-        self._isolated("jobs", lambda: self.jobs.tick(self.slurm_nodes, now))
-        return result.decisions
-
-    def _stragglers(
-        self, facts: list[NodeFacts], now: datetime
-    ) -> tuple[list[NodeFacts], list[Decision]]:
-        """Compare each node's throughput with its GPU model's fleet median (pure policy in
-        controller/stragglers.py). A straggler the site wants drained becomes a drain-worthy
-        finding of the node, so the blast-radius guard applies to it like to any other."""
-        res = evaluate(self._perfs, self._straggler_streaks, self.straggler_settings)
-        self._straggler_streaks = res.streaks
-        drains = {d.node: d for d in res.decisions if d.kind == "drain" and d.node}
-        missing = drains.keys() - {f.name for f in facts}
-        if missing:  # healthy otherwise, so not passed this tick: the straggler finding is new
-            facts = facts + self._node_facts(policy_rows(self.store, names=missing), now)
-        if drains:
-            facts = [
-                replace(
-                    f,
-                    open_findings=(
-                        *f.open_findings,
-                        Finding(
-                            check="stragglers",
-                            component="host",
-                            severity=Severity.WARNING,
-                            code=CONDITION,
-                            action=Action.DRAIN,
-                            message=drains[f.name].reason,
-                            observed_at=now,
-                        ),
-                    ),
-                )
-                if f.name in drains
-                else f
-                for f in facts
-            ]
-        alerts = [
-            Decision(
-                "alert", d.node, d.rule, d.reason, Severity.WARNING, CONDITION, details=d.details
-            )
-            if d.kind == "drain"
-            else d
-            for d in res.decisions
-        ]
-        return facts, alerts
 
     def _record_moves(self, moves: list[Decision], now: datetime) -> dict[int, int]:
         """Pending actions of the tick's drain/resume decisions: id(decision) -> action id."""
@@ -588,9 +322,9 @@ class RemediationEngine:
                 "attempts": 0,
             }
             if not d.dry_run and self.slurm_ok and d.node:
-                self._batch.append((action, d))  # executed batched after every decision
+                self.executor.batch.append((action, d))  # executed batched after every decision
                 return
-            self._node_alert(d, self._execute(action, now), firing, clearing, now)
+            node_alert(d, self.executor.execute(action, now), firing, clearing, now)
         elif d.kind == "guard_tripped":
             if not cluster.guard_tripped:
                 self.store.kv_set(GUARD_KEY, True)
@@ -717,275 +451,6 @@ class RemediationEngine:
         if info != self._guard_written:
             self.store.kv_set(GUARD_INFO_KEY, info)
             self._guard_written = info
-
-    # ---- execution
-    @staticmethod
-    def _node_alert(
-        d: Decision,
-        outcome: str,
-        firing: list[Alert],
-        clearing: list[tuple[str | None, str]],
-        now: datetime,
-    ) -> None:
-        if d.kind == "drain":
-            done = (
-                "dry-run: would drain"
-                if d.dry_run
-                else (
-                    f"drained {d.node} in Slurm"
-                    if outcome == "done"
-                    else f"drain {outcome} (will retry)"
-                    if outcome == "pending"
-                    else f"drain {outcome}"
-                )
-            )
-            firing.append(Alert(d.node, "node_unhealthy", Severity.CRITICAL, d.reason, done, now))
-        else:
-            clearing.append((d.node, "node_unhealthy"))
-
-    def _execute_batch(
-        self, now: datetime, firing: list[Alert], clearing: list[tuple[str | None, str]]
-    ) -> None:
-        """The tick's drains and resumes: one Slurm call per (kind, reason) group, each of
-        which re-checks ownership of exactly its nodes first (a rack of 32 nodes failing
-        alike is one lookup and one `scontrol update NodeName=a,b,...`)."""
-        batch, self._batch = self._batch, []
-        groups: dict[tuple[str, str], list[tuple[dict[str, Any], Decision]]] = {}
-        for a, d in batch:
-            key = (d.kind, d.reason if d.kind == "drain" else "")
-            groups.setdefault(key, []).append((a, d))
-        if batch:
-            self._slurm_stale = True
-        results: list[tuple[dict[str, Any], Decision, SlurmError | None]] = []
-        for (kind, reason), items in groups.items():
-            nodes = [str(d.node) for _, d in items]
-            try:
-                res = (
-                    self.slurm.drain_many(nodes, reason)
-                    if kind == "drain"
-                    else self.slurm.resume_many(nodes)
-                )
-            except SlurmError as exc:  # e.g. a reason Slurm cannot take: the whole group
-                res = {n: exc for n in nodes}
-            for a, d in items:
-                err = res.get(str(d.node), SlurmError(f"{kind} {d.node}: no answer for it"))
-                results.append((a, d, err))
-        # every outcome in one transaction; item by item if that fails
-        outcomes = self._isolated("settle", lambda: self._settle_many(results, now)) or {}
-        for a, d, err in results:
-            outcome = outcomes.get(a["id"]) or self._isolated(
-                f"action {a['kind']} {d.node}", partial(self._settle, a, err, now)
-            )
-            self._node_alert(d, outcome or "failed", firing, clearing, now)
-
-    def _settle_many(
-        self, results: list[tuple[dict[str, Any], Decision, SlurmError | None]], now: datetime
-    ) -> dict[int, str]:
-        """Record the outcomes of a batch of drains/resumes in one transaction (those waiting
-        for Slurm are rescheduled one by one); returns action id -> status."""
-        out: dict[int, str] = {}
-        s = Settled()
-        for a, _, err in results:
-            aid, kind, node, reason = a["id"], a["kind"], a["node"], a.get("reason") or ""
-            if isinstance(err, SlurmUnavailable):
-                continue  # _settle reschedules it
-            if isinstance(err, SlurmNotOwned):
-                s.actions.append((aid, "skipped", str(err)))
-                out[aid] = "skipped"
-            elif err is not None:
-                s.actions.append((aid, "failed", str(err)))
-                out[aid] = "failed"
-            elif kind == "drain":
-                s.drained.append((node, reason))
-                # the drain's follow-up is an action of its own, retried like any other
-                s.follow_ups.append(
-                    {
-                        "kind": "requeue_jobs",
-                        "node": node,
-                        "reason": reason,
-                        "rule": REQUEUE_RULE,
-                        "requested_by": "policy",
-                        "dry_run": False,
-                    }
-                )
-                s.actions.append((aid, "done", "ok"))
-                out[aid] = "done"
-            else:
-                s.resumed.append(node)
-                s.actions.append((aid, "done", "ok"))
-                out[aid] = "done"
-        settle(self.store, s, now)
-        self._moved_here(s.drained, s.resumed)
-        for a, _, _ in results:
-            status = out.get(a["id"])
-            if a["kind"] == "drain" and status in ("done", "failed"):
-                self.metrics.drains.labels(status).inc()
-            elif a["kind"] == "resume" and status == "done":
-                self.metrics.resumes.labels("done").inc()
-        return out
-
-    def _settle(self, a: dict[str, Any], err: SlurmError | None, now: datetime) -> str:
-        """Record the outcome of a batched drain/resume of one node; returns its status."""
-        aid, kind, node, reason = a["id"], a["kind"], a["node"], a.get("reason") or ""
-        if isinstance(err, SlurmUnavailable):
-            self.slurm_ok = False
-            return self._retry_later(a, now, f"waiting: {err}")
-        if isinstance(err, SlurmNotOwned):
-            self.store.update_action(aid, status="skipped", done_at=now, outcome=str(err))
-            return "skipped"
-        if err is not None:
-            self.store.update_action(
-                aid, status="failed", done_at=now, attempts=1, outcome=str(err)[:1000]
-            )
-            if kind == "drain":
-                self.metrics.drains.labels("failed").inc()
-            return "failed"
-        if kind == "drain":
-            self.store.set_node(node, babysitter_drained=True, drain_reason=reason, drained_at=now)
-            self.metrics.drains.labels("done").inc()
-            # the drain's follow-up is an action of its own, retried like any other
-            self.store.record_action(
-                "requeue_jobs", node=node, reason=reason, rule=REQUEUE_RULE, requested_by="policy"
-            )
-        else:
-            self.store.set_node(
-                node, babysitter_drained=False, drain_reason=None, consecutive_clean=0
-            )
-            self.metrics.resumes.labels("done").inc()
-        self.store.update_action(aid, status="done", done_at=now, attempts=1, outcome="ok")
-        return "done"
-
-    def _run_pending(self, pending: list[dict[str, Any]], now: datetime) -> None:
-        due = [a for a in pending if not ((nxt := aware(a["next_attempt_at"])) and nxt > now)]
-        # every node drained in one tick: one job listing for all of their requeue_jobs
-        nodes = [a["node"] for a in due if a["kind"] == "requeue_jobs" and a["node"]]
-        self._job_listing = None
-        if nodes and self.slurm_ok:
-            try:
-                self._job_listing = self.slurm.jobs_on(nodes)
-            except SlurmError:
-                pass  # each action asks (and retries) on its own
-        try:
-            for a in due:
-                self._execute(a, now)
-        finally:
-            self._job_listing = None
-
-    def _retry_later(self, a: dict[str, Any], now: datetime, why: str) -> str:
-        attempts = int(a.get("attempts") or 0)
-        delay = min(30.0, 0.5 * 2**attempts)
-        self.store.update_action(
-            a["id"],
-            attempts=attempts + 1,
-            outcome=why[:1000],
-            next_attempt_at=now + timedelta(seconds=delay),
-        )
-        return "pending"
-
-    def _execute(self, a: dict[str, Any], now: datetime) -> str:
-        """Run one action in its own error boundary; returns its new status."""
-        try:
-            return self._execute_one(a, now)
-        except Exception as exc:  # a bug or a hostile input: recorded on this action only
-            log.exception("action %s (%s) failed", a["id"], a["kind"])
-            self.metrics.loop_errors.labels("action").inc()
-            try:
-                self.store.update_action(
-                    a["id"],
-                    status="failed",
-                    done_at=now,
-                    attempts=int(a.get("attempts") or 0) + 1,
-                    outcome=f"error: {type(exc).__name__}: {str(exc)[:500]}",
-                )
-            except Exception:
-                log.exception("cannot record the failure of action %s", a["id"])
-            return "failed"
-
-    def _execute_one(self, a: dict[str, Any], now: datetime) -> str:
-        aid, kind, node, job_id = a["id"], a["kind"], a["node"], a["job_id"]
-        reason = a.get("reason") or ""
-        dry_run = bool(a.get("dry_run"))
-        attempts = int(a.get("attempts") or 0)
-        if not dry_run and not self.slurm_ok and kind != "guard_reset":
-            # Slurm unreachable in this tick: keep it for the retry loop
-            return self._retry_later(a, now, "waiting for Slurm")
-        if dry_run:
-            self.store.update_action(
-                aid, status="done", done_at=now, outcome="dry-run: no Slurm change"
-            )
-            if kind == "drain" and node:
-                self.store.set_node(
-                    node, babysitter_drained=True, drain_reason=reason, drained_at=now
-                )
-            elif kind == "resume" and node:
-                self.store.set_node(node, babysitter_drained=False, drain_reason=None)
-            return "done"
-        status, outcome = "done", "ok"
-        if kind in ("drain", "resume"):
-            self._slurm_stale = True
-        try:
-            if kind == "drain" and node:
-                self.slurm.drain(node, reason)
-                self.store.set_node(
-                    node, babysitter_drained=True, drain_reason=reason, drained_at=now
-                )
-                self.metrics.drains.labels("done").inc()
-                # the drain's follow-up is an action of its own, retried like any other
-                self.store.record_action(
-                    "requeue_jobs",
-                    node=node,
-                    reason=reason,
-                    rule=REQUEUE_RULE,
-                    requested_by="policy",
-                )
-            elif kind == "resume" and node:
-                self.slurm.resume(node)
-                self.store.set_node(
-                    node, babysitter_drained=False, drain_reason=None, consecutive_clean=0
-                )
-                self.metrics.resumes.labels("done").inc()
-            elif kind == "requeue_jobs" and node:
-                ids = self.jobs.babysat_on(node, self._job_listing)
-                queued = [i for i in ids if self.jobs.record_requeue(i, [node], reason)]
-                outcome = (
-                    f"queued requeue of babysat job(s) {', '.join(map(str, queued))}"
-                    if queued
-                    else "no babysat job to requeue"
-                )
-            elif kind == "requeue" and job_id and a.get("rule") == REQUEUE_RULE:
-                bad = [n for n in (node or "").split(",") if n]
-                status, outcome = self.bounded(
-                    lambda: self.jobs.execute_requeue(job_id, bad, reason, now),
-                    ITEM_TIMEOUT_S,
-                    key=f"job {job_id}",
-                )
-            elif kind == "requeue" and job_id:
-                self.slurm.requeue(job_id)
-                self.metrics.requeues.labels("done").inc()
-            elif kind == "guard_reset":
-                self.store.kv_set(GUARD_KEY, False)
-            else:
-                raise SlurmError(f"cannot execute {kind} without its target")
-        except SlurmUnavailable as exc:
-            # skip the rest of this tick's Slurm calls instead of waiting out each timeout
-            self.slurm_ok = False
-            return self._retry_later(a, now, f"waiting: {exc}")
-        except SlurmNotOwned as exc:
-            self.store.update_action(aid, status="skipped", done_at=now, outcome=str(exc))
-            return "skipped"
-        except (SlurmNotFound, SlurmError) as exc:
-            self.store.update_action(
-                aid, status="failed", done_at=now, outcome=str(exc), attempts=attempts + 1
-            )
-            if kind == "drain":
-                self.metrics.drains.labels("failed").inc()
-            if kind == "requeue" and job_id:
-                self.metrics.requeues.labels("failed").inc()
-            return "failed"
-        self.store.update_action(
-            aid, status=status, done_at=now, attempts=attempts + 1, outcome=outcome[:1000]
-        )
-        return status
 
 
 def _names(value: object) -> list[str]:
