@@ -5,7 +5,8 @@ that fired and the outcome; then alert. Runs only on the leader controller.
 This module runs the tick and applies the decisions; its collaborators each do one job: the
 Slurm node snapshot (controller/snapshot.py), the facts the policy reads
 (controller/facts.py), the execution of recorded actions through Slurm
-(controller/executor.py), the jobs (controller/jobs.py) and the alerts (controller/alerts).
+(controller/executor.py), the verdicts and guard state written for readers
+(controller/outcome.py), the jobs (controller/jobs.py) and the alerts (controller/alerts).
 
 Safety: decisions become `pending` actions first; a pending drain for a node blocks new drain
 decisions for it, so a drain that waits for slurmctld to come back is executed exactly once.
@@ -34,9 +35,10 @@ from babysitter.controller.alerts.router import sinks_from_config
 from babysitter.controller.alerts.sender import AlertSender
 from babysitter.controller.executor import ActionExecutor, node_alert
 from babysitter.controller.facts import FactGatherer
-from babysitter.controller.guard_api import GUARD_INFO_KEY, GUARD_KEY
+from babysitter.controller.guard_api import GUARD_KEY
 from babysitter.controller.jobs import JobTracker
 from babysitter.controller.metrics import ControllerMetrics
+from babysitter.controller.outcome import OutcomeWriter
 from babysitter.controller.policy import (
     JOB_ALERT_PREFIX,
     ClusterFacts,
@@ -45,7 +47,6 @@ from babysitter.controller.policy import (
     PolicyResult,
     PolicySettings,
     decide,
-    drain_limit,
 )
 from babysitter.controller.snapshot import SlurmSnapshot
 from babysitter.controller.store import Store, aware
@@ -116,9 +117,8 @@ class RemediationEngine:
         self.gatherer = FactGatherer(
             cfg, store, self.settings, self.snapshot, self.router, self._isolated
         )
-        self._written: dict[str, dict[str, Any]] = {}  # node columns last written by tick()
+        self.outcome = OutcomeWriter(store, self.settings, self.snapshot)
         self.validator = Validator(cfg, store, self.slurm)
-        self._guard_written: dict[str, Any] | None = None
 
     # ---- error boundaries
     def bounded(self, fn: Callable[[], T], timeout_s: float, key: str | None = None) -> T:
@@ -268,8 +268,8 @@ class RemediationEngine:
         clearing: list[tuple[str | None, str]],
     ) -> None:
         """Write the verdicts and the guard's state, and send the tick's alerts."""
-        self._isolated("verdicts", lambda: self._write_verdicts(result, facts))
-        self._isolated("guard", lambda: self._write_guard(result, cluster, now))
+        self._isolated("verdicts", lambda: self.outcome.verdicts(result, facts))
+        self._isolated("guard", lambda: self.outcome.guard(result, cluster, now))
         if not result.guard_tripped:
             clearing.append((None, "guard_tripped"))
         self._isolated("alerts", lambda: self._alert(firing, clearing, now))
@@ -387,72 +387,3 @@ class RemediationEngine:
             if per_tick and key not in asserted:
                 clearing.append((None if node == "cluster" else node, cond))
         self.router.process(firing, clearing, now)
-
-    def _write_verdicts(self, result: PolicyResult, facts: list[NodeFacts]) -> None:
-        changes: dict[str, dict[str, Any]] = {}
-        facts_by_name = {f.name: f for f in facts}
-        for name, verdict in result.verdicts.items():
-            sn = self.slurm_nodes.get(name)
-            running = facts_by_name.get(name)
-            if running is not None and running.validation == "running":
-                verdict = "validating"
-            values: dict[str, Any] = {"verdict": verdict}
-            if sn is not None:
-                values["slurm_state"] = "+".join([sn.state, *sorted(sn.flags)])
-                values["slurm_reason"] = sn.reason or None
-            old = self._written.get(name)
-            if old != values:
-                changes[name] = values
-        if changes:
-            self.store.update_nodes(changes)
-            self._written.update(changes)
-
-    def _write_guard(self, result: PolicyResult, cluster: ClusterFacts, now: datetime) -> None:
-        """The guard's state and why, for `babysitter status` and GET /api/v1/guard."""
-        prev = self.store.kv_get(GUARD_INFO_KEY) or {}
-        trip = next((d for d in result.decisions if d.kind == "guard_tripped"), None)
-        unsized = next((d for d in result.decisions if d.rule == "guard_unknown"), None)
-        tripped = bool(result.guard_tripped)
-        if tripped and prev.get("tripped"):
-            rule, reason, since = prev.get("rule"), prev.get("reason"), prev.get("since")
-            if trip is not None:
-                reason = trip.reason
-        elif tripped:
-            rule = trip.rule if trip else "guard_tripped"
-            reason = trip.reason if trip else "breaker tripped earlier; needs an admin reset"
-            since = now.isoformat()
-        else:
-            rule, reason, since = "", "", None
-        s = self.settings
-        info: dict[str, Any] = {
-            "tripped": tripped,
-            "rule": rule,
-            "reason": reason,
-            "since": since,
-            "blocked": _names(trip.details.get("blocked") if trip else None),
-            "slurm_data": bool(cluster.partition_sizes),
-            "undecided": _names(unsized.details.get("blocked") if unsized else None),
-            "undecided_reason": unsized.reason if unsized else "",
-            "limits": {
-                "max_drained_fraction": s.max_drained_fraction,
-                "min_drainable": s.min_drainable,
-                "max_drains_per_hour": s.max_drains_per_hour,
-            },
-            "drains_last_hour": cluster.drains_last_hour,
-            "partitions": {
-                p: {
-                    "size": n,
-                    "drained_by_babysitter": cluster.drained_by_us.get(p, 0),
-                    "may_drain": int(drain_limit(n, s)),
-                }
-                for p, n in sorted(cluster.partition_sizes.items())
-            },
-        }
-        if info != self._guard_written:
-            self.store.kv_set(GUARD_INFO_KEY, info)
-            self._guard_written = info
-
-
-def _names(value: object) -> list[str]:
-    """The node names a decision's details carry (a list of str), or []."""
-    return [str(v) for v in value] if isinstance(value, list) else []
