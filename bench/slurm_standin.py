@@ -18,6 +18,7 @@ from babysitter.slurm.client import (
     SlurmNotFound,
     SlurmNotOwned,
     SlurmRejected,
+    each,
 )
 
 
@@ -99,25 +100,11 @@ class InMemorySlurm(SlurmClient):
     def drain_many(self, nodes: Sequence[str], reason: str) -> dict[str, SlurmError | None]:
         """One call for the batch, as the real backends make it (one lookup + one update)."""
         self._pause("drain_many", ",".join(nodes))
-        out: dict[str, SlurmError | None] = {}
-        for n in nodes:
-            try:
-                self._drain(n, reason)
-                out[n] = None
-            except SlurmError as exc:
-                out[n] = exc
-        return out
+        return each(nodes, lambda n: self._drain(n, reason))
 
     def resume_many(self, nodes: Sequence[str]) -> dict[str, SlurmError | None]:
         self._pause("resume_many", ",".join(nodes))
-        out: dict[str, SlurmError | None] = {}
-        for n in nodes:
-            try:
-                self._resume(n)
-                out[n] = None
-            except SlurmError as exc:
-                out[n] = exc
-        return out
+        return each(nodes, self._resume)
 
     def jobs_on(self, nodes: Collection[str]) -> list[SlurmJob]:
         self._pause("jobs", ",".join(nodes))

@@ -7,7 +7,7 @@ Backends implement `SlurmClient`; `make_client(config)` picks one. Ownership rul
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from babysitter.errors import BabysitterError
@@ -96,6 +96,19 @@ class SlurmJob:
         return "PENDING" in self.states and "COMPLETING" not in self.states
 
 
+def each(nodes: Sequence[str], act: Callable[[str], None]) -> dict[str, SlurmError | None]:
+    """`act` on every node in turn: per node None (done) or the SlurmError it raised, so one
+    node's refusal never stops the others (the node-by-node form of drain_many/resume_many)."""
+    out: dict[str, SlurmError | None] = {}
+    for n in nodes:
+        try:
+            act(n)
+            out[n] = None
+        except SlurmError as exc:
+            out[n] = exc
+    return out
+
+
 class SlurmClient:
     """Abstract interface. Every method has a bounded run time (config slurm.timeout_s)."""
 
@@ -120,25 +133,11 @@ class SlurmClient:
     def drain_many(self, nodes: Sequence[str], reason: str) -> dict[str, SlurmError | None]:
         """Drain several nodes with one reason: per node None (done) or its error. Backends
         that can re-check ownership and change them all in one Slurm call (one RPC)."""
-        out: dict[str, SlurmError | None] = {}
-        for n in nodes:
-            try:
-                self.drain(n, reason)
-                out[n] = None
-            except SlurmError as exc:
-                out[n] = exc
-        return out
+        return each(nodes, lambda n: self.drain(n, reason))
 
     def resume_many(self, nodes: Sequence[str]) -> dict[str, SlurmError | None]:
         """Resume several of our drains: per node None (done or nothing to do) or its error."""
-        out: dict[str, SlurmError | None] = {}
-        for n in nodes:
-            try:
-                self.resume(n)
-                out[n] = None
-            except SlurmError as exc:
-                out[n] = exc
-        return out
+        return each(nodes, self.resume)
 
     def jobs_on(self, nodes: Collection[str]) -> list[SlurmJob]:
         """Jobs that have any of `nodes` (one job listing, filtered here: on 22.05
