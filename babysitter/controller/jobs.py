@@ -187,19 +187,19 @@ class JobTracker:
             del self._hb_read[gone]
 
     def _scan_one(self, j: SlurmJob, down: set[str], now: datetime) -> None:
+        seen = {
+            "name": _clamp(j.name, 255),
+            "user": _clamp(j.user, 64),
+            "nodes": list(j.nodes),
+            "state": "+".join(j.states)[:64],
+            "restart_count": j.restart_count,
+        }
         try:
             spec = babysit_spec(j)
         except Exception as exc:
             # a babysit spec this parser chokes on: the job opted in, so show why it is not
             # babysat rather than dropping it silently
-            self.store.upsert_job(
-                j.job_id,
-                name=_clamp(j.name, 255),
-                user=_clamp(j.user, 64),
-                nodes=list(j.nodes),
-                state="+".join(j.states)[:64],
-                restart_count=j.restart_count,
-            )
+            self.store.upsert_job(j.job_id, **seen)
             given = next(
                 (t for t in f"{j.admin_comment} {j.comment}".split() if t.startswith("babysit")),
                 "",
@@ -207,15 +207,7 @@ class JobTracker:
             raise ValueError(f"babysit spec {given[:100]!r} refused: {exc}") from exc
         if spec is None:
             return
-        self.store.upsert_job(
-            j.job_id,
-            name=_clamp(j.name, 255),
-            user=_clamp(j.user, 64),
-            nodes=list(j.nodes),
-            state="+".join(j.states)[:64],
-            babysit=spec,
-            restart_count=j.restart_count,
-        )
+        self.store.upsert_job(j.job_id, babysit=spec, **seen)
         max_requeues(spec)  # a bad limit is this job's error, found before any fault
         bad = sorted(down & set(j.nodes))
         if j.running and bad:
