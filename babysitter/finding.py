@@ -75,6 +75,7 @@ _COMPONENT_RE = re.compile(
 _CHECK_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
 # longest text per field: a hostile or broken node cannot fill the store through one finding
 MAX_LENGTH = {"check": 64, "component": 128, "code": 128, "message": 2000}
+_MAX_CHECK, _MAX_COMPONENT, _MAX_CODE, _MAX_MESSAGE = MAX_LENGTH.values()
 
 
 class _Text:
@@ -96,11 +97,12 @@ class _Text:
         return value
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        # the same bounds in pydantic-core's own (Rust) checks: no Python call per field on
+        # the controller's ingest path (`__post_init__` runs once per finding anyway)
         from pydantic_core import core_schema
 
-        return core_schema.no_info_after_validator_function(
-            self.check, core_schema.str_schema(max_length=self.max_length)
-        )
+        pattern = self.pattern.pattern if self.pattern is not None else None
+        return core_schema.str_schema(max_length=self.max_length, pattern=pattern)
 
 
 _CHECK = _Text("check", _CHECK_RE, "check must look like 'gpu.ecc' (lowercase, dot-separated)")
@@ -134,8 +136,22 @@ class Finding:
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for text in _TEXTS:
-            text.check(getattr(self, text.name))
+        c, comp, code, msg = self.check, self.component, self.code, self.message
+        common = (  # one expression for the common case: ingest validates every finding
+            type(c) is str
+            and type(comp) is str
+            and type(code) is str
+            and type(msg) is str
+            and len(c) <= _MAX_CHECK
+            and len(comp) <= _MAX_COMPONENT
+            and len(code) <= _MAX_CODE
+            and len(msg) <= _MAX_MESSAGE
+            and _CHECK_RE.match(c)
+            and _COMPONENT_RE.match(comp)
+        )
+        if not common:  # find the field to name
+            for text in _TEXTS:
+                text.check(getattr(self, text.name))
         # enums given as their text (a stored row, a test) become the enum; an unknown one
         # raises ValueError
         if type(self.severity) is not Severity:
