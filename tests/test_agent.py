@@ -204,3 +204,68 @@ def test_agent_metrics_port_serves_health_gauges(secrets, tmp_path):
         ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_two_checks_ending_together_never_leave_the_older_snapshot_as_the_node_state(
+    secrets, tmp_path
+):
+    """The controller keeps the full report with the latest sent_at as the node's state. When
+    two check threads finish together (GPU lost: presence goes critical while another check
+    warns), the report sent last must be the one that holds both: a stale one sent last once
+    hid a lost GPU from the controller for 23 s."""
+    from babysitter.agent.daemon import Agent
+    from babysitter.checks.base import CheckResult
+    from babysitter.config import parse_config
+    from babysitter.finding import Finding, Severity
+
+    cfg = parse_config(
+        {
+            "agent": {
+                "node_name": "node7",
+                "controller_url": "http://127.0.0.1:9",
+                "token_file": str(secrets.node_token_file("node7")),
+                "spool_path": str(tmp_path / "spool.db"),
+                "enabled_checks": ["host.resources"],
+            },
+            "checks": {"host": {"check_slurmd": False, "min_free_gb": 0}},
+        }
+    )
+    agent = Agent(cfg)
+    sent: list[dict] = []
+    agent.shipper.submit = sent.append  # type: ignore[method-assign]
+
+    def finding(check: str, sev: Severity) -> Finding:
+        return Finding(check=check, component="gpu5", severity=sev, code=f"{check}.x", message=".")
+
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    # the warning's report is slow to build (metrics, spool size) while the critical one lands
+    a_done = threading.Event()
+    real_report = agent._report
+
+    def slow_report(findings, kind):
+        if not any(f.severity is Severity.CRITICAL for f in findings):
+            a_done.wait(0.5)
+        return real_report(findings, kind)
+
+    agent._report = slow_report  # type: ignore[method-assign]
+    warn = threading.Thread(
+        target=agent._store,
+        args=(
+            Named("gpu.thermal"),
+            CheckResult("gpu.thermal", [finding("gpu.thermal", Severity.WARNING)], 0.0),
+        ),
+    )
+    warn.start()
+    time.sleep(0.05)  # the warning's report has taken its snapshot
+    agent._store(
+        Named("gpu.presence"),  # type: ignore[arg-type]
+        CheckResult("gpu.presence", [finding("gpu.presence", Severity.CRITICAL)], 0.0),
+    )
+    a_done.set()
+    warn.join(5)
+    assert len(sent) == 2
+    last = max(sent, key=lambda r: r["sent_at"])
+    assert {f["severity"] for f in last["findings"]} >= {"critical", "warning"}, last["findings"]

@@ -74,6 +74,9 @@ class Agent:
         self._timed_out: set[str] = set()
         self._go: dict[str, threading.Event] = {}  # wakes each check's worker thread
         self._lock = threading.Lock()
+        # one full report at a time: its snapshot of `latest` and its sent_at are taken together
+        # (see full_report)
+        self._report_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # a run ended past its check's due time
         self.metrics = None
@@ -107,10 +110,15 @@ class Agent:
         self.shipper.submit(self._report(findings, "event"))
 
     def full_report(self) -> dict[str, Any]:
-        with self._lock:
-            findings = [f for fs in self.latest.values() for f in fs]
-        findings += self.sticky.values()
-        report = self._report(findings, "full")
+        # The controller keeps the full report with the latest sent_at as the node's state.
+        # Two check threads that finish together each send one: without this lock the one that
+        # took its snapshot first (without the other's GPU-lost finding) could get the later
+        # sent_at and hide the fault until the next report (seen: a drain 23 s late).
+        with self._report_lock:
+            with self._lock:
+                findings = [f for fs in self.latest.values() for f in fs]
+            findings += self.sticky.values()
+            report = self._report(findings, "full")
         if self.metrics is not None:
             m = report["metrics"]
             self.metrics.update(findings, dict(self.durations), m["spool_size"], m["spool_dropped"])
