@@ -307,19 +307,6 @@ def report(node: str, extra: list[dict[str, Any]] | None = None) -> dict[str, An
     }
 
 
-def post(ctl: ControllerProc, node: str, extra: list[dict[str, Any]]) -> None:
-    r = httpx.post(
-        ctl.url + "/api/v1/reports",
-        json=report(node, extra),
-        headers={
-            "Authorization": f"Bearer {node_token(ctl.secret, node)}",
-            "X-Babysitter-Node": node,
-        },
-        timeout=30,
-    )
-    r.raise_for_status()
-
-
 @dataclass
 class Load:
     """Open-loop ingest at `rate` reports/s in a thread: every node reports in turn, 1 % of
