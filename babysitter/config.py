@@ -1,11 +1,13 @@
 """Configuration: TOML file + `BABYSITTER_<SECTION>__<KEY>` environment overrides, validated by
-pydantic. An unknown key or a bad value is a `ConfigError` naming the key.
+msgspec. An unknown key or a bad value is a `ConfigError` naming the key.
 
-The environment is read here (`env_overrides`), not by pydantic-settings: importing that costs
-~0.1 s of CPU and a few MB on every `babysitter check` (the HealthCheckProgram mode). The rules
-are the ones it had: names are case-insensitive, `__` descends into a section, a list/dict/
-section value is JSON, anything else a string for pydantic to convert, the environment wins
-over the file key by key, and names that are no setting are ignored.
+msgspec, not pydantic: `babysitter check` runs as a Slurm HealthCheckProgram on every node every
+few minutes, and importing pydantic and building these models cost more CPU than NHC's whole
+run (pydantic stays where FastAPI needs it: the controller's API). Rules: names are
+case-insensitive, `__` descends into a section, a list/dict/section value is JSON, anything else
+a string converted to the key's type, the environment wins over the file key by key, and names
+that are no setting are ignored. A value check that needs code is a `__post_init__` raising
+`ValueError("<key>: <why>")`, so the error still names the key.
 
 Each section is its own model; checks own their `[checks.<name>]` model below. Add keys to the
 model of the part you build, with a default and a one-line description (the README's
@@ -16,22 +18,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import tomllib
 import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, cast, get_args
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-)
+import msgspec
+from msgspec import Meta, field
 
 from babysitter.errors import ConfigError
 from babysitter.finding import Severity
@@ -42,10 +39,11 @@ DEFAULT_CONFIG_PATH = Path("/etc/babysitter/babysitter.toml")
 ENV_CONFIG = "BABYSITTER_CONFIG"
 ENV_PREFIX = "BABYSITTER_"
 ENV_NESTED = "__"
+XID_CLASSES: tuple[str, ...] = get_args(XidClass)
 
 
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A config section: keyword-only, unknown keys refused."""
 
 
 def _short_hostname() -> str:
@@ -53,148 +51,192 @@ def _short_hostname() -> str:
 
 
 class AgentConfig(Section):
-    controller_url: str = Field("http://127.0.0.1:8090", description="controller base URL")
-    node_name: str = Field(default_factory=_short_hostname, description="Slurm node name")
-    sysfs_root: Path = Field(Path("/"), description="root under which sys/class/... is read")
-    kmsg_path: Path = Field(Path("/dev/kmsg"), description="kernel log to scan for NVRM XIDs")
-    spool_path: Path = Field(
-        Path("/var/lib/babysitter/spool.db"), description="durable report spool (SQLite)"
+    controller_url: Annotated[str, Meta(description="controller base URL")] = (
+        "http://127.0.0.1:8090"
     )
-    spool_max_reports: int = Field(10_000, ge=10, description="spool bound; oldest dropped")
-    interval_s: float = Field(30.0, gt=0, description="report cycle; checks keep own intervals")
-    fast_interval_s: float = Field(
-        1.0, gt=0, description="fast-tier period: cheap reads of job-killing faults (GPU lost, DBE)"
+    node_name: Annotated[str, Meta(description="Slurm node name")] = field(
+        default_factory=_short_hostname
     )
-    boot_id_path: Path = Field(
-        Path("/proc/sys/kernel/random/boot_id"),
-        description="identifies this boot: event findings are kept until it changes",
+    sysfs_root: Annotated[Path, Meta(description="root under which sys/class/... is read")] = Path(
+        "/"
     )
-    token_file: Path = Field(
-        Path("/etc/babysitter/node.token"), description="this node's API token"
+    kmsg_path: Annotated[Path, Meta(description="kernel log to scan for NVRM XIDs")] = Path(
+        "/dev/kmsg"
     )
-    request_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout for report shipping")
-    metrics_listen: str | None = Field(
-        None, description="host:port for the agent's Prometheus metrics (off when unset)"
+    spool_path: Annotated[Path, Meta(description="durable report spool (SQLite)")] = Path(
+        "/var/lib/babysitter/spool.db"
     )
-    enabled_checks: list[str] | None = Field(
-        None,
-        description="checks to run, by name or prefix (default: every non-invasive check that "
-        "is supported; an invasive one, sdc.matmul or nccl.perf, runs only when named here)",
+    spool_max_reports: Annotated[int, Meta(ge=10, description="spool bound; oldest dropped")] = (
+        10_000
     )
-    ca_file: Path | None = Field(
-        None, description="CA bundle to verify an https controller with (agent and CLI)"
+    interval_s: Annotated[
+        float, Meta(gt=0, description="report cycle; checks keep own intervals")
+    ] = 30.0
+    fast_interval_s: Annotated[
+        float,
+        Meta(
+            gt=0, description="fast-tier period: cheap reads of job-killing faults (GPU lost, DBE)"
+        ),
+    ] = 1.0
+    boot_id_path: Annotated[
+        Path, Meta(description="identifies this boot: event findings are kept until it changes")
+    ] = Path("/proc/sys/kernel/random/boot_id")
+    token_file: Annotated[Path, Meta(description="this node's API token")] = Path(
+        "/etc/babysitter/node.token"
     )
-    hardware_profile: str | None = Field(
-        None,
-        description="what the node is built as: " + ", ".join(PROFILES) + " (default: detected "
-        "from the GPU model; a configured profile also requires its GPU count and IB fabric)",
-    )
+    request_timeout_s: Annotated[
+        float, Meta(gt=0, description="HTTP timeout for report shipping")
+    ] = 5.0
+    metrics_listen: Annotated[
+        str | None,
+        Meta(description="host:port for the agent's Prometheus metrics (off when unset)"),
+    ] = None
+    enabled_checks: Annotated[
+        list[str] | None,
+        Meta(
+            description="checks to run, by name or prefix (default: every non-invasive check that "
+            "is supported; an invasive one, sdc.matmul or nccl.perf, runs only when named here)"
+        ),
+    ] = None
+    ca_file: Annotated[
+        Path | None,
+        Meta(description="CA bundle to verify an https controller with (agent and CLI)"),
+    ] = None
+    hardware_profile: Annotated[
+        str | None,
+        Meta(
+            description="what the node is built as: " + ", ".join(PROFILES) + " (default: detected "
+            "from the GPU model; a configured profile also requires its GPU count and IB fabric)"
+        ),
+    ] = None
 
-    @field_validator("hardware_profile")
-    @classmethod
-    def _known_profile(cls, v: str | None) -> str | None:
-        if v is not None and v not in PROFILES:
-            raise ValueError(f"unknown hardware profile (one of: {', '.join(PROFILES)})")
-        return v
+    def __post_init__(self) -> None:
+        if self.hardware_profile is not None and self.hardware_profile not in PROFILES:
+            raise ValueError(
+                f"hardware_profile: unknown hardware profile (one of: {', '.join(PROFILES)})"
+            )
 
 
 class ControllerConfig(Section):
-    listen: str = Field("127.0.0.1:8090", description="host:port of the HTTP API")
-    database_url: str = Field(
-        "sqlite:////var/lib/babysitter/babysitter.db", description="SQLAlchemy URL"
+    listen: Annotated[str, Meta(description="host:port of the HTTP API")] = "127.0.0.1:8090"
+    database_url: Annotated[str, Meta(description="SQLAlchemy URL")] = (
+        "sqlite:////var/lib/babysitter/babysitter.db"
     )
-    cluster_secret_file: Path = Field(
-        Path("/etc/babysitter/cluster.secret"), description="secret node tokens derive from"
+    cluster_secret_file: Annotated[Path, Meta(description="secret node tokens derive from")] = Path(
+        "/etc/babysitter/cluster.secret"
     )
-    admin_token_file: Path = Field(
-        Path("/etc/babysitter/admin.token"), description="admin API token"
+    admin_token_file: Annotated[Path, Meta(description="admin API token")] = Path(
+        "/etc/babysitter/admin.token"
     )
-    read_token_file: Path | None = Field(None, description="optional read-only API token")
-    heartbeat_timeout_s: float = Field(
-        120.0, gt=0, description="no report for this long -> node state unknown"
+    read_token_file: Annotated[Path | None, Meta(description="optional read-only API token")] = None
+    heartbeat_timeout_s: Annotated[
+        float, Meta(gt=0, description="no report for this long -> node state unknown")
+    ] = 120.0
+    retention_days: Annotated[
+        float, Meta(gt=0, description="reports/findings older are pruned")
+    ] = 30.0
+    clean_report_minutes: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="clean reports (worst ok/info) are kept this long; the node row keeps the "
+            "latest state, reports with findings stay for retention_days",
+        ),
+    ] = 10.0
+    retention_interval_s: Annotated[
+        float, Meta(gt=0, description="how often the retention thread looks for rows to prune")
+    ] = 10.0
+    retention_batch: Annotated[
+        int, Meta(ge=1, description="reports deleted per transaction by the retention thread")
+    ] = 2000
+    loop_interval_s: Annotated[float, Meta(gt=0, description="policy/remediation loop period")] = (
+        1.0
     )
-    retention_days: float = Field(30.0, gt=0, description="reports/findings older are pruned")
-    clean_report_minutes: float = Field(
-        10.0,
-        ge=0,
-        description="clean reports (worst ok/info) are kept this long; the node row keeps the "
-        "latest state, reports with findings stay for retention_days",
-    )
-    retention_interval_s: float = Field(
-        10.0, gt=0, description="how often the retention thread looks for rows to prune"
-    )
-    retention_batch: int = Field(
-        2000, ge=1, description="reports deleted per transaction by the retention thread"
-    )
-    loop_interval_s: float = Field(1.0, gt=0, description="policy/remediation loop period")
-    remediation: bool = Field(
-        True, description="run the policy/remediation loop here (false: ingest-only replica)"
-    )
-    max_body_bytes: int = Field(
-        1 << 20, ge=4096, le=64 << 20, description="largest report body accepted (else 413)"
-    )
-    max_open_findings_per_node: int = Field(
-        256, ge=8, description="open findings kept per node; the rest fold into a count"
-    )
-    tls_cert_file: Path | None = Field(
-        None, description="serve HTTPS with this certificate (PEM, chain included)"
-    )
-    tls_key_file: Path | None = Field(None, description="private key of tls_cert_file (mode 0600)")
+    remediation: Annotated[
+        bool, Meta(description="run the policy/remediation loop here (false: ingest-only replica)")
+    ] = True
+    max_body_bytes: Annotated[
+        int, Meta(ge=4096, le=64 << 20, description="largest report body accepted (else 413)")
+    ] = 1 << 20
+    max_open_findings_per_node: Annotated[
+        int, Meta(ge=8, description="open findings kept per node; the rest fold into a count")
+    ] = 256
+    tls_cert_file: Annotated[
+        Path | None, Meta(description="serve HTTPS with this certificate (PEM, chain included)")
+    ] = None
+    tls_key_file: Annotated[
+        Path | None, Meta(description="private key of tls_cert_file (mode 0600)")
+    ] = None
 
 
 class SlurmConfig(Section):
-    backend: Literal["cli", "rest", "pyslurm"] = Field("cli", description="how to talk to Slurm")
-    reason_prefix: str = Field("babysitter:", min_length=1, description="owned drain reasons")
-    slurmrestd_url: str | None = Field(
-        None, description="http://host:port or unix:///path/to/socket (rest backend)"
+    backend: Annotated[
+        Literal["cli", "rest", "pyslurm"], Meta(description="how to talk to Slurm")
+    ] = "cli"
+    reason_prefix: Annotated[str, Meta(min_length=1, description="owned drain reasons")] = (
+        "babysitter:"
     )
-    jwt_token_file: Path | None = Field(None, description="JWT for slurmrestd over TCP")
-    slurm_conf: Path | None = Field(None, description="SLURM_CONF for client commands")
-    bin_dir: Path | None = Field(None, description="directory holding sinfo/scontrol/...")
-    timeout_s: float = Field(15.0, gt=0, description="timeout of every Slurm call")
-    node_refresh_s: float = Field(
-        5.0,
-        ge=0,
-        description="re-read all Slurm nodes at most this often (one node-info RPC each; "
-        "drains and resumes re-check their own nodes first)",
-    )
-    job_scan_s: float = Field(
-        5.0, ge=0, description="list jobs (babysat-job tracking, hang checks) at most this often"
-    )
+    slurmrestd_url: Annotated[
+        str | None, Meta(description="http://host:port or unix:///path/to/socket (rest backend)")
+    ] = None
+    jwt_token_file: Annotated[Path | None, Meta(description="JWT for slurmrestd over TCP")] = None
+    slurm_conf: Annotated[Path | None, Meta(description="SLURM_CONF for client commands")] = None
+    bin_dir: Annotated[Path | None, Meta(description="directory holding sinfo/scontrol/...")] = None
+    timeout_s: Annotated[float, Meta(gt=0, description="timeout of every Slurm call")] = 15.0
+    node_refresh_s: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="re-read all Slurm nodes at most this often (one node-info RPC each; "
+            "drains and resumes re-check their own nodes first)",
+        ),
+    ] = 5.0
+    job_scan_s: Annotated[
+        float,
+        Meta(ge=0, description="list jobs (babysat-job tracking, hang checks) at most this often"),
+    ] = 5.0
 
 
 class PolicyConfig(Section):
-    dry_run: bool = Field(False, description="decide, log and alert, but never change Slurm")
-    max_drained_fraction: float = Field(
-        0.1, gt=0, le=1, description="never drain more of a partition than this"
+    dry_run: Annotated[bool, Meta(description="decide, log and alert, but never change Slurm")] = (
+        False
     )
-    min_drainable: int = Field(
-        1, ge=0, description="nodes per partition always drainable, whatever the fraction"
+    max_drained_fraction: Annotated[
+        float, Meta(gt=0, le=1, description="never drain more of a partition than this")
+    ] = 0.1
+    min_drainable: Annotated[
+        int, Meta(ge=0, description="nodes per partition always drainable, whatever the fraction")
+    ] = 1
+    max_drains_per_hour: Annotated[int, Meta(ge=0, description="drain budget per rolling hour")] = (
+        20
     )
-    max_drains_per_hour: int = Field(20, ge=0, description="drain budget per rolling hour")
-    resume_after_clean_checks: int = Field(
-        3, ge=1, description="consecutive clean reports before an auto-resume"
-    )
-    requeue_hung_jobs: bool = Field(
-        False, description="requeue a babysat job that hangs (else only alert)"
-    )
-    idle_gpu_util_percent: float = Field(
-        5.0, ge=0, le=100, description="GPU utilisation below this counts as idle"
-    )
-    straggler_threshold: float = Field(
-        0.10, gt=0, lt=1, description="slow: this far below the fleet median of its GPU model"
-    )
-    straggler_consecutive: int = Field(
-        3, ge=1, description="slow measurements in a row before node_slow is raised"
-    )
-    straggler_action: Literal["alert", "drain"] = Field(
-        "alert", description="node_slow only alerts (warning), or also drains"
-    )
-    validate_before_resume: bool | None = Field(
-        None,
-        description="run a validation job on a node before it returns "
-        "(default: on when [validation] partition is set)",
-    )
+    resume_after_clean_checks: Annotated[
+        int, Meta(ge=1, description="consecutive clean reports before an auto-resume")
+    ] = 3
+    requeue_hung_jobs: Annotated[
+        bool, Meta(description="requeue a babysat job that hangs (else only alert)")
+    ] = False
+    idle_gpu_util_percent: Annotated[
+        float, Meta(ge=0, le=100, description="GPU utilisation below this counts as idle")
+    ] = 5.0
+    straggler_threshold: Annotated[
+        float,
+        Meta(gt=0, lt=1, description="slow: this far below the fleet median of its GPU model"),
+    ] = 0.10
+    straggler_consecutive: Annotated[
+        int, Meta(ge=1, description="slow measurements in a row before node_slow is raised")
+    ] = 3
+    straggler_action: Annotated[
+        Literal["alert", "drain"],
+        Meta(description="node_slow only alerts (warning), or also drains"),
+    ] = "alert"
+    validate_before_resume: Annotated[
+        bool | None,
+        Meta(
+            description="run a validation job on a node before it returns "
+            "(default: on when [validation] partition is set)"
+        ),
+    ] = None
 
 
 class ValidationConfig(Section):
@@ -202,29 +244,36 @@ class ValidationConfig(Section):
     validate_before_resume). It runs inside a MAINT reservation babysitter creates on the node,
     so no user job can land there before the verdict."""
 
-    partition: str | None = Field(None, description="partition for validation jobs")
-    user: str = Field("root", description="reservation user (the controller submits as itself)")
-    command: list[str] = Field(
-        default_factory=lambda: ["babysitter", "validate", "--json"],
-        description="the job's command ({node} is replaced by the node name)",
-    )
-    sbatch_args: list[str] = Field(
-        default_factory=list,
-        description="extra sbatch arguments, e.g. --qos=maint ({node} is replaced)",
-    )
-    time_limit_min: int = Field(20, ge=1, description="the job's time limit (minutes)")
-    output_dir: Path = Field(
-        Path("/var/lib/babysitter/validation"),
-        description="job output files (shared with the nodes, or the verdict is the exit code)",
-    )
-    max_attempts: int = Field(
-        3, ge=1, description="failed validations of a node before it waits for an admin"
-    )
-    stress_s: float = Field(60.0, ge=0, description="`babysitter validate`: sustained matmul")
-    nccl_command: list[str] | None = Field(
-        None, description="`babysitter validate`: NCCL test to run (e.g. all_reduce_perf ...)"
-    )
-    min_busbw_gbps: float = Field(0.0, ge=0, description="fail below this NCCL bus bandwidth")
+    partition: Annotated[str | None, Meta(description="partition for validation jobs")] = None
+    user: Annotated[
+        str, Meta(description="reservation user (the controller submits as itself)")
+    ] = "root"
+    command: Annotated[
+        list[str], Meta(description="the job's command ({node} is replaced by the node name)")
+    ] = field(default_factory=lambda: ["babysitter", "validate", "--json"])
+    sbatch_args: Annotated[
+        list[str], Meta(description="extra sbatch arguments, e.g. --qos=maint ({node} is replaced)")
+    ] = field(default_factory=list)
+    time_limit_min: Annotated[int, Meta(ge=1, description="the job's time limit (minutes)")] = 20
+    output_dir: Annotated[
+        Path,
+        Meta(
+            description="job output files (shared with the nodes, or the verdict is the exit code)"
+        ),
+    ] = Path("/var/lib/babysitter/validation")
+    max_attempts: Annotated[
+        int, Meta(ge=1, description="failed validations of a node before it waits for an admin")
+    ] = 3
+    stress_s: Annotated[
+        float, Meta(ge=0, description="`babysitter validate`: sustained matmul")
+    ] = 60.0
+    nccl_command: Annotated[
+        list[str] | None,
+        Meta(description="`babysitter validate`: NCCL test to run (e.g. all_reduce_perf ...)"),
+    ] = None
+    min_busbw_gbps: Annotated[
+        float, Meta(ge=0, description="fail below this NCCL bus bandwidth")
+    ] = 0.0
 
     def enabled(self, policy: PolicyConfig) -> bool:
         if policy.validate_before_resume is not None:
@@ -232,147 +281,195 @@ class ValidationConfig(Section):
         return self.partition is not None
 
 
-def _routable(v: Severity) -> Severity:
-    if v is Severity.OK:
-        raise ValueError("a route's lowest severity is info, warning or critical")
-    return v
-
-
 # the lowest severity a sink receives: Severity's own order decides (no second order here)
-RouteSeverity = Annotated[Severity, AfterValidator(_routable)]
+ROUTES = ("route_alertmanager", "route_slack", "route_pagerduty", "route_webhook")
 
 
 class AlertsConfig(Section):
-    alertmanager_url: str | None = Field(None, description="Alertmanager base URL (v2 API)")
-    slack_webhook_url: str | None = Field(None, description="Slack incoming webhook URL")
-    pagerduty_routing_key: str | None = Field(None, description="PagerDuty Events v2 key")
-    pagerduty_url: str = Field(
-        "https://events.pagerduty.com/v2/enqueue", description="PagerDuty Events v2 endpoint"
+    alertmanager_url: Annotated[str | None, Meta(description="Alertmanager base URL (v2 API)")] = (
+        None
     )
-    webhook_url: str | None = Field(None, description="generic JSON webhook")
-    timeout_s: float = Field(5.0, gt=0, description="timeout of every alert delivery")
-    route_alertmanager: RouteSeverity = Field(
-        Severity.WARNING, description="lowest severity sent there"
+    slack_webhook_url: Annotated[str | None, Meta(description="Slack incoming webhook URL")] = None
+    pagerduty_routing_key: Annotated[str | None, Meta(description="PagerDuty Events v2 key")] = None
+    pagerduty_url: Annotated[str, Meta(description="PagerDuty Events v2 endpoint")] = (
+        "https://events.pagerduty.com/v2/enqueue"
     )
-    route_slack: RouteSeverity = Field(
-        Severity.WARNING, description="lowest severity sent to Slack"
+    webhook_url: Annotated[str | None, Meta(description="generic JSON webhook")] = None
+    timeout_s: Annotated[float, Meta(gt=0, description="timeout of every alert delivery")] = 5.0
+    route_alertmanager: Annotated[Severity, Meta(description="lowest severity sent there")] = (
+        Severity.WARNING
     )
-    route_pagerduty: RouteSeverity = Field(
-        Severity.CRITICAL, description="lowest severity that pages"
+    route_slack: Annotated[Severity, Meta(description="lowest severity sent to Slack")] = (
+        Severity.WARNING
     )
-    route_webhook: RouteSeverity = Field(
-        Severity.INFO, description="lowest severity sent to the webhook"
+    route_pagerduty: Annotated[Severity, Meta(description="lowest severity that pages")] = (
+        Severity.CRITICAL
     )
-    repeat_interval_s: float = Field(
-        4 * 3600, gt=0, description="re-send a still-firing alert after this long"
+    route_webhook: Annotated[Severity, Meta(description="lowest severity sent to the webhook")] = (
+        Severity.INFO
     )
-    group_threshold: int = Field(
-        3, ge=1, description="more new alerts of one condition per round become one grouped alert"
-    )
-    alertmanager_resend_s: float = Field(
-        60.0,
-        gt=0,
-        description="re-send firing alerts to Alertmanager this often (endsAt = 4x ahead)",
-    )
-    queue_size: int = Field(
-        1000, ge=1, description="alert deliveries waiting for the sender; more are dropped"
-    )
+    repeat_interval_s: Annotated[
+        float, Meta(gt=0, description="re-send a still-firing alert after this long")
+    ] = 4 * 3600
+    group_threshold: Annotated[
+        int,
+        Meta(
+            ge=1, description="more new alerts of one condition per round become one grouped alert"
+        ),
+    ] = 3
+    alertmanager_resend_s: Annotated[
+        float,
+        Meta(
+            gt=0, description="re-send firing alerts to Alertmanager this often (endsAt = 4x ahead)"
+        ),
+    ] = 60.0
+    queue_size: Annotated[
+        int, Meta(ge=1, description="alert deliveries waiting for the sender; more are dropped")
+    ] = 1000
+
+    def __post_init__(self) -> None:
+        for name in ROUTES:
+            if getattr(self, name) is Severity.OK:
+                raise ValueError(f"{name}: a route's lowest severity is info, warning or critical")
 
 
 class CheckConfig(Section):
     """Keys every check understands."""
 
-    enabled: bool = Field(True, description="run this check")
-    interval_s: float | None = Field(None, gt=0, description="override the check's interval")
-    timeout_s: float | None = Field(None, gt=0, description="override the check's timeout")
-    signal_intervals: dict[str, float | Literal["fast"]] = Field(
-        default_factory=dict,
-        description='per-signal interval overrides, {"gpu.memory/sbe_volatile" = 30 | "fast"}',
+    enabled: Annotated[bool, Meta(description="run this check")] = True
+    interval_s: Annotated[float, Meta(gt=0, description="override the check's interval")] | None = (
+        None
     )
+    timeout_s: Annotated[float, Meta(gt=0, description="override the check's timeout")] | None = (
+        None
+    )
+    signal_intervals: Annotated[
+        dict[str, float | Literal["fast"]],
+        Meta(
+            description='per-signal interval overrides, {"gpu.memory/sbe_volatile" = 30 | "fast"}'
+        ),
+    ] = field(default_factory=dict)
 
-    @field_validator("signal_intervals")
-    @classmethod
-    def _positive(cls, v: dict[str, float | Literal["fast"]]) -> dict[str, float | Literal["fast"]]:
-        bad = sorted(k for k, x in v.items() if x != "fast" and not float(x) > 0)
+    def __post_init__(self) -> None:
+        bad = sorted(k for k, x in self.signal_intervals.items() if x != "fast" and not x > 0)
         if bad:
-            raise ValueError(f'{", ".join(bad)}: an interval is seconds > 0 or "fast"')
-        return v
+            raise ValueError(
+                f'signal_intervals: {", ".join(bad)}: an interval is seconds > 0 or "fast"'
+            )
 
 
 class GpuCheckConfig(CheckConfig):
-    expected_count: int | None = Field(
-        None, ge=0, description="GPUs this node must have (default: the configured profile's)"
-    )
-    thresholds: dict[str, float] = Field(
-        default_factory=dict,
-        description="overrides of the hardware profile's GPU thresholds, by name: "
-        + ", ".join(GPU_THRESHOLDS),
-    )
+    expected_count: (
+        Annotated[
+            int,
+            Meta(ge=0, description="GPUs this node must have (default: the configured profile's)"),
+        ]
+        | None
+    ) = None
+    thresholds: Annotated[
+        dict[str, float],
+        Meta(
+            description="overrides of the hardware profile's GPU thresholds, by name: "
+            + ", ".join(GPU_THRESHOLDS)
+        ),
+    ] = field(default_factory=dict)
 
-    @field_validator("thresholds")
-    @classmethod
-    def _known_thresholds(cls, v: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(v) - set(GPU_THRESHOLDS))
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        unknown = sorted(set(self.thresholds) - set(GPU_THRESHOLDS))
         if unknown:
             raise ValueError(
-                f"unknown threshold {', '.join(unknown)} (known: {', '.join(GPU_THRESHOLDS)})"
+                f"thresholds: unknown threshold {', '.join(unknown)} "
+                f"(known: {', '.join(GPU_THRESHOLDS)})"
             )
-        return v
 
 
 class XidCheckConfig(CheckConfig):
-    actions: dict[int, XidClass] = Field(
-        default_factory=dict,
-        description="XID -> class overrides of the NVIDIA catalog "
-        "(reboot, reset_gpu, inspect, app, ignore)",
-    )
+    # read as text and checked below, so that a bad class names its XID
+    actions: Annotated[
+        dict[int, str],
+        Meta(
+            description="XID -> class overrides of the NVIDIA catalog "
+            "(" + ", ".join(XID_CLASSES) + ")"
+        ),
+    ] = field(default_factory=dict)
+    sbe_events_per_hour_warn: Annotated[
+        float, Meta(gt=0, description="corrected-ECC events per GPU per hour that make a warning")
+    ] = 100.0
 
-    @field_validator("actions")
-    @classmethod
-    def _known_xids(cls, v: dict[int, XidClass]) -> dict[int, XidClass]:
-        unknown = sorted(set(v) - KNOWN_XIDS)
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        unknown = sorted(set(self.actions) - KNOWN_XIDS)
         if unknown:
             raise ValueError(
-                f"XID {', '.join(map(str, unknown))} is not in the XID catalog (a typo?)"
+                f"actions: XID {', '.join(map(str, unknown))} is not in the XID catalog (a typo?)"
             )
-        return v
+        for xid, cls in self.actions.items():
+            if cls not in XID_CLASSES:
+                raise ValueError(
+                    f"actions.{xid}: {cls!r} is not an XID class (one of: {', '.join(XID_CLASSES)})"
+                )
 
-    sbe_events_per_hour_warn: float = Field(
-        100.0, gt=0, description="corrected-ECC events per GPU per hour that make a warning"
-    )
+    @property
+    def overrides(self) -> dict[int, XidClass]:
+        """`actions`, typed (every value was checked to be an XidClass)."""
+        return cast(dict[int, XidClass], self.actions)
 
 
 class HostCheckConfig(CheckConfig):
-    paths: list[Path] = Field(default_factory=lambda: [Path("/tmp")], description="disk paths")
-    min_free_gb: float = Field(5.0, ge=0, description="free space below this is a warning")
-    min_free_memory_fraction: float = Field(0.05, ge=0, le=1, description="memory floor")
-    mounts: list[Path] = Field(default_factory=list, description="mounts that must exist")
-    check_slurmd: bool = Field(True, description="slurmd must be running")
+    paths: Annotated[list[Path], Meta(description="disk paths")] = field(
+        default_factory=lambda: [Path("/tmp")]
+    )
+    min_free_gb: Annotated[float, Meta(ge=0, description="free space below this is a warning")] = (
+        5.0
+    )
+    min_free_memory_fraction: Annotated[float, Meta(ge=0, le=1, description="memory floor")] = 0.05
+    mounts: Annotated[list[Path], Meta(description="mounts that must exist")] = field(
+        default_factory=list
+    )
+    check_slurmd: Annotated[bool, Meta(description="slurmd must be running")] = True
 
 
 class InfinibandCheckConfig(CheckConfig):
-    expected_ports: int | None = Field(
-        None, ge=0, description="ACTIVE ports expected (default: the hardware profile's)"
-    )
-    expected_rate_gbps: float | None = Field(
-        None, gt=0, description="rate each port must have (default: the hardware profile's)"
-    )
-    flap_recovery_s: float | None = Field(
-        None, gt=0, description="opt-in: forgive flaps after the port is stable this long"
-    )
+    expected_ports: (
+        Annotated[
+            int, Meta(ge=0, description="ACTIVE ports expected (default: the hardware profile's)")
+        ]
+        | None
+    ) = None
+    expected_rate_gbps: (
+        Annotated[
+            float,
+            Meta(gt=0, description="rate each port must have (default: the hardware profile's)"),
+        ]
+        | None
+    ) = None
+    flap_recovery_s: (
+        Annotated[
+            float,
+            Meta(gt=0, description="opt-in: forgive flaps after the port is stable this long"),
+        ]
+        | None
+    ) = None
 
 
 class NcclCheckConfig(CheckConfig):
-    all_reduce_perf: Path | None = Field(None, description="path of nccl-tests all_reduce_perf")
-    job_log_globs: list[str] = Field(
-        default_factory=list, description="where to find babysat jobs' stdout/stderr"
-    )
-    min_busbw_gbps: float | None = Field(
-        None, gt=0, description="bus bandwidth floor, GB/s (default: the hardware profile's)"
-    )
-    gpus: int = Field(8, ge=1, description="GPUs all_reduce_perf uses (-g)")
-    min_bytes: str = Field("1G", description="all_reduce_perf -b")
-    max_bytes: str = Field("16G", description="all_reduce_perf -e")
+    all_reduce_perf: Annotated[
+        Path | None, Meta(description="path of nccl-tests all_reduce_perf")
+    ] = None
+    job_log_globs: Annotated[
+        list[str], Meta(description="where to find babysat jobs' stdout/stderr")
+    ] = field(default_factory=list)
+    min_busbw_gbps: (
+        Annotated[
+            float,
+            Meta(gt=0, description="bus bandwidth floor, GB/s (default: the hardware profile's)"),
+        ]
+        | None
+    ) = None
+    gpus: Annotated[int, Meta(ge=1, description="GPUs all_reduce_perf uses (-g)")] = 8
+    min_bytes: Annotated[str, Meta(description="all_reduce_perf -b")] = "1G"
+    max_bytes: Annotated[str, Meta(description="all_reduce_perf -e")] = "16G"
 
 
 # the dtypes the SDC test's host-side verifier supports (checks/sdc/runner.py NP_DTYPES)
@@ -380,46 +477,77 @@ SdcDtype = Literal["float32", "float64", "float16"]
 
 
 class SdcCheckConfig(CheckConfig):
-    backend: Literal["auto", "numpy", "torch", "cupy"] = Field("auto", description="matmul lib")
-    size: int = Field(2048, ge=16, description="matrix size n (n x n)")
-    dtype: SdcDtype = Field("float32", description="element type: " + ", ".join(get_args(SdcDtype)))
-    seed: int = Field(1234, description="input seed")
+    backend: Annotated[
+        Literal["auto", "numpy", "torch", "cupy"], Meta(description="matmul lib")
+    ] = "auto"
+    size: Annotated[int, Meta(ge=16, description="matrix size n (n x n)")] = 2048
+    dtype: Annotated[
+        SdcDtype, Meta(description="element type: " + ", ".join(get_args(SdcDtype)))
+    ] = "float32"
+    seed: Annotated[int, Meta(description="input seed")] = 1234
 
 
 class ChecksConfig(Section):
-    gpu: GpuCheckConfig = Field(default_factory=GpuCheckConfig)
-    xid: XidCheckConfig = Field(default_factory=XidCheckConfig)
-    host: HostCheckConfig = Field(default_factory=HostCheckConfig)
-    infiniband: InfinibandCheckConfig = Field(default_factory=InfinibandCheckConfig)
-    nccl: NcclCheckConfig = Field(default_factory=NcclCheckConfig)
-    sdc: SdcCheckConfig = Field(default_factory=SdcCheckConfig)
+    gpu: GpuCheckConfig = field(default_factory=GpuCheckConfig)
+    xid: XidCheckConfig = field(default_factory=XidCheckConfig)
+    host: HostCheckConfig = field(default_factory=HostCheckConfig)
+    infiniband: InfinibandCheckConfig = field(default_factory=InfinibandCheckConfig)
+    nccl: NcclCheckConfig = field(default_factory=NcclCheckConfig)
+    sdc: SdcCheckConfig = field(default_factory=SdcCheckConfig)
 
 
 class Config(Section):
-    agent: AgentConfig = Field(default_factory=AgentConfig)
-    controller: ControllerConfig = Field(default_factory=ControllerConfig)
-    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
-    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
-    validation: ValidationConfig = Field(default_factory=ValidationConfig)
-    checks: ChecksConfig = Field(default_factory=ChecksConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
 
 
-def _model(annotation: Any) -> type[BaseModel] | None:
-    return (
-        annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-    )
+def _model(annotation: Any) -> type[Section] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, Section) else None
+
+
+def _plain(annotation: Any) -> Any:
+    """The type under Annotated[...] (constraints and descriptions stripped)."""
+    while typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
+
+
+def section_fields(model: type[Section]) -> dict[str, Any]:
+    """A section's keys and their types (Annotated kept: descriptions and constraints)."""
+    hints = typing.get_type_hints(model, include_extras=True)
+    return {name: hints[name] for name in model.__struct_fields__}
 
 
 def _is_json(annotation: Any) -> bool:
     """A value given as JSON in the environment: a section, list, dict, set or tuple (also
     inside `X | None`)."""
+    annotation = _plain(annotation)
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         return any(_is_json(a) for a in typing.get_args(annotation) if a is not type(None))
     if _model(annotation) is not None:
         return True
     return (origin or annotation) in (list, dict, set, frozenset, tuple)
+
+
+def _is_bool(annotation: Any) -> bool:
+    annotation = _plain(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_is_bool(a) for a in typing.get_args(annotation))
+    return annotation is bool
+
+
+# the spellings of a boolean the environment has always accepted (msgspec itself takes
+# true/false/1/0 only)
+_ENV_BOOLS = {
+    **dict.fromkeys(("true", "1", "yes", "on", "y", "t"), "true"),
+    **dict.fromkeys(("false", "0", "no", "off", "n", "f"), "false"),
+}
 
 
 def _deep_update(base: dict[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -439,21 +567,21 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         if not name.upper().startswith(ENV_PREFIX):
             continue
         parts = name[len(ENV_PREFIX) :].lower().split(ENV_NESTED)
-        model: type[BaseModel] = Config
+        model: type[Section] = Config
         path: list[str] = []
         value: Any = None
         for i, part in enumerate(parts):
-            field = model.model_fields.get(part)
-            if field is None:
+            ann = section_fields(model).get(part)
+            if ann is None:
                 if path:  # a typo inside a section: validation names it as an unknown key
                     path.append(ENV_NESTED.join(parts[i:]))
                     value = raw
                 break  # not a section (BABYSITTER_CONFIG, ...): ignored, as always
             path.append(part)
-            ann = field.annotation
             last = i == len(parts) - 1
-            if not last and _model(ann) is not None:
-                model = _model(ann)  # type: ignore[assignment]
+            sub = _model(_plain(ann))
+            if not last and sub is not None:
+                model = sub
                 continue
             if not last:  # a key of a dict setting (or of a plain one: validation refuses it)
                 path.append(ENV_NESTED.join(parts[i + 1 :]))
@@ -468,6 +596,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
                             f"invalid configuration in the environment: {name} is not valid "
                             f"JSON ({exc})"
                         ) from None
+                elif _is_bool(ann):
+                    value = _ENV_BOOLS.get(raw.strip().lower(), raw)
             break
         if value is None:
             continue
@@ -489,18 +619,99 @@ REMOVED: dict[str, str] = {
 }
 
 
-def _format_validation_error(err: ValidationError, origin: str) -> str:
-    parts = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = REMOVED.get(key, "unknown key")
-        value = e.get("input")
-        hide = e["type"] == "extra_forbidden" or isinstance(value, dict)
-        shown = "" if hide else f" (got {value!r})"
-        parts.append(f"{key}: {msg}{shown}")
-    return f"invalid configuration in {origin}: " + "; ".join(parts)
+_AT = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$", re.S)
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
+_KEYED = re.compile(r"^(?P<key>[a-z_][a-z0-9_.]*): (?P<msg>.*)$", re.S)
+
+
+def _lookup(data: Any, keys: list[str]) -> Any:
+    for k in keys:
+        if not isinstance(data, Mapping) or k not in data:
+            return None
+        data = data[k]
+    return data
+
+
+def _format_validation_error(err: msgspec.ValidationError, data: Any, origin: str) -> str:
+    """One line naming the key: `<section>.<key>: <why> (got <value>)`."""
+    text = str(err)
+    m = _AT.match(text)
+    msg, where = (m["msg"], m["path"]) if m else (text, "")
+    # `.a.b[...]`: a dict's key; msgspec does not say which one
+    keys = [k for k in where.replace("[...]", "").split(".") if k]
+    unknown = _UNKNOWN.match(msg)
+    keyed = _KEYED.match(msg)
+    if unknown:  # an unknown key, or one an older release had
+        keys.append(unknown["key"])
+        key = ".".join(keys)
+        return f"invalid configuration in {origin}: {key}: {REMOVED.get(key, 'unknown key')}"
+    if keyed and _model(_section_at(keys)) is not None:  # a section's __post_init__ check
+        keys += keyed["key"].split(".")
+        msg = keyed["msg"]
+    choices = _choices(keys)
+    if choices and msg.startswith("Invalid enum value"):
+        msg = f"not one of: {', '.join(choices)}"
+    key = ".".join(keys) or "<root>"
+    value = _lookup(data, keys)
+    shown = "" if value is None or isinstance(value, Mapping) else f" (got {value!r})"
+    return f"invalid configuration in {origin}: {key}: {msg}{shown}"
+
+
+def _section_at(keys: list[str]) -> Any:
+    model: Any = Config
+    for k in keys:
+        sub = _model(model) and section_fields(model).get(k)
+        if sub is None:
+            return None
+        model = _plain(sub)
+    return model
+
+
+def _choices(keys: list[str]) -> tuple[str, ...]:
+    """The values a Literal key takes (for the error message), else ()."""
+    section = _model(_section_at(keys[:-1])) if keys else None
+    if section is None:
+        return ()
+    ann = _plain(section_fields(section).get(keys[-1]))
+    return typing.get_args(ann) if typing.get_origin(ann) is Literal else ()
+
+
+def _dec_hook(tp: Any, obj: Any) -> Any:
+    if tp is Path:
+        if isinstance(obj, str):
+            return Path(obj)
+        raise ValueError("Expected a path (a string)")
+    raise NotImplementedError(f"{tp!r} is not a config type")
+
+
+def parse_config(data: Mapping[str, Any], origin: str = "the given settings") -> Config:
+    """Validate settings given as nested dicts (a parsed TOML file); ConfigError (one line,
+    naming the key) on any problem."""
+    try:
+        return msgspec.convert(data, Config, strict=False, str_keys=True, dec_hook=_dec_hook)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, data, origin)) from None
+
+
+def as_dict(section: Section, exclude_defaults: bool = False) -> dict[str, Any]:
+    """A section as plain JSON-able data (paths as text); with `exclude_defaults`, only the
+    keys set to something else than their default."""
+    out: dict[str, Any] = {}
+    for f in msgspec.structs.fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, Section):
+            sub = as_dict(value, exclude_defaults)
+            if sub or not exclude_defaults:
+                out[f.name] = sub
+            continue
+        if exclude_defaults:
+            default = f.default if f.default is not msgspec.NODEFAULT else None
+            if f.default_factory is not msgspec.NODEFAULT:
+                default = f.default_factory()
+            if value == default:
+                continue
+        out[f.name] = msgspec.to_builtins(value, enc_hook=str)
+    return out
 
 
 def config_path(explicit: str | Path | None = None) -> Path | None:
@@ -530,7 +741,4 @@ def load_config(path: str | Path | None = None) -> Config:
             raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
     # the environment wins over the file, key by key
     data = _deep_update(data, env_overrides(os.environ))
-    try:
-        return Config.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, origin)) from exc
+    return parse_config(data, origin)

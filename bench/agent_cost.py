@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+import babysitter as babysitter_pkg
 from babysitter.controller.auth import node_token
 from babysitter.devcluster import simib
 from babysitter.devcluster.fakenvml import FakeGpus, build, read_calls
@@ -163,6 +164,14 @@ def main() -> int:
         empty_cpu, empty_rss, _ = child_cost([sys.executable, "-c", "pass"], base)
         check_env = dict(agent_env)
         check_env.pop("FAKE_NVML_CALLS", None)
+        # as installed: pip writes every module's .pyc when it installs the wheel. A checkout
+        # run with PYTHONDONTWRITEBYTECODE set (as here) would compile each module on every run
+        # and measure the compiler.
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", str(Path(babysitter_pkg.__file__).parent)],
+            check=True,
+            capture_output=True,
+        )
         runs = [child_cost([*babysitter, "check", "--json"], check_env) for _ in range(CHECK_RUNS)]
     check_cpu = summary([r[0] for r in runs])
     check_rss = max(r[1] for r in runs)

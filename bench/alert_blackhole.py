@@ -15,7 +15,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from babysitter.config import Config
+from babysitter.config import parse_config
 from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import make_engine
 from babysitter.controller.store import Store
@@ -49,7 +49,7 @@ def run(webhook: str, d: Path, tag: str) -> list[float]:
         ]
     )
     slurm = InMemorySlurm(names, call_latency_s=0.005)
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "policy": {"max_drained_fraction": 1.0, "max_drains_per_hour": 100_000},
             "alerts": {"webhook_url": webhook, "timeout_s": 5.0},

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from babysitter.config import Config
+from babysitter.config import parse_config
 from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.alerts.router import sinks_from_config
 from babysitter.finding import Severity
@@ -40,7 +40,7 @@ def unhealthy(node: str, when: datetime = NOW) -> Alert:
 
 
 def router_for(**alerts: str) -> AlertRouter:
-    cfg = Config.model_validate({"alerts": alerts})
+    cfg = parse_config({"alerts": alerts})
     return AlertRouter(sinks_from_config(cfg), MemoryState(), group_threshold=3)
 
 

@@ -11,12 +11,12 @@ import pytest
 
 from babysitter.checks.all import CHECKS, EVENT_SOURCES, compose, select_checks
 from babysitter.checks.base import CheckContext
-from babysitter.config import Config
+from babysitter.config import parse_config
 from babysitter.errors import ConfigError, UsageError
 
 
 def ctx(tmp_path: Path, **agent: object) -> CheckContext:
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "agent": {"sysfs_root": str(tmp_path), "kmsg_path": str(tmp_path / "kmsg"), **agent},
             "checks": {"host": {"check_slurmd": False, "paths": [str(tmp_path)]}},

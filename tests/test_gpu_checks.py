@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -196,3 +197,28 @@ def test_every_nvml_symbol_the_checks_use_is_exported(fakenvml_lib):
     exported = {line.split()[-1] for line in symbols.splitlines()}
     missing = {rename.get(f, f) for f in funcs} - exported
     assert not missing
+
+
+def test_the_healthcheck_run_loads_neither_pydantic_nor_click(env, gpus, tmp_path):
+    """As a Slurm HealthCheckProgram `check` runs on every node every few minutes: it must stay
+    near NHC's cost, and pydantic or click alone would cost more CPU than NHC's whole run. The
+    same run with a config file, --only and a critical finding, so every path is taken."""
+    gpus.set(3, dbe_volatile=1)
+    cfg = tmp_path / "b.toml"
+    cfg.write_text("[checks.host]\ncheck_slurmd = false\n")
+    probe = (
+        "import sys, runpy\n"
+        "sys.argv = ['babysitter', '--config', sys.argv[1], 'check', '--json', '--only', 'gpu']\n"
+        "try:\n"
+        "    runpy.run_module('babysitter.cli.main', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        "heavy = sorted(m for m in ('pydantic', 'click', 'rich', 'fastapi', 'sqlalchemy')"
+        " if m in sys.modules)\n"
+        "print('HEAVY', heavy, 'EXIT', code, file=sys.stderr)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe, str(cfg)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "HEAVY [] EXIT 2" in r.stderr, r.stderr
+    assert any(f["severity"] == "critical" for f in json.loads(r.stdout))

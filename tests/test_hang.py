@@ -7,7 +7,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from babysitter.config import Config
+from babysitter.config import parse_config
 from babysitter.controller import jobs
 from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import make_engine
@@ -64,9 +64,7 @@ def _tick(cluster, tmp_path, receiver, job, cl, util: int, **policy):
             )
         ]
     )
-    cfg = Config.model_validate(
-        {"alerts": {"webhook_url": receiver.url + "/hook"}, "policy": policy}
-    )
+    cfg = parse_config({"alerts": {"webhook_url": receiver.url + "/hook"}, "policy": policy})
     engine = make_engine(cfg, store, slurm=cl)
     engine.tick()  # the scan: alert, and a requeue action when configured
     engine.tick()  # the pending requeue runs

@@ -9,7 +9,7 @@ from typing import get_args
 import pytest
 
 from babysitter.checks.profile import expectations
-from babysitter.config import Config, SdcDtype
+from babysitter.config import Config, SdcDtype, parse_config
 from babysitter.devcluster import simib
 from babysitter.hardware.profiles import PROFILES, detect
 from tests.fixtures.gpu import babysitter_env, run_babysitter
@@ -35,7 +35,7 @@ def test_profile_detected_from_the_nvml_name(nvml_name, profile):
 
 
 def cfg(**sections: dict) -> Config:
-    return Config.model_validate(sections)
+    return parse_config(sections)
 
 
 def test_detected_profile_sets_model_facts_but_requires_no_parts():

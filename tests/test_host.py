@@ -6,11 +6,11 @@ import psutil
 
 from babysitter.checks.base import CheckContext
 from babysitter.checks.host import HostCheck
-from babysitter.config import Config
+from babysitter.config import parse_config
 
 
 def run(tmp_path, **host):
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {"checks": {"host": {"paths": [str(tmp_path)], "check_slurmd": False, **host}}}
     )
     return HostCheck(CheckContext(cfg, "n1")).run()

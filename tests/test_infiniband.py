@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from babysitter.checks.base import CheckContext
 from babysitter.checks.infiniband import InfinibandCheck, parse_rate, parse_state
-from babysitter.config import Config
+from babysitter.config import parse_config
 from babysitter.devcluster import simib
 
 
@@ -22,7 +22,7 @@ class Clock:
 
 
 def make(root: Path, clock: Clock, **ib) -> InfinibandCheck:
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "agent": {"sysfs_root": str(root), "hardware_profile": "h100-sxm"},
             "checks": {"infiniband": ib},

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from babysitter.config import Config
+from babysitter.config import parse_config
 from babysitter.controller.remediation import make_engine
 from babysitter.controller.store import Store
 from babysitter.slurm.cli import CliSlurmClient
@@ -46,7 +46,7 @@ def resolved_unhealthy(receiver) -> bool:
 def test_broken_node_stays_firing_in_alertmanager_then_resolves_in_one_tick(
     clean_cluster, store, alertmanager, receiver
 ):
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "policy": {"max_drained_fraction": 0.5, "resume_after_clean_checks": 1},
             "slurm": {"slurm_conf": clean_cluster.slurm_conf},
@@ -93,7 +93,7 @@ def test_a_webhook_that_never_answers_does_not_hold_up_drains(clean_cluster, sto
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))
     hole.listen(64)  # the kernel accepts the connection; nobody ever answers
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "policy": {"max_drained_fraction": 1.0},
             "slurm": {"slurm_conf": clean_cluster.slurm_conf},

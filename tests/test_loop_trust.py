@@ -13,7 +13,7 @@ import httpx
 
 from babysitter.checks.base import CheckContext
 from babysitter.checks.nccl import NcclLogCheck
-from babysitter.config import Config
+from babysitter.config import parse_config
 from tests.fixtures.controller import ControllerProcess, controller_config, free_port
 from tests.fixtures.slurm import node_state, slurm, wait_for
 
@@ -44,7 +44,7 @@ def test_job_printing_nccl_watchdog_text_drains_nothing_and_alert_names_the_job(
     wait_for(lambda: log.exists() and "Watchdog" in log.read_text(), 30, "the job's log line")
     node = slurm(clean_cluster, "squeue", "-h", "-j", str(job), "-o", "%N").stdout.strip()
 
-    cfg = Config.model_validate({"checks": {"nccl": {"job_log_globs": [str(logs / "*.out")]}}})
+    cfg = parse_config({"checks": {"nccl": {"job_log_globs": [str(logs / "*.out")]}}})
     findings = NcclLogCheck(CheckContext(cfg, node)).run()
     assert [f.code for f in findings] == ["nccl.watchdog_timeout"]
 

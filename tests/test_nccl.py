@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 
 from babysitter.checks.base import CheckContext
 from babysitter.checks.nccl import NcclLogCheck, NcclPerfCheck, parse_all_reduce_perf
-from babysitter.config import Config
+from babysitter.config import parse_config
 
 DATA = Path(__file__).parent / "data" / "nccl"
 
 
 def perf_check(**nccl) -> NcclPerfCheck:
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "agent": {"hardware_profile": "h100-sxm"},
             "checks": {
@@ -67,9 +67,7 @@ def test_parser_takes_garbage(text):
 def test_watchdog_timeout_in_a_job_log_is_a_finding_on_that_job(tmp_path):
     log = tmp_path / "slurm-4242.out"
     log.write_text("step 10 loss 2.3\n")
-    cfg = Config.model_validate(
-        {"checks": {"nccl": {"job_log_globs": [str(tmp_path / "slurm-*.out")]}}}
-    )
+    cfg = parse_config({"checks": {"nccl": {"job_log_globs": [str(tmp_path / "slurm-*.out")]}}})
     chk = NcclLogCheck(CheckContext(cfg, "node3"))
     assert chk.run() == []
     with log.open("a") as f:

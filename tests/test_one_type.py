@@ -43,7 +43,7 @@ def finding(severity: Severity, **kw: object) -> Finding:
         "code": f"c.{severity}",
         "message": f"a {severity} finding",
     }
-    return Finding.model_validate({**base, **kw})
+    return Finding.from_dict({**base, **kw})
 
 
 # ---- one report model
@@ -51,9 +51,9 @@ def finding(severity: Severity, **kw: object) -> Finding:
 
 def test_the_agents_report_is_the_model_the_api_validates(secrets: Secrets, tmp_path: Path):
     from babysitter.agent.daemon import Agent
-    from babysitter.config import Config
+    from babysitter.config import parse_config
 
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "agent": {
                 "node_name": "node7",
@@ -214,3 +214,26 @@ def test_actions_show_what_their_rule_means(ctl: Controller, secrets: Secrets):
     assert r.status_code == 202
     (a,) = client.get("/api/v1/actions", headers=bearer(secrets.read)).json()
     assert a["rule"] == "manual" and a["rule_description"] == RULES["manual"].description
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("component", "gpu3; rm -rf /", "component must be"),
+        ("check", "GPU.Memory", "check must look like"),
+        ("message", "x" * 2001, "message is longer than 2000"),
+        ("code", 7, "code must be a string"),
+        ("severity", "apocalyptic", "apocalyptic"),
+        ("observed_at", "yesterday", "yesterday"),
+    ],
+)
+def test_a_finding_a_check_builds_is_validated_like_one_the_api_receives(field, value, says):
+    """Checks build Findings in Python on the node (no pydantic there): the same bounds hold."""
+    good = finding(Severity.WARNING).to_json_dict()
+    with pytest.raises(ValueError, match=says):
+        Finding(**{**good, field: value})
+    ok = finding(Severity.WARNING, observed_at="2026-01-01T00:00:00")
+    assert ok.observed_at.tzinfo is not None and ok.severity is Severity.WARNING
+    with pytest.raises(ValueError, match="unknown finding key"):
+        Finding.from_dict({**ok.to_json_dict(), "extra": 1})
+    assert Finding.from_dict(ok.to_json_dict()) == ok

@@ -30,9 +30,7 @@ S = PolicySettings(max_drained_fraction=0.5, max_drains_per_hour=20, resume_afte
 def node(name, findings=(), **kw):
     kw.setdefault("heartbeat_age_s", 5.0)
     kw.setdefault("partitions", ("gpu",))
-    return NodeFacts(
-        name=name, open_findings=tuple(Finding.model_validate(f) for f in findings), **kw
-    )
+    return NodeFacts(name=name, open_findings=tuple(Finding.from_dict(f) for f in findings), **kw)
 
 
 def cluster(n=4, **kw):

@@ -19,7 +19,7 @@ from sqlalchemy import text
 
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
-from babysitter.config import Config
+from babysitter.config import parse_config
 from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import make_engine
 from babysitter.controller.store import Store
@@ -128,7 +128,7 @@ def test_slurmctld_down_during_a_fault_storm(clean_cluster, devcluster_obj, tmp_
     store.upgrade()
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {"policy": {"max_drained_fraction": 1.0}, "slurm": {"slurm_conf": clean_cluster.slurm_conf}}
     )
     client = CliSlurmClient(slurm_conf=Path(clean_cluster.slurm_conf))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from babysitter.config import Config
+from babysitter.config import parse_config
 from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import RemediationEngine, make_engine
 from babysitter.controller.store import Store
@@ -56,7 +56,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 def engine(store: Store, info, receiver=None, **policy) -> RemediationEngine:
     alerts = {"webhook_url": receiver.url + "/hook"} if receiver else {}
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "policy": {"max_drained_fraction": 0.5, "resume_after_clean_checks": 2, **policy},
             "slurm": {"slurm_conf": info.slurm_conf},

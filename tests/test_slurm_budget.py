@@ -10,7 +10,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
-from babysitter.config import Config
+from babysitter.config import parse_config
 from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import make_engine
 from babysitter.controller.store import Store
@@ -49,7 +49,7 @@ def _calls(tmp_path: Path, n: int, failing: int) -> tuple[Counter[str], Counter[
             SlurmJob(j + 1, states=("RUNNING",), nodes=(names[j],), comment="babysit=ckpt=/x")
         )
     # every tick re-reads nodes and jobs: the worst case for the budget
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "policy": {"max_drained_fraction": 1.0, "max_drains_per_hour": 1000},
             "slurm": {"node_refresh_s": 0, "job_scan_s": 0},
@@ -116,9 +116,7 @@ def test_steady_tick_passes_only_nodes_that_may_need_a_decision(tmp_path):
     t0 = datetime.now(UTC)
     _write(store, [_report(x, t0, []) for x in names])
     slurm = InMemorySlurm(names)
-    cfg = Config.model_validate(
-        {"policy": {"max_drained_fraction": 1.0}, "slurm": {"node_refresh_s": 0}}
-    )
+    cfg = parse_config({"policy": {"max_drained_fraction": 1.0}, "slurm": {"node_refresh_s": 0}})
     engine = make_engine(cfg, store, slurm=slurm)
     engine.tick(t0)  # the first tick is a full pass: every verdict written
     assert {n["verdict"] for n in store.node_rows()} == {"healthy"}
@@ -168,9 +166,7 @@ def test_a_slow_node_listing_neither_delays_the_tick_nor_undoes_its_drains(tmp_p
     now = datetime.now(UTC)
     _write(store, [_report(x, now, []) for x in names])
     slurm = InMemorySlurm(names)
-    cfg = Config.model_validate(
-        {"policy": {"max_drained_fraction": 1.0}, "slurm": {"node_refresh_s": 0}}
-    )
+    cfg = parse_config({"policy": {"max_drained_fraction": 1.0}, "slurm": {"node_refresh_s": 0}})
     engine = make_engine(cfg, store, slurm=slurm)
     engine.tick()  # the first listing is waited for
     release = threading.Event()

@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
-from babysitter.config import Config
+from babysitter.config import parse_config
 from babysitter.controller.stragglers import (
     NodePerf,
     StragglerSettings,
     Streak,
     evaluate,
 )
+from babysitter.errors import ConfigError
 
 H100 = 60_000.0  # GFLOP/s per device, a nominal figure: only ratios matter here
 DEVICES = 8
@@ -161,7 +162,7 @@ def test_bus_bandwidth_alone_can_flag_and_nodes_without_it_are_not_judged_on_it(
 
 
 def test_settings_come_from_policy_config():
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "policy": {
                 "straggler_threshold": 0.2,
@@ -171,10 +172,10 @@ def test_settings_come_from_policy_config():
         }
     )
     assert StragglerSettings.from_config(cfg) == StragglerSettings(0.2, 5, "drain")
-    d = StragglerSettings.from_config(Config.model_validate({}))
+    d = StragglerSettings.from_config(parse_config({}))
     assert (d.threshold, d.consecutive, d.action) == (0.10, 3, "alert")
-    with pytest.raises(ValueError):
-        Config.model_validate({"policy": {"straggler_action": "reboot"}})
+    with pytest.raises(ConfigError, match=r"policy\.straggler_action: not one of: alert, drain"):
+        parse_config({"policy": {"straggler_action": "reboot"}})
 
 
 # ---- wired into the controller: agents' report metrics -> the tick -> alerts / drains
@@ -184,7 +185,6 @@ def _fleet_tick(tmp_path: Path, action: str) -> tuple[list[str], Any]:
     import uuid
     from datetime import UTC, datetime
 
-    from babysitter.config import Config
     from babysitter.controller.ingest import ReportWriter
     from babysitter.controller.remediation import make_engine
     from babysitter.controller.store import Store
@@ -195,7 +195,7 @@ def _fleet_tick(tmp_path: Path, action: str) -> tuple[list[str], Any]:
     store.upgrade()
     names = [f"n{i:02d}" for i in range(12)]
     slurm = InMemorySlurm(names)
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "policy": {
                 "max_drained_fraction": 1.0,

@@ -14,7 +14,7 @@ from typing import Any
 
 from babysitter.checks.base import CheckContext
 from babysitter.checks.gpu import GpuMemoryCheck
-from babysitter.config import Config
+from babysitter.config import parse_config
 from babysitter.devcluster.fakenvml import EVENT_DBE, EVENT_XID, read_calls
 from tests.fixtures.controller import free_port
 from tests.fixtures.gpu import babysitter_env, run_babysitter
@@ -91,12 +91,12 @@ def test_a_gpu_without_ecc_events_gets_its_dbe_through_the_fast_tier(gpus, faken
 
 
 def test_the_tier_of_a_signal_is_configuration(tmp_path):
-    cfg = Config.model_validate({})
+    cfg = parse_config({})
     chk = GpuMemoryCheck(CheckContext(cfg, "n"))
     assert {"dbe_volatile", "row_remap"} <= chk.fast_signals()
     assert "sbe_volatile" not in chk.fast_signals()
     assert chk.effective_interval() == cfg.agent.fast_interval_s
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "checks": {
                 "gpu": {
@@ -139,7 +139,7 @@ def test_the_loop_wakes_for_the_next_run_of_a_check_that_is_still_running(tmp_pa
     token = tmp_path / "token"
     token.write_text("t")
     token.chmod(0o600)  # the agent refuses a token others can read
-    cfg = Config.model_validate(
+    cfg = parse_config(
         {
             "agent": {
                 "token_file": str(token),
@@ -163,7 +163,7 @@ def test_a_slow_signal_is_read_again_at_its_next_grid_point_after_a_start():
     """The agent runs checks on a grid of their interval; a signal read at start-up between two
     grid points is read again at the next point of its own grid, not an interval after the
     start (it used to be skipped there and read up to 1.5 intervals after the first read)."""
-    chk = GpuMemoryCheck(CheckContext(Config.model_validate({}), "n"))
+    chk = GpuMemoryCheck(CheckContext(parse_config({}), "n"))
     assert chk.signal_intervals()["retired_pending"] == 60.0
     assert "retired_pending" in chk.begin(now=1000.2)  # start-up: everything
     assert "retired_pending" not in chk.begin(now=1001.0)

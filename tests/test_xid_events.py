@@ -15,7 +15,7 @@ from tests.fixtures.gpu import babysitter_env, run_babysitter
 
 EVENT_SCRIPT = """
 import json, sys, time
-from babysitter.config import load_config
+from babysitter.config import load_config, parse_config
 from babysitter.checks.base import CheckContext
 from babysitter.checks.xid import NvmlXidEvents
 cfg = load_config()
@@ -72,11 +72,11 @@ def test_kmsg_xid_numbers_of_any_size(n, rest):
 def test_kmsg_file_garbage_gives_findings_not_a_crash(tmp_path_factory, data):
     from babysitter.checks.base import CheckContext
     from babysitter.checks.xid import KmsgXidCheck
-    from babysitter.config import Config
+    from babysitter.config import parse_config
 
     p = tmp_path_factory.mktemp("k") / "kmsg"
     p.write_bytes(data + b"\nNVRM: Xid (PCI:0000:3b:00): 79, x\n")
-    cfg = Config.model_validate({"agent": {"kmsg_path": str(p)}})
+    cfg = parse_config({"agent": {"kmsg_path": str(p)}})
     findings = KmsgXidCheck(CheckContext(cfg, "n")).run()
     assert any(f.code == "xid.79" for f in findings)
 
@@ -113,7 +113,7 @@ def test_xid_at_the_end_of_a_100_mb_log_is_found_in_bounded_memory(tmp_path):
 
     from babysitter.checks.base import CheckContext
     from babysitter.checks.xid import KmsgXidCheck
-    from babysitter.config import Config
+    from babysitter.config import parse_config
 
     log = tmp_path / "kern.log"
     filler = b"[12345.678] eth0: link is up, nothing to see here, carry on\n" * 16_384  # 0.94 MiB
@@ -122,7 +122,7 @@ def test_xid_at_the_end_of_a_100_mb_log_is_found_in_bounded_memory(tmp_path):
             f.write(filler)
         f.write(b"[99999.000] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n")
     assert log.stat().st_size > 100 * 1024 * 1024
-    cfg = Config.model_validate({"agent": {"kmsg_path": str(log)}})
+    cfg = parse_config({"agent": {"kmsg_path": str(log)}})
     check = KmsgXidCheck(CheckContext(cfg, "n"))
     tracemalloc.start()
     try:

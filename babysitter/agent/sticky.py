@@ -56,7 +56,7 @@ class StickyFindings:
             return
         for raw in data.get("findings", []):
             try:
-                f = Finding.model_validate(raw)
+                f = Finding.from_dict(raw)
             except ValueError:
                 continue
             self.findings[f.key] = f

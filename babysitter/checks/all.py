@@ -92,7 +92,7 @@ def check_config(cfg: Config) -> None:
     the check names in agent.enabled_checks and the signal names in signal_intervals. A typo
     would silently leave a check out, or a signal at its default interval."""
     _known_names(cfg.agent.enabled_checks or [], "agent.enabled_checks", ConfigError)
-    for section in type(cfg.checks).model_fields:
+    for section in type(cfg.checks).__struct_fields__:
         overrides = getattr(cfg.checks, section).signal_intervals
         known = {
             f"{e.name}/{sig}" for e in CHECKS if e.section == section for sig in tiers.table(e.name)

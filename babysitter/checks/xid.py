@@ -101,7 +101,7 @@ class KmsgXidCheck(Check):
 
     def run(self) -> list[Finding]:
         path = Path(self.ctx.config.agent.kmsg_path)
-        overrides = self.ctx.config.checks.xid.actions
+        overrides = self.ctx.config.checks.xid.overrides
         new: list[str] = []
         try:
             with open(path, "rb") as fh:
@@ -290,7 +290,7 @@ class NvmlEvents(EventSource):
         where = dev.label if dev else f"GPU {idx}"
         ids = dev.ids() if dev else {}
         if ev_type == EVENT_XID:
-            overrides = self.ctx.config.checks.xid.actions
+            overrides = self.ctx.config.checks.xid.overrides
             return xid_finding("xid.nvml", data, overrides, comp, where, source="nvml-event", **ids)
         if ev_type == EVENT_SBE:
             now = time.monotonic()

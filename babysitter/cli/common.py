@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -32,4 +31,6 @@ pass_state = click.make_pass_decorator(State)
 
 def echo_json(data: Any) -> None:
     """Machine output: one JSON document on stdout."""
-    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+    from babysitter.cli.check_run import json_text
+
+    click.echo(json_text(data))

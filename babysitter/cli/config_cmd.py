@@ -26,7 +26,9 @@ def config_check(state: State) -> None:
 @pass_state
 def config_show(state: State) -> None:
     """Print the effective configuration as JSON."""
-    echo_json(state.config.model_dump(mode="json"))
+    from babysitter.config import as_dict
+
+    echo_json(as_dict(state.config))
 
 
 commands = [config_group]

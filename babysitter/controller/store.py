@@ -10,7 +10,6 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, cast
 
-from pydantic import ValidationError
 from sqlalchemy import (
     Engine,
     String,
@@ -85,8 +84,8 @@ def stored_finding(d: dict[str, Any]) -> Finding:
     written by hand or by another version) is still read, with its enums mapped as
     stored_severity/stored_action say, rather than dropped or ranked ok."""
     try:
-        return Finding.model_validate(d)  # the common case, and pydantic-core's fast path
-    except ValidationError:
+        return Finding.from_dict(d)  # the common case
+    except ValueError:
         pass
     observed = d.get("observed_at")
     try:
@@ -94,7 +93,7 @@ def stored_finding(d: dict[str, Any]) -> Finding:
     except ValueError:
         when = None
     details = d.get("details")
-    return Finding.model_construct(
+    return Finding.unchecked(
         check=str(d.get("check", "")),
         component=str(d.get("component", "")),
         severity=stored_severity(d.get("severity")),

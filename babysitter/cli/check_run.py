@@ -1,0 +1,173 @@
+"""`babysitter check` without click: the HealthCheckProgram path. Slurm runs it on every node
+every few minutes, so it imports only the checks, the config and the standard library
+(argparse); click, rich and pydantic stay out. `babysitter.cli.main` sends `check` here before
+it imports click; `check_cmd` is the same command in the click tree (help, docs) and calls the
+same `run`.
+
+Nagios exit codes; `--slurm-drain` makes it a Slurm HealthCheckProgram (drain own node on
+critical, resume it when clean, only if the drain was this mode's own: reason
+`<prefix> [healthcheck] …`). Drains the controller made (SDC, NVML events, NCCL — checks this
+one-shot run never repeats) are the controller's to resume."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from babysitter import __version__
+from babysitter.errors import BabysitterError, UsageError
+from babysitter.finding import Finding, Severity, exit_code, worst
+
+if TYPE_CHECKING:
+    from babysitter.config import Config
+
+ONLY_HELP = "Comma-separated check names or prefixes (gpu,xid)."
+JSON_HELP = "Print the findings as a JSON list."
+DRAIN_HELP = "Drain this node on a critical finding; resume it when clean (own drains only)."
+SUMMARY = "Run the checks once; exit 0 ok, 1 warning, 2 critical, 3 unknown."
+
+
+def json_text(data: Any) -> str:
+    """Machine output: one JSON document (the format of every `--json`)."""
+    return json.dumps(data, indent=2, sort_keys=True, default=str)
+
+
+def drain_summary(findings: list[Finding]) -> str:
+    crit = [f for f in findings if f.severity is Severity.CRITICAL]
+    first = crit[0]
+    more = f" (+{len(crit) - 1} more)" if len(crit) > 1 else ""
+    return f"{first.check}: {first.message}{more}"
+
+
+def run(cfg: Config, only: str, as_json: bool, slurm_drain: bool) -> int:
+    """Run the checks once, print them, drain/resume when asked; the Nagios exit code."""
+    from babysitter.checks.all import select_checks
+    from babysitter.checks.base import CheckContext, run_checks
+
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    ctx = CheckContext(cfg, cfg.agent.node_name)
+    checks = select_checks(ctx, wanted or None)
+    if wanted and not checks:
+        raise UsageError(f"--only {only!r} matches no check")
+    results = run_checks(checks)
+    findings = [f for r in results for f in r.findings]
+    unknown = any(r.unknown for r in results)
+    code = exit_code(findings, unknown=unknown)
+    if as_json:
+        print(json_text([f.to_json_dict() for f in findings]))
+    else:
+        _print_table(findings)
+    if slurm_drain:
+        _slurm_drain(cfg, cfg.agent.node_name, findings)
+    return code
+
+
+_STYLE = {
+    Severity.CRITICAL: "bold red",
+    Severity.WARNING: "yellow",
+    Severity.INFO: "cyan",
+    Severity.OK: "green",
+}
+
+
+def _print_table(findings: list[Finding]) -> None:
+    from rich.console import Console  # for people at a terminal only
+    from rich.table import Table
+
+    con = Console()
+    problems = [f for f in findings if f.severity is not Severity.OK]
+    healthy = {(f.check, f.component) for f in findings if f.severity is Severity.OK}
+    if problems:
+        t = Table("severity", "check", "component", "code", "message")
+        for f in sorted(problems, key=lambda f: (-f.severity.rank, f.check, f.component)):
+            t.add_row(
+                f"[{_STYLE[f.severity]}]{f.severity}[/]", f.check, f.component, f.code, f.message
+            )
+        con.print(t)
+    con.print(
+        f"{len(healthy)} check/component pairs ok; worst: {worst(findings)} "
+        "(--json for every finding)"
+    )
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def _slurm_drain(cfg: Config, node: str, findings: list[Finding]) -> None:
+    # the policy module only for its mark; the Slurm client only when asked to drain
+    from babysitter.controller.policy import HEALTHCHECK_MARK
+    from babysitter.slurm.client import SlurmError, SlurmNotOwned
+    from babysitter.slurm.factory import make_client
+
+    client = make_client(cfg)
+    mine = f"{cfg.slurm.reason_prefix} {HEALTHCHECK_MARK}"
+    try:
+        current = client.node(node)
+        held = current.drained_or_draining or current.down
+        if worst(findings) is Severity.CRITICAL:
+            controllers = current.reason.startswith(cfg.slurm.reason_prefix)
+            if held and controllers and not current.reason.startswith(mine):
+                # the controller's drain stays the controller's (never rewritten as ours)
+                _say(f"left {node} alone: drained by the babysitter controller")
+                return
+            client.drain(node, f"{HEALTHCHECK_MARK} {drain_summary(findings)}")
+            _say(f"drained {node}")
+        elif held and current.reason.startswith(mine):
+            client.resume(node)
+            _say(f"resumed {node}")
+        elif held and current.reason:
+            _say(f"left {node} alone: not drained by this check ({current.reason!r})")
+    except SlurmNotOwned as exc:
+        _say(f"left {node} alone: {exc}")
+    except SlurmError as exc:
+        _say(f"could not update Slurm for {node}: {exc}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="babysitter", add_help=True)
+    p.add_argument("--config", dest="config_path", default=None)
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    p.add_argument("--version", action="version", version=f"babysitter, version {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("check", help=SUMMARY, description=SUMMARY)
+    c.add_argument("--only", default="", help=ONLY_HELP)
+    c.add_argument("--json", dest="as_json", action="store_true", help=JSON_HELP)
+    c.add_argument("--slurm-drain", action="store_true", help=DRAIN_HELP)
+    return p
+
+
+def is_check(argv: Sequence[str]) -> bool:
+    """True when the command line is `babysitter [--config X] [-v...] check ...`."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--config":
+            i += 2
+            continue
+        if a.startswith("--config=") or a in ("-v", "-vv", "--verbose"):
+            i += 1
+            continue
+        return a == "check"
+    return False
+
+
+def main(argv: Sequence[str]) -> int:
+    """`babysitter … check …` end to end: parse, load the config, run; the exit code."""
+    args = _parser().parse_args(list(argv))
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        from babysitter.config import load_config
+
+        cfg = load_config(args.config_path)  # else $BABYSITTER_CONFIG, else the default
+        return run(cfg, args.only, args.as_json, args.slurm_drain)
+    except BabysitterError as exc:
+        _say(f"error: {exc}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
