@@ -92,7 +92,7 @@ class _Text:
             raise ValueError(f"{self.name} must be a string")
         if len(value) > self.max_length:
             raise ValueError(f"{self.name} is longer than {self.max_length} characters")
-        if self.pattern is not None and not self.pattern.match(value):
+        if self.pattern is not None and not self.pattern.fullmatch(value):
             raise ValueError(self.error)
         return value
 
@@ -146,8 +146,8 @@ class Finding:
             and len(comp) <= _MAX_COMPONENT
             and len(code) <= _MAX_CODE
             and len(msg) <= _MAX_MESSAGE
-            and _CHECK_RE.match(c)
-            and _COMPONENT_RE.match(comp)
+            and _CHECK_RE.fullmatch(c)
+            and _COMPONENT_RE.fullmatch(comp)
         )
         if not common:  # find the field to name
             for text in _TEXTS:

@@ -220,6 +220,7 @@ def test_actions_show_what_their_rule_means(ctl: Controller, secrets: Secrets):
     ("field", "value", "says"),
     [
         ("component", "gpu3; rm -rf /", "component must be"),
+        ("component", "gpu3\n", "component must be"),
         ("check", "GPU.Memory", "check must look like"),
         ("message", "x" * 2001, "message is longer than 2000"),
         ("code", 7, "code must be a string"),

@@ -20,7 +20,7 @@ class State:
     @property
     def config(self) -> Config:
         if self._config is None:
-            from babysitter.config import load_config  # pydantic: only for commands that need it
+            from babysitter.config import load_config  # only for commands that need it
 
             self._config = load_config(self.config_path)
         return self._config
