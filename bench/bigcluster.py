@@ -38,6 +38,7 @@ RATE = 2000.0  # reports/s: 10,000 nodes every 5 s
 POOL = 128  # keep-alive connections of the open-loop generator
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PLACEHOLDER = "00000000-0000-4000-8000-000000000000"
+TS_PLACEHOLDER = "2000-01-01T00:00:00.000000+00:00"
 SDIAG_SELF = "REQUEST_STATS_INFO"  # sdiag's own RPC: left out of every count
 
 
@@ -306,19 +307,6 @@ def report(node: str, extra: list[dict[str, Any]] | None = None) -> dict[str, An
     }
 
 
-def post(ctl: ControllerProc, node: str, extra: list[dict[str, Any]]) -> None:
-    r = httpx.post(
-        ctl.url + "/api/v1/reports",
-        json=report(node, extra),
-        headers={
-            "Authorization": f"Bearer {node_token(ctl.secret, node)}",
-            "X-Babysitter-Node": node,
-        },
-        timeout=30,
-    )
-    r.raise_for_status()
-
-
 @dataclass
 class Load:
     """Open-loop ingest at `rate` reports/s in a thread: every node reports in turn, 1 % of
@@ -354,18 +342,24 @@ class Load:
         }
 
     def take(self) -> list[float]:
-        """Latencies so far, and start a new sample."""
+        """Latencies so far, and start a new sample (the achieved rate counts from here)."""
         out, self.lat = self.lat, []
+        self.started = time.monotonic()
         return out
 
     def _templates(self, host: str, tokens: dict[str, str]) -> dict[tuple[str, bool], bytes]:
-        """Encoded requests per node (clean and with a warning) with a placeholder report id:
-        encoding each report afresh would make the generator the bottleneck here."""
+        """Encoded requests per node (clean and with a warning) with placeholders for the
+        report id and the timestamps, filled in per request: encoding each report afresh (or
+        re-encoding all 20,000 to keep timestamps recent, ~0.5 s with this loop blocked) would
+        make the generator the bottleneck here."""
         out = {}
         for n in self.nodes:
             for warn in (False, True):
                 body = json.dumps(report(n, [PCIE_WARN] if warn else None))
                 body = re.sub(r'"report_id": "[^"]+"', f'"report_id": "{PLACEHOLDER}"', body)
+                body = re.sub(
+                    r'"(sent_at|observed_at)": "[^"]+"', rf'"\1": "{TS_PLACEHOLDER}"', body
+                )
                 data = body.encode()
                 out[(n, warn)] = (
                     f"POST /api/v1/reports HTTP/1.1\r\nHost: {host}\r\n"
@@ -380,8 +374,7 @@ class Load:
         host, port = self.ctl.url.split("://", 1)[1].split(":")
         tokens = {n: node_token(self.ctl.secret, n) for n in self.nodes}
         templates = self._templates(host, tokens)
-        built = time.monotonic()
-        placeholder = PLACEHOLDER.encode()
+        placeholder, ts_placeholder = PLACEHOLDER.encode(), TS_PLACEHOLDER.encode()
         self.started = time.monotonic()
         start = time.perf_counter()
         counter = iter(range(1 << 62))
@@ -389,7 +382,6 @@ class Load:
         async def worker() -> None:
             # one keep-alive connection each; a request waits for a free worker, and its
             # latency counts from its scheduled time (no coordinated omission)
-            nonlocal templates, built
             reader, writer = await asyncio.open_connection(host, int(port))
             while not self._stop.is_set():
                 i = next(counter)
@@ -400,10 +392,12 @@ class Load:
                     await asyncio.sleep(delay)
                 if node in self.skip:
                     continue
-                if time.monotonic() - built > 60:  # keep timestamps recent
-                    templates, built = self._templates(host, tokens), time.monotonic()
-                req = templates[(node, i % 100 == 7)].replace(
-                    placeholder, str(uuid.uuid4()).encode(), 1
+                # same length as the placeholders: Content-Length stays right
+                now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00").encode()
+                req = (
+                    templates[(node, i % 100 == 7)]
+                    .replace(placeholder, str(uuid.uuid4()).encode(), 1)
+                    .replace(ts_placeholder, now)
                 )
                 self.sent += 1
                 try:

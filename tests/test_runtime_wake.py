@@ -78,3 +78,38 @@ def test_a_new_critical_report_wakes_the_policy_loop(secrets, tmp_path):
         loop.join(timeout=5)
         ctl.close()
     assert not loop.is_alive()
+
+
+def test_a_rack_reporting_one_node_after_another_is_decided_together(secrets, tmp_path):
+    """A rack's reports arrive over the agents' polling phase: the first node's fault is
+    decided at once, the rest in one tick once the burst is over, not one tick per report
+    (so the rack drains with one scontrol update per reason, not one per tick)."""
+    cfg = controller_config(
+        secrets, f"sqlite:///{tmp_path / 'w.db'}", controller={"loop_interval_s": 30}
+    )
+    ctl = Controller(cfg)
+    ctl.store.upgrade()
+    ctl.writer.start()
+    ticks: list[float] = []
+    ctl.add_loop("policy", lambda: ticks.append(time.monotonic()))
+    client = TestClient(ctl.app())
+    loop = threading.Thread(target=ctl.loop_forever, daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: len(ticks) == 1, 10, "the first tick")
+        rack = [f"node{i}" for i in range(1, 9)]
+        for node in rack:
+            body = report(node, DBE)
+            r = client.post("/api/v1/reports", json=body, headers=secrets.headers(node))
+            assert r.status_code == 202
+            time.sleep(0.03)
+        last_stored = time.monotonic()
+        wait_for(lambda: ticks[-1] > last_stored, 10, "a tick after the last report")
+        time.sleep(1.0)
+        # the first node at once (it might have been alone), the other seven together
+        assert len(ticks) - 1 <= 2, f"{len(ticks) - 1} ticks for one rack"
+    finally:
+        ctl._stop.set()
+        ctl.wake.event.set()
+        loop.join(timeout=5)
+        ctl.close()

@@ -160,10 +160,12 @@ class Controller:
 
     def _wait_next_tick(self, started: float, interval: float) -> None:
         """Sleep until the next tick is due, or until ingest stores a new drain-worthy
-        finding (then tick at once, but never sooner than MIN_TICK_GAP_S after the last)."""
+        finding (then tick at once, but never sooner than MIN_TICK_GAP_S after the last;
+        news from several nodes is first gathered into one tick, see controller/wake.py)."""
         self._stop.wait(max(0.0, MIN_TICK_GAP_S - (time.monotonic() - started)))
-        self.wake.event.wait(max(0.0, interval - (time.monotonic() - started)))
-        self.wake.event.clear()
+        if self.wake.event.wait(max(0.0, interval - (time.monotonic() - started))):
+            self.wake.gather(self._stop)
+        self.wake.begin_tick()
 
     def close(self) -> None:
         """Finish the queued writes, then close the database."""
