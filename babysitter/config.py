@@ -147,7 +147,12 @@ class ControllerConfig(Section):
         float, Meta(gt=0, description="how often the retention thread looks for rows to prune")
     ] = 10.0
     retention_batch: Annotated[
-        int, Meta(ge=1, description="reports deleted per transaction by the retention thread")
+        int,
+        Meta(
+            ge=1,
+            description="most reports one retention transaction deletes (fewer while a delete "
+            "holds the database longer than ~10 ms)",
+        ),
     ] = 2000
     loop_interval_s: Annotated[float, Meta(gt=0, description="policy/remediation loop period")] = (
         1.0
