@@ -40,8 +40,11 @@ def render(results: list[dict[str, Any]]) -> str:
     if missed:
         out.append(f"**GOALS MISSED: {len(missed)}**")
         for name, f in missed:
+            # a goal on the p99 is missed by the p99: show that, not the value (the p50)
+            p99 = str(f.get("goal", "")).startswith("p99") and f.get("p99") is not None
+            shown = f"p99 {_fmt(f['p99'])}" if p99 else _fmt(f.get("value"))
             out.append(
-                f"- **MISSED** {name}: {f['metric']} = {_fmt(f.get('value'))} "
+                f"- **MISSED** {name}: {f['metric']} = {shown} "
                 f"{f.get('unit', '')} (goal {f['goal']})"
             )
     else:
