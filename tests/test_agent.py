@@ -18,7 +18,13 @@ import pytest
 
 from babysitter.agent.spool import Spool
 from babysitter.controller.store import Store
-from tests.fixtures.controller import ControllerProcess, Secrets, controller_config, free_port
+from tests.fixtures.controller import (
+    ControllerProcess,
+    Secrets,
+    controller_config,
+    free_port,
+    offline_agent_config,
+)
 from tests.fixtures.slurm import wait_for
 
 
@@ -215,21 +221,9 @@ def test_two_checks_ending_together_never_leave_the_older_snapshot_as_the_node_s
     hid a lost GPU from the controller for 23 s."""
     from babysitter.agent.daemon import Agent
     from babysitter.checks.base import CheckResult
-    from babysitter.config import parse_config
     from babysitter.finding import Finding, Severity
 
-    cfg = parse_config(
-        {
-            "agent": {
-                "node_name": "node7",
-                "controller_url": "http://127.0.0.1:9",
-                "token_file": str(secrets.node_token_file("node7")),
-                "spool_path": str(tmp_path / "spool.db"),
-                "enabled_checks": ["host.resources"],
-            },
-            "checks": {"host": {"check_slurmd": False, "min_free_gb": 0}},
-        }
-    )
+    cfg = offline_agent_config(secrets, tmp_path)
     agent = Agent(cfg)
     sent: list[dict] = []
     agent.shipper.submit = sent.append  # type: ignore[method-assign]

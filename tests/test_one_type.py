@@ -28,7 +28,7 @@ from babysitter.controller.runtime import Controller
 from babysitter.controller.store import Store
 from babysitter.finding import Action, Finding, Severity
 from babysitter.report import Report
-from tests.fixtures.controller import Secrets, controller_config
+from tests.fixtures.controller import Secrets, controller_config, offline_agent_config
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -51,20 +51,8 @@ def finding(severity: Severity, **kw: object) -> Finding:
 
 def test_the_agents_report_is_the_model_the_api_validates(secrets: Secrets, tmp_path: Path):
     from babysitter.agent.daemon import Agent
-    from babysitter.config import parse_config
 
-    cfg = parse_config(
-        {
-            "agent": {
-                "node_name": "node7",
-                "controller_url": "http://127.0.0.1:9",
-                "token_file": str(secrets.node_token_file("node7")),
-                "spool_path": str(tmp_path / "spool.db"),
-                "enabled_checks": ["host.resources"],
-            },
-            "checks": {"host": {"check_slurmd": False, "min_free_gb": 0}},
-        }
-    )
+    cfg = offline_agent_config(secrets, tmp_path)
     agent = Agent(cfg)
     f = finding(Severity.CRITICAL, action=Action.RESET_GPU, details={"dbe": 1})
     wire = json.dumps(agent._report([f], "event"), allow_nan=False).encode()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from fastapi.testclient import TestClient
@@ -37,7 +39,10 @@ def report(node: str, *findings: dict) -> dict:
     }
 
 
-def test_a_new_critical_report_wakes_the_policy_loop(secrets, tmp_path):
+@contextmanager
+def running_loop(secrets, tmp_path) -> Iterator[tuple[TestClient, list[float]]]:
+    """A controller whose policy loop (every 30 s) only records when it ticks; its first tick
+    has happened."""
     cfg = controller_config(
         secrets, f"sqlite:///{tmp_path / 'w.db'}", controller={"loop_interval_s": 30}
     )
@@ -46,11 +51,21 @@ def test_a_new_critical_report_wakes_the_policy_loop(secrets, tmp_path):
     ctl.writer.start()
     ticks: list[float] = []
     ctl.add_loop("policy", lambda: ticks.append(time.monotonic()))
-    client = TestClient(ctl.app())
     loop = threading.Thread(target=ctl.loop_forever, daemon=True)
     loop.start()
     try:
         wait_for(lambda: len(ticks) == 1, 10, "the first tick")
+        yield TestClient(ctl.app()), ticks
+    finally:
+        ctl._stop.set()
+        ctl.wake.event.set()
+        loop.join(timeout=5)
+        ctl.close()
+    assert not loop.is_alive()
+
+
+def test_a_new_critical_report_wakes_the_policy_loop(secrets, tmp_path):
+    with running_loop(secrets, tmp_path) as (client, ticks):
 
         def post(body: dict) -> None:
             r = client.post("/api/v1/reports", json=body, headers=secrets.headers(body["node"]))
@@ -72,31 +87,13 @@ def test_a_new_critical_report_wakes_the_policy_loop(secrets, tmp_path):
 
         post(report("node2", {**DBE, "component": "gpu5"}))  # news on another node
         wait_for(lambda: len(ticks) == 3, 5, "a tick for the second node's fault")
-    finally:
-        ctl._stop.set()
-        ctl.wake.event.set()
-        loop.join(timeout=5)
-        ctl.close()
-    assert not loop.is_alive()
 
 
 def test_a_rack_reporting_one_node_after_another_is_decided_together(secrets, tmp_path):
     """A rack's reports arrive over the agents' polling phase: the first node's fault is
     decided at once, the rest in one tick once the burst is over, not one tick per report
     (so the rack drains with one scontrol update per reason, not one per tick)."""
-    cfg = controller_config(
-        secrets, f"sqlite:///{tmp_path / 'w.db'}", controller={"loop_interval_s": 30}
-    )
-    ctl = Controller(cfg)
-    ctl.store.upgrade()
-    ctl.writer.start()
-    ticks: list[float] = []
-    ctl.add_loop("policy", lambda: ticks.append(time.monotonic()))
-    client = TestClient(ctl.app())
-    loop = threading.Thread(target=ctl.loop_forever, daemon=True)
-    loop.start()
-    try:
-        wait_for(lambda: len(ticks) == 1, 10, "the first tick")
+    with running_loop(secrets, tmp_path) as (client, ticks):
         rack = [f"node{i}" for i in range(1, 9)]
         for node in rack:
             body = report(node, DBE)
@@ -108,8 +105,3 @@ def test_a_rack_reporting_one_node_after_another_is_decided_together(secrets, tm
         time.sleep(1.0)
         # the first node at once (it might have been alone), the other seven together
         assert len(ticks) - 1 <= 2, f"{len(ticks) - 1} ticks for one rack"
-    finally:
-        ctl._stop.set()
-        ctl.wake.event.set()
-        loop.join(timeout=5)
-        ctl.close()
