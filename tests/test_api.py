@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 import pytest
 from fastapi.testclient import TestClient
 
 from babysitter.controller.runtime import Controller
 from tests.fixtures.controller import Secrets, controller_config
+from tests.fixtures.reports import DBE, wire_report
 
 
 @pytest.fixture
@@ -26,35 +25,13 @@ def client(ctl: Controller) -> TestClient:
     return TestClient(ctl.app())
 
 
-def report(node: str, findings: list[dict] | None = None, rid: str | None = None) -> dict:
-    return {
-        "node": node,
-        "report_id": rid or str(uuid.uuid4()),
-        "sent_at": datetime.now(UTC).isoformat(),
-        "findings": findings or [],
-        "metrics": {},
-    }
-
-
-DBE = {
-    "check": "gpu.memory",
-    "component": "gpu3",
-    "severity": "critical",
-    "code": "ecc.dbe.volatile",
-    "message": "GPU 3 (GPU-x, 0000:3b:00.0): 1 volatile DBE",
-    "action": "reset_gpu",
-    "observed_at": "2026-11-22T06:00:00Z",
-    "details": {"count": 1},
-}
-
-
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
 def test_report_is_accepted_and_visible(client, secrets):
     r = client.post(
-        "/api/v1/reports", json=report("node1", [DBE]), headers=secrets.headers("node1")
+        "/api/v1/reports", json=wire_report("node1", [DBE]), headers=secrets.headers("node1")
     )
     assert r.status_code == 202
     n = client.get("/api/v1/nodes/node1", headers=auth(secrets.admin)).json()
@@ -67,7 +44,7 @@ def test_report_is_accepted_and_visible(client, secrets):
 
 
 def test_same_report_id_twice_is_stored_once(client, secrets, ctl):
-    body = report("node1", [DBE])
+    body = wire_report("node1", [DBE])
     h = secrets.headers("node1")
     assert client.post("/api/v1/reports", json=body, headers=h).status_code == 202
     r2 = client.post("/api/v1/reports", json=body, headers=h)
@@ -77,7 +54,7 @@ def test_same_report_id_twice_is_stored_once(client, secrets, ctl):
 
 
 def test_auth_rules(client, secrets):
-    body = report("node2")
+    body = wire_report("node2")
     assert client.post("/api/v1/reports", json=body).status_code == 401
     assert (
         client.post("/api/v1/reports", json=body, headers=secrets.headers("node1")).status_code
@@ -112,7 +89,7 @@ def test_auth_rules(client, secrets):
     ],
 )
 def test_malformed_body_is_422_naming_the_field(client, secrets, mutate, field):
-    body = report("node1")
+    body = wire_report("node1")
     mutate(body)
     r = client.post("/api/v1/reports", json=body, headers=secrets.headers("node1"))
     assert r.status_code == 422
@@ -122,9 +99,9 @@ def test_malformed_body_is_422_naming_the_field(client, secrets, mutate, field):
 
 def test_clean_report_clears_open_findings_and_counts_clean_reports(client, secrets):
     h = secrets.headers("node1")
-    client.post("/api/v1/reports", json=report("node1", [DBE]), headers=h)
+    client.post("/api/v1/reports", json=wire_report("node1", [DBE]), headers=h)
     for _ in range(3):
-        client.post("/api/v1/reports", json=report("node1"), headers=h)
+        client.post("/api/v1/reports", json=wire_report("node1"), headers=h)
     n = client.get("/api/v1/nodes/node1", headers=auth(secrets.admin)).json()
     assert n["open_findings"] == [] and n["consecutive_clean"] == 3
     assert n["verdict"] == "healthy"
@@ -133,8 +110,8 @@ def test_clean_report_clears_open_findings_and_counts_clean_reports(client, secr
 def test_event_report_merges_into_open_findings(client, secrets):
     h = secrets.headers("node1")
     warn = {**DBE, "severity": "warning", "code": "pcie.width_degraded", "component": "gpu2"}
-    client.post("/api/v1/reports", json=report("node1", [warn]), headers=h)
-    ev = {**report("node1", [{**DBE, "code": "xid.79", "check": "xid.nvml"}]), "kind": "event"}
+    client.post("/api/v1/reports", json=wire_report("node1", [warn]), headers=h)
+    ev = {**wire_report("node1", [{**DBE, "code": "xid.79", "check": "xid.nvml"}]), "kind": "event"}
     assert client.post("/api/v1/reports", json=ev, headers=h).status_code == 202
     n = client.get("/api/v1/nodes/node1", headers=auth(secrets.admin)).json()
     assert {f["code"] for f in n["open_findings"]} == {"pcie.width_degraded", "xid.79"}

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -19,6 +17,7 @@ from babysitter.controller.fastpath import IngestFastPath
 from babysitter.controller.ingest import Ingest, Refused
 from babysitter.controller.runtime import Controller
 from tests.fixtures.controller import Secrets, controller_config
+from tests.fixtures.reports import wire_report
 
 
 @pytest.fixture
@@ -27,16 +26,6 @@ def ctl(secrets: Secrets, tmp_path) -> Iterator[Controller]:
     c.setup()
     yield c
     c.close()
-
-
-def body(node: str, findings: list[dict] | None = None) -> dict[str, Any]:
-    return {
-        "node": node,
-        "report_id": str(uuid.uuid4()),
-        "sent_at": datetime.now(UTC).isoformat(),
-        "findings": findings or [],
-        "metrics": {},
-    }
 
 
 WARN = {
@@ -55,7 +44,7 @@ def test_fast_path_and_route_give_the_same_answers(ctl, secrets):
     plain = TestClient(create_app(ctl.store, ctl.auth, ctl.metrics, ctl.ingest, ctl.state))
     h = secrets.headers("node1")
     for client in (fast, plain):
-        b = body("node1", [WARN])
+        b = wire_report("node1", [WARN])
         first, again = (client.post("/api/v1/reports", json=b, headers=h) for _ in range(2))
         assert (first.status_code, first.json()) == (
             202,
@@ -67,14 +56,14 @@ def test_fast_path_and_route_give_the_same_answers(ctl, secrets):
         )
         assert first.headers["content-type"] == "application/json"
         # every error case is answered by the app's own handlers, through either door
-        wrong = client.post("/api/v1/reports", json=body("node2"), headers=h)
+        wrong = client.post("/api/v1/reports", json=wire_report("node2"), headers=h)
         assert wrong.status_code == 403 and "node2" in wrong.json()["detail"]
         bad = client.post("/api/v1/reports", json={**b, "report_id": "x"}, headers=h)
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "report_id"]
         for garbage in (b"{not json", b'#\x19A\xff"\xfe4\xc9\xad:q', b'{"node": "\xff"}', b""):
             r = client.post("/api/v1/reports", content=garbage, headers=h)
             assert r.status_code == 422 and r.json()["detail"][0]["loc"][0] == "body"
-        assert client.post("/api/v1/reports", json=body("node1")).status_code == 401
+        assert client.post("/api/v1/reports", json=wire_report("node1")).status_code == 401
     assert ctl.store.count("reports") == 2
     assert ctl.store.count("findings") == 2
 
@@ -180,7 +169,7 @@ def test_garbage_bodies_and_tokens_never_crash_the_ingest(ctl, secrets):
     from hypothesis import strategies as st
 
     client = TestClient(ctl.app(), raise_server_exceptions=False)
-    valid = json.dumps(body("node1", [WARN])).encode()
+    valid = json.dumps(wire_report("node1", [WARN])).encode()
     tokens = st.sampled_from([secrets.node("node1").encode(), secrets.admin.encode(), b""]) | (
         st.binary(max_size=40)
     )

@@ -26,6 +26,7 @@ from babysitter.controller.store import Store
 from babysitter.finding import Finding, Severity
 from babysitter.report import Report
 from tests.fixtures.controller import ControllerProcess, Secrets, controller_config, free_port
+from tests.fixtures.reports import wire_report
 
 MB = 1 << 20
 
@@ -41,17 +42,6 @@ def ctl(secrets: Secrets, db_url: str) -> Iterator[Controller]:
 @pytest.fixture
 def client(ctl: Controller) -> TestClient:
     return TestClient(ctl.app())
-
-
-def report(node: str, findings: list[dict] | None = None, **extra: Any) -> dict:
-    return {
-        "node": node,
-        "report_id": str(uuid.uuid4()),
-        "sent_at": datetime.now(UTC).isoformat(),
-        "findings": findings or [],
-        "metrics": {},
-        **extra,
-    }
 
 
 def finding(code: str = "x.y", severity: str = "warning", **extra: Any) -> dict:
@@ -81,7 +71,7 @@ def finding(code: str = "x.y", severity: str = "warning", **extra: Any) -> dict:
     ],
 )
 def test_values_no_database_keeps_are_422(client, secrets, ctl, raw):
-    body = json.dumps(report("node1", [finding()]))
+    body = json.dumps(wire_report("node1", [finding()]))
     for where in ('"metrics": {}', '"findings": [{'):
         if where == '"metrics": {}':
             text = body.replace(where, f'"metrics": {raw}')
@@ -100,7 +90,7 @@ def test_values_no_database_keeps_are_422(client, secrets, ctl, raw):
 
 def test_report_bounds(client, secrets):
     h = secrets.headers("node1")
-    big_details = report("node1", [finding(details={"blob": "x" * (17 * 1024)})])
+    big_details = wire_report("node1", [finding(details={"blob": "x" * (17 * 1024)})])
     r = client.post("/api/v1/reports", json=big_details, headers=h)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == [
         "body",
@@ -108,26 +98,26 @@ def test_report_bounds(client, secrets):
         0,
         "details",
     ]
-    big_metrics = report("node1", metrics={f"k{i}": "v" * 100 for i in range(700)})
+    big_metrics = wire_report("node1", metrics={f"k{i}": "v" * 100 for i in range(700)})
     assert client.post("/api/v1/reports", json=big_metrics, headers=h).status_code == 422
-    many = report("node1", [finding(f"c.{i}") for i in range(1001)])
+    many = wire_report("node1", [finding(f"c.{i}") for i in range(1001)])
     r = client.post("/api/v1/reports", json=many, headers=h)
     assert r.status_code == 422
     assert len(r.content) < 2000, "a 422 shows little of the input"
-    assert client.post("/api/v1/reports", json=report("node1"), headers=h).status_code == 202
+    assert client.post("/api/v1/reports", json=wire_report("node1"), headers=h).status_code == 202
 
 
 def test_a_422_echoes_a_few_hundred_bytes_at_most(client, secrets):
     h = secrets.headers("node1")
     for bad in (
-        {**report("node1"), "findings": [{"junk": "y" * 100_000}] * 5},
-        {**report("node1"), "node": "z" * 100_000},
-        {**report("node1"), "findings": "w" * 500_000},
-        {**report("node1"), "metrics": ["v" * 1000] * 300},
-        {**report("node1"), "k" * 100_000: 1},
+        {**wire_report("node1"), "findings": [{"junk": "y" * 100_000}] * 5},
+        {**wire_report("node1"), "node": "z" * 100_000},
+        {**wire_report("node1"), "findings": "w" * 500_000},
+        {**wire_report("node1"), "metrics": ["v" * 1000] * 300},
+        {**wire_report("node1"), "k" * 100_000: 1},
         float("inf"),  # an input that is not JSON is not echoed either
         [float("nan")],
-        {**report("node1"), "findings": [{**finding(), "message": "m" * 100_000}] * 5},
+        {**wire_report("node1"), "findings": [{**finding(), "message": "m" * 100_000}] * 5},
     ):
         r = client.post("/api/v1/reports", content=json.dumps(bad), headers=h)
         assert r.status_code == 422
@@ -141,7 +131,7 @@ def test_a_422_echoes_a_few_hundred_bytes_at_most(client, secrets):
 
 
 def test_sender_is_checked_from_the_headers(client, secrets):
-    rep = report("node1")
+    rep = wire_report("node1")
     assert client.post("/api/v1/reports", json=rep).status_code == 401
     wrong = {"Authorization": "Bearer nope", "X-Babysitter-Node": "node1"}
     assert client.post("/api/v1/reports", json=rep, headers=wrong).status_code == 403
@@ -154,7 +144,9 @@ def test_sender_is_checked_from_the_headers(client, secrets):
     bare = {"Authorization": f"Bearer {secrets.node('node1')}"}
     assert client.post("/api/v1/reports", json=rep, headers=bare).status_code == 403
     assert client.post("/api/v1/reports", json=rep, headers=secrets.headers("node1")).status_code
-    assert client.post("/api/v1/reports", json=report("node1"), headers=bare).status_code == 202
+    assert (
+        client.post("/api/v1/reports", json=wire_report("node1"), headers=bare).status_code == 202
+    )
     # admin actions: auth and size checked before FastAPI reads the body
     drain = "/api/v1/nodes/node1/drain"
     assert client.post(drain, content=b"x" * 100_000).status_code == 401
@@ -224,7 +216,7 @@ def test_postgres_nul_report_is_422_while_other_nodes_get_202(secrets, pg_url, t
     def node(name: str, nul: bool) -> None:
         with httpx.Client(timeout=30, headers=secrets.headers(name)) as c:
             for _ in range(10):
-                body = json.dumps(report(name, [finding()]))
+                body = json.dumps(wire_report(name, [finding()]))
                 if nul:
                     body = body.replace('"message": "m"', '"message": "m\\u0000"')
                 r = c.post(f"{ctl.url}/api/v1/reports", content=body)
@@ -425,12 +417,12 @@ def test_hostile_100mb_bodies_are_refused_unread(server, secrets):
         assert sent < total, "answered before the client finished sending"
         assert grew < 20
     # a valid node's 10 MB of details: refused, and the controller still serves
-    big = report("node1", [finding(details={"blob": "d" * (10 * MB)})])
+    big = wire_report("node1", [finding(details={"blob": "d" * (10 * MB)})])
     r = httpx.post(
         f"{server.url}/api/v1/reports", json=big, headers=secrets.headers("node1"), timeout=30
     )
     assert r.status_code in (413, 422)
     ok = httpx.post(
-        f"{server.url}/api/v1/reports", json=report("node1"), headers=secrets.headers("node1")
+        f"{server.url}/api/v1/reports", json=wire_report("node1"), headers=secrets.headers("node1")
     )
     assert ok.status_code == 202

@@ -6,37 +6,15 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 
 from fastapi.testclient import TestClient
 
 from babysitter.controller.runtime import Controller
 from tests.fixtures.controller import controller_config
+from tests.fixtures.reports import DBE, wire_report
 from tests.fixtures.slurm import wait_for
-
-DBE = {
-    "check": "gpu.memory",
-    "component": "gpu3",
-    "severity": "critical",
-    "code": "ecc.dbe.volatile",
-    "message": "GPU 3: 1 volatile DBE",
-    "action": "reset_gpu",
-    "observed_at": "2026-11-22T06:00:00Z",
-    "details": {"count": 1},
-}
-
-
-def report(node: str, *findings: dict) -> dict:
-    return {
-        "node": node,
-        "report_id": str(uuid.uuid4()),
-        "sent_at": datetime.now(UTC).isoformat(),
-        "findings": list(findings),
-        "metrics": {},
-    }
 
 
 @contextmanager
@@ -71,21 +49,21 @@ def test_a_new_critical_report_wakes_the_policy_loop(secrets, tmp_path):
             r = client.post("/api/v1/reports", json=body, headers=secrets.headers(body["node"]))
             assert r.status_code == 202
 
-        post(report("node1"))  # healthy: nothing to decide
-        post(report("node2"))
+        post(wire_report("node1"))  # healthy: nothing to decide
+        post(wire_report("node2"))
         time.sleep(1.0)
         assert len(ticks) == 1
 
         sent = time.monotonic()
-        post(report("node1", DBE))
+        post(wire_report("node1", [DBE]))
         wait_for(lambda: len(ticks) == 2, 5, "a tick right after the critical report")
         assert ticks[1] - sent < 5  # the interval is 30 s
 
-        post(report("node1", DBE))  # the same fault again (a drained node reports it)
+        post(wire_report("node1", [DBE]))  # the same fault again (a drained node reports it)
         time.sleep(1.0)
         assert len(ticks) == 2
 
-        post(report("node2", {**DBE, "component": "gpu5"}))  # news on another node
+        post(wire_report("node2", [{**DBE, "component": "gpu5"}]))  # news on another node
         wait_for(lambda: len(ticks) == 3, 5, "a tick for the second node's fault")
 
 
@@ -96,7 +74,7 @@ def test_a_rack_reporting_one_node_after_another_is_decided_together(secrets, tm
     with running_loop(secrets, tmp_path) as (client, ticks):
         rack = [f"node{i}" for i in range(1, 9)]
         for node in rack:
-            body = report(node, DBE)
+            body = wire_report(node, [DBE])
             r = client.post("/api/v1/reports", json=body, headers=secrets.headers(node))
             assert r.status_code == 202
             time.sleep(0.03)
