@@ -12,7 +12,7 @@ from pathlib import Path
 
 from babysitter.config import parse_config
 from babysitter.controller.ingest import ReportWriter
-from babysitter.controller.remediation import make_engine
+from babysitter.controller.remediation import RemediationEngine, make_engine
 from babysitter.controller.store import Store
 from babysitter.finding import Finding
 from babysitter.report import Report
@@ -110,14 +110,8 @@ def test_steady_tick_passes_only_nodes_that_may_need_a_decision(tmp_path):
     from dataclasses import replace
     from datetime import timedelta
 
-    store = Store(f"sqlite:///{tmp_path / 'inc.db'}")
-    store.upgrade()
-    names = [f"n{i:05d}" for i in range(2000)]
     t0 = datetime.now(UTC)
-    _write(store, [_report(x, t0, []) for x in names])
-    slurm = InMemorySlurm(names)
-    cfg = parse_config({"policy": {"max_drained_fraction": 1.0}, "slurm": {"node_refresh_s": 0}})
-    engine = make_engine(cfg, store, slurm=slurm)
+    store, names, slurm, engine = _healthy_cluster(tmp_path, t0)
     engine.tick(t0)  # the first tick is a full pass: every verdict written
     assert {n["verdict"] for n in store.node_rows()} == {"healthy"}
     facts, cluster = engine.facts(t0)
@@ -135,7 +129,7 @@ def test_steady_tick_passes_only_nodes_that_may_need_a_decision(tmp_path):
     assert "DRAIN" in row["slurm_state"]
 
     # everyone but `silent` keeps reporting; past the heartbeat timeout it is unknown
-    later = t0 + timedelta(seconds=cfg.controller.heartbeat_timeout_s + 10)
+    later = t0 + timedelta(seconds=engine.cfg.controller.heartbeat_timeout_s + 10)
     with store.engine.begin() as c:
         from sqlalchemy import update
 
@@ -146,7 +140,7 @@ def test_steady_tick_passes_only_nodes_that_may_need_a_decision(tmp_path):
     assert store.node(silent)["verdict"] == "unknown"
     assert store.node(names[40])["verdict"] == "healthy"
 
-    for _ in range(cfg.policy.resume_after_clean_checks):
+    for _ in range(engine.cfg.policy.resume_after_clean_checks):
         _write(store, [_report(sick, datetime.now(UTC), [])])
     engine.tick(datetime.now(UTC))
     assert not slurm.node(sick).drained_or_draining
@@ -160,14 +154,8 @@ def test_a_slow_node_listing_neither_delays_the_tick_nor_undoes_its_drains(tmp_p
     import threading
     import time
 
-    store = Store(f"sqlite:///{tmp_path / 'slow.db'}")
-    store.upgrade()
-    names = [f"n{i:05d}" for i in range(2000)]
     now = datetime.now(UTC)
-    _write(store, [_report(x, now, []) for x in names])
-    slurm = InMemorySlurm(names)
-    cfg = parse_config({"policy": {"max_drained_fraction": 1.0}, "slurm": {"node_refresh_s": 0}})
-    engine = make_engine(cfg, store, slurm=slurm)
+    store, names, slurm, engine = _healthy_cluster(tmp_path, now)
     engine.tick()  # the first listing is waited for
     release = threading.Event()
     listed = slurm.nodes
@@ -192,6 +180,20 @@ def test_a_slow_node_listing_neither_delays_the_tick_nor_undoes_its_drains(tmp_p
     assert sum(1 for op, _ in slurm.calls if op == "drain_many") == 1
     assert engine.facts(datetime.now(UTC))[1].drained_by_us == {"gpu": 1}
     store.close()
+
+
+def _healthy_cluster(
+    tmp_path: Path, at: datetime, n: int = 2000
+) -> tuple[Store, list[str], InMemorySlurm, RemediationEngine]:
+    """n nodes, each with one clean report at `at`, in Slurm and the store; an engine over
+    them that re-lists Slurm every tick and may drain the whole partition."""
+    store = Store(f"sqlite:///{tmp_path / 'cluster.db'}")
+    store.upgrade()
+    names = [f"n{i:05d}" for i in range(n)]
+    _write(store, [_report(x, at, []) for x in names])
+    slurm = InMemorySlurm(names)
+    cfg = parse_config({"policy": {"max_drained_fraction": 1.0}, "slurm": {"node_refresh_s": 0}})
+    return store, names, slurm, make_engine(cfg, store, slurm=slurm)
 
 
 def _report(node: str, at: datetime, findings: list[Finding]) -> Report:
