@@ -16,6 +16,7 @@ configuration reference is generated from these models).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -522,10 +523,13 @@ def _plain(annotation: Any) -> Any:
     return annotation
 
 
-def section_fields(model: type[Section]) -> dict[str, Any]:
-    """A section's keys and their types (Annotated kept: descriptions and constraints)."""
+@functools.cache
+def section_fields(model: type[Section]) -> Mapping[str, Any]:
+    """A section's keys and their types (Annotated kept: descriptions and constraints).
+    Cached: every BABYSITTER_* variable and every error message walks these, and resolving
+    the annotations is the costly part."""
     hints = typing.get_type_hints(model, include_extras=True)
-    return {name: hints[name] for name in model.__struct_fields__}
+    return types.MappingProxyType({name: hints[name] for name in model.__struct_fields__})
 
 
 def _is_json(annotation: Any) -> bool:
