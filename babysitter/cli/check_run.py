@@ -31,6 +31,12 @@ DRAIN_HELP = "Drain this node on a critical finding; resume it when clean (own d
 SUMMARY = "Run the checks once; exit 0 ok, 1 warning, 2 critical, 3 unknown."
 
 
+def configure_logging(verbose: int) -> None:
+    """`-v` info, `-vv` debug, else warnings only: the same for every command."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def json_text(data: Any) -> str:
     """Machine output: one JSON document (the format of every `--json`)."""
     return json.dumps(data, indent=2, sort_keys=True, default=str)
@@ -159,8 +165,7 @@ def is_check(argv: Sequence[str]) -> bool:
 def main(argv: Sequence[str]) -> int:
     """`babysitter … check …` end to end: parse, load the config, run; the exit code."""
     args = _parser().parse_args(list(argv))
-    level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.verbose)
     try:
         from babysitter.config import load_config
 

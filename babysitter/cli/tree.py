@@ -6,13 +6,13 @@ commands runs: the agent on every node must not pay for the controller's imports
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
 from typing import Any
 
 import click
 
 from babysitter import __version__
+from babysitter.cli.check_run import configure_logging
 from babysitter.cli.commands import COMMAND_MODULES, COMMANDS
 from babysitter.cli.common import State
 from babysitter.errors import BabysitterError
@@ -46,8 +46,7 @@ class LazyGroup(click.Group):
 def cli(ctx: click.Context, config_path: str | None, verbose: int) -> None:
     """babysitter: finds broken GPU nodes, takes them out of Slurm, requeues the jobs from their
     last good checkpoint, and tells on-call."""
-    level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(verbose)
     ctx.obj = State(config_path)
 
 
