@@ -1,6 +1,6 @@
 """The one vocabulary type that travels from a check to an alert: `Finding`.
 
-Wire format and `--json` output are fixed by DESIGN.md.
+Wire format and `--json` output are fixed by docs/architecture.md.
 
 A stdlib dataclass validated in `__post_init__`, not a pydantic model: `babysitter check` runs
 as a Slurm HealthCheckProgram on every node every few minutes, and importing pydantic alone

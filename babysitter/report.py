@@ -1,6 +1,6 @@
 """The report: what an agent sends every interval (or at once, for an event) and what the
 controller validates and stores. One model for both sides, so the agent cannot build a report
-the API does not take. Wire format: DESIGN.md (POST /api/v1/reports).
+the API does not take. Wire format: docs/architecture.md (POST /api/v1/reports).
 
 Kept free of anything heavier than pydantic and `finding`: the agent imports it on every node.
 """

@@ -57,7 +57,7 @@ def db() -> None:
 @db.command("upgrade")
 @pass_state
 def db_upgrade(state: State) -> None:
-    """Apply migrations (Alembic, babysitter/sql/)."""
+    """Apply migrations (Alembic, sql/)."""
     from babysitter.controller.store import Store
 
     store = Store(state.config.controller.database_url)

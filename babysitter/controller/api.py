@@ -1,6 +1,6 @@
 """The HTTP API (FastAPI): the app, the report route and the error shapes. Contract:
-DESIGN.md. The read, admin and health routes are routers of their own (api_read, api_admin,
-api_health); accepting a report is controller/ingest.py's."""
+docs/architecture.md. The read, admin and health routes are routers of their own (api_read,
+api_admin, api_health); accepting a report is controller/ingest.py's."""
 
 from __future__ import annotations
 

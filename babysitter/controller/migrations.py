@@ -1,4 +1,4 @@
-"""Apply the Alembic migrations in babysitter/sql/ (`babysitter db upgrade`; the controller
+"""Apply the Alembic migrations in sql/ (package babysitter.sql) (`babysitter db upgrade`; the controller
 also runs them at start)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 # Package data, so an installed wheel can migrate (Alembic needs a directory on disk: a wheel
 # install always unpacks it).
-SQL_DIR = files("babysitter") / "sql"
+SQL_DIR = files("babysitter.sql")
 
 
 def alembic_config() -> AlembicConfig:

@@ -1,5 +1,5 @@
-"""Database schema (SQLAlchemy Core). Migrations in babysitter/sql/ (Alembic) must match it;
-babysitter/sql/schema.sql is generated from it for DBAs (tests keep both in sync)."""
+"""Database schema (SQLAlchemy Core). Migrations in sql/ (Alembic) must match it;
+sql/schema.sql is generated from it for DBAs (tests keep both in sync)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Render babysitter/sql/schema.sql (PostgreSQL DDL) from the models, for DBAs. Kept in sync by
+"""Render sql/schema.sql (PostgreSQL DDL) from the models, for DBAs. Kept in sync by
 a test; regenerate with `python -m babysitter.controller.schema_sql --write`."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from babysitter.controller.models import metadata
 
-PATH = Path(str(files("babysitter") / "sql" / "schema.sql"))
+PATH = Path(str(files("babysitter.sql") / "schema.sql"))
 
 
 def render() -> str:
     dialect = postgresql.dialect()
     out = [
         "-- babysitter database schema (PostgreSQL), generated from",
-        "-- babysitter/controller/models.py; migrations live in babysitter/sql/versions/.",
+        "-- babysitter/controller/models.py; migrations live in sql/versions/.",
         "",
     ]
     for table in metadata.sorted_tables:

@@ -1,4 +1,4 @@
-"""Install babysitter/slurm_plugins/ (the babysit SPANK plugin and job_submit.lua) into a
+"""Install slurm-plugins/ (package babysitter.slurm_plugins) (the babysit SPANK plugin and job_submit.lua) into a
 devcluster, so tests and the demo use the real plugin. The plugin is built against the Slurm
 headers of the cluster's installation (`include_dir`; a chroot's own headers for newer versions)."""
 
@@ -11,7 +11,7 @@ from importlib.resources import files
 from pathlib import Path
 
 # Package data: admins build the plugin from an installed wheel, the devcluster does the same.
-PLUGIN_DIR = Path(str(files("babysitter") / "slurm_plugins"))
+PLUGIN_DIR = Path(str(files("babysitter.slurm_plugins")))
 SOURCE = PLUGIN_DIR / "babysit_spank.c"
 LUA = PLUGIN_DIR / "job_submit.lua"
 
