@@ -1,5 +1,5 @@
-"""Apply the Alembic migrations in sql/ (package babysitter.sql) (`babysitter db upgrade`; the controller
-also runs them at start)."""
+"""Apply the Alembic migrations in the top-level sql/ (package babysitter.sql) with
+`babysitter db upgrade`; the controller also runs them at start."""
 
 from __future__ import annotations
 

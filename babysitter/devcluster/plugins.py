@@ -1,6 +1,7 @@
-"""Install slurm-plugins/ (package babysitter.slurm_plugins) (the babysit SPANK plugin and job_submit.lua) into a
-devcluster, so tests and the demo use the real plugin. The plugin is built against the Slurm
-headers of the cluster's installation (`include_dir`; a chroot's own headers for newer versions)."""
+"""Install the top-level slurm-plugins/ (package babysitter.slurm_plugins: the babysit SPANK
+plugin and job_submit.lua) into a devcluster, so tests and the demo use the real plugin. The
+plugin is built against the Slurm headers of the cluster's installation (`include_dir`; a
+chroot's own headers for newer versions)."""
 
 from __future__ import annotations
 
