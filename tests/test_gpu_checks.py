@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from babysitter.devcluster import fakenvml
+from babysitter.devcluster.fakenvml import read_calls
 from tests.fixtures.gpu import babysitter_env, run_babysitter
 
 
@@ -103,6 +104,36 @@ def test_inactive_nvlink_is_reported_on_the_link(env, gpus):
     assert rc == 2
     [f] = non_ok(findings)
     assert f["component"] == "nvlink:gpu1/4" and f["code"] == "nvlink.inactive"
+
+
+def test_nvlink_state_is_one_field_read_per_gpu_not_a_call_per_link(env, gpus, tmp_path):
+    calls = tmp_path / "calls"
+    env["FAKE_NVML_CALLS"] = str(calls)
+    gpus.set(2, nvlink_down="0,17")
+    rc, findings = check_json(env, "--only", "gpu.nvlink")
+    assert rc == 2
+    assert sorted(f["component"] for f in non_ok(findings)) == ["nvlink:gpu2/0", "nvlink:gpu2/17"]
+    counts = read_calls(calls)
+    assert counts.get("nvmlDeviceGetNvLinkState", 0) == 0
+    # link count once + the states once, per GPU
+    assert counts["nvmlDeviceGetFieldValues"] == 2 * 8
+
+
+def test_a_driver_without_the_nvlink_state_field_still_reports_the_link(env, gpus, tmp_path):
+    calls = tmp_path / "calls"
+    env["FAKE_NVML_CALLS"] = str(calls)
+    for gpu in range(8):
+        gpus.set(gpu, nvlink_fields=0)
+    gpus.set(5, nvlink_down="3")
+    rc, findings = check_json(env, "--only", "gpu.nvlink")
+    assert rc == 2
+    [f] = non_ok(findings)
+    assert (f["component"], f["code"], f["severity"]) == (
+        "nvlink:gpu5/3",
+        "nvlink.inactive",
+        "critical",
+    )
+    assert read_calls(calls)["nvmlDeviceGetNvLinkState"] >= 18 * 8  # the per-link scan
 
 
 def test_not_supported_on_one_board_is_not_a_fault(env, gpus):

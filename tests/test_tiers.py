@@ -170,3 +170,50 @@ def test_a_slow_signal_is_read_again_at_its_next_grid_point_after_a_start():
     assert "retired_pending" in chk.begin(now=1020.0)  # 17 x 60: its next grid point
     assert "retired_pending" not in chk.begin(now=1021.0)
     assert "retired_pending" in chk.begin(now=1080.0)
+
+
+def test_an_nvlink_that_goes_down_is_reported_by_the_fast_tier(gpus, fakenvml_lib, tmp_path):
+    """Link state is one batched field read per GPU in the fast tier: the agent reports a link
+    that went down without waiting for the per-link scan (which it never needs here)."""
+    token = tmp_path / "node.token"
+    token.write_text("t")
+    token.chmod(0o600)
+    spool = tmp_path / "spool.db"
+    calls = tmp_path / "calls"
+    env = babysitter_env(
+        gpus,
+        fakenvml_lib,
+        tmp_path,
+        agent__controller_url=f"http://127.0.0.1:{free_port()}",
+        agent__node_name="n1",
+        agent__token_file=str(token),
+        agent__spool_path=str(spool),
+        agent__request_timeout_s="0.5",
+        agent__enabled_checks='["gpu.presence", "gpu.nvlink"]',
+    )
+    env["FAKE_NVML_CALLS"] = str(calls)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "babysitter.cli.main", "agent"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: any(r["kind"] == "full" for r in spooled(spool)), 60, "first report")
+        gpus.set(6, nvlink_down="11")
+        wait_for(
+            lambda: any(
+                f["component"] == "nvlink:gpu6/11" and f["severity"] == "critical"
+                for f in findings(spooled(spool))
+            ),
+            60,
+            "NVLink 11 of GPU 6 reported down",
+        )
+    finally:
+        agent.terminate()
+        agent.wait(timeout=20)
+    counts = read_calls(calls)
+    assert counts.get("nvmlDeviceGetNvLinkState", 0) == 0  # never the per-link scan
+    assert counts["nvmlDeviceGetFieldValues"] > 2 * 8  # the fast tier read the states again
+    # the default report interval is 30 s: the report came from the fast tier's immediate path
+    assert sum(r["kind"] == "full" for r in spooled(spool)) <= 3

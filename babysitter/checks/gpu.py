@@ -41,7 +41,9 @@ class GpuCheck(Check):
     DEVICE_LIST_MAX_AGE_S = 5.0
 
     def run(self) -> list[Finding]:
-        due = sorted(self.begin())
+        begun = self.begin()
+        # the tiers table's order: a signal may use what an earlier one read in the same run
+        due = [s for s in self.signal_intervals() if s in begun]
         try:
             devs, lost = nvml.devices(self.DEVICE_LIST_MAX_AGE_S)
         except nvml.NvmlUnavailable:
@@ -287,7 +289,13 @@ def _ecc_errors(dev: Device, error_type: int, counter: int) -> int | None:
 
 
 class GpuNvlinkCheck(GpuCheck):
-    """Every NVLink the board has is up; error counters do not climb."""
+    """Every NVLink the board has is up; error counters do not climb.
+
+    Link state is one batched `nvmlDeviceGetFieldValues` per GPU (the link-count field once,
+    then the state field for every link), cheap enough for the fast tier, so a link that goes
+    down drains in about a second. Drivers without the state field (before r550) answer
+    NOT_SUPPORTED per field; then the per-link scan (one call per link) reports instead, on its
+    slower interval."""
 
     name = "gpu.nvlink"
     interval_s = 60.0
@@ -297,18 +305,61 @@ class GpuNvlinkCheck(GpuCheck):
         super().__init__(*a, **kw)
         self._last: dict[tuple[str, int, int], int] = {}
         self._active: dict[int, list[int]] = {}  # active links per GPU, from the last state read
+        self._links: dict[int, int] = {}  # link count per GPU (from the link-count field)
+        self._fields: dict[int, bool] = {}  # per GPU: the driver answers the state field
 
     def read(self, signal: str, dev: Device) -> list[Finding]:
         if signal == "state":
-            return self._state(dev)
+            return self._state_fields(dev)
+        if signal == "per_link_state":
+            if dev.index not in self._fields:
+                self._state_fields(dev)  # learn whether the driver has the state field
+            # the batched read covers the links; scanning them one by one again is wasted calls
+            return [] if self._fields.get(dev.index) else self._state_scan(dev)
         if dev.index not in self._active:
-            self._state(dev)
+            self._state_fields(dev)
+            if not self._fields.get(dev.index):
+                self._state_scan(dev)
         return self._errors(dev)
 
-    def _state(self, dev: Device) -> list[Finding]:
-        t = self.thresholds()
+    def _state_fields(self, dev: Device) -> list[Finding]:
+        """Every link's state in one driver call; [] (and the scan takes over) when the driver
+        has no such field."""
+        if not self._fields.get(dev.index, True):
+            return []
+        links = self._links.get(dev.index)
+        if links is None:
+            count = self._field_values(dev, [(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)])
+            if count is None:
+                return []
+            links = self._links[dev.index] = min(count[0], pynvml.NVML_NVLINK_MAX_LINKS)
+        states = self._field_values(
+            dev, [(pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(links)]
+        )
+        if states is None:
+            return []
+        self._fields[dev.index] = True
+        down = [link for link, st in enumerate(states) if st == pynvml.NVML_NVLINK_STATE_INACTIVE]
+        self._active[dev.index] = [link for link in range(links) if link not in down]
+        return [self._inactive(dev, link) for link in down]
+
+    def _field_values(self, dev: Device, ids: list[tuple[int, int]]) -> list[int] | None:
+        """Unsigned values of `ids` (field, scope) in one call; None, remembered, when the driver
+        does not answer every one of them."""
+        if not ids:
+            return []
+        try:
+            values = call(pynvml.nvmlDeviceGetFieldValues, dev.handle, ids)
+        except pynvml.NVMLError_FunctionNotFound:  # a driver older than the call itself
+            values = NOT_SUPPORTED
+        if values is NOT_SUPPORTED or any(v.nvmlReturn != pynvml.NVML_SUCCESS for v in values):
+            self._fields[dev.index] = False
+            return None
+        return [int(v.value.uiVal) for v in values]
+
+    def _state_scan(self, dev: Device) -> list[Finding]:
+        """One state call per link, until the board says there are no more links."""
         out: list[Finding] = []
-        expected = int(t.get("expected_nvlinks", 0))
         active_links: list[int] = []
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
             try:
@@ -319,21 +370,23 @@ class GpuNvlinkCheck(GpuCheck):
                 break
             if active:
                 active_links.append(link)
-                continue
-            sev = Severity.CRITICAL if link < expected or not expected else Severity.WARNING
-            out.append(
-                self.finding(
-                    f"nvlink:{dev.component}/{link}",
-                    sev,
-                    "nvlink.inactive",
-                    f"{dev.label}: NVLink {link} is inactive",
-                    Action.RESET_GPU,
-                    link=link,
-                    **dev.ids(),
-                )
-            )
+            else:
+                out.append(self._inactive(dev, link))
         self._active[dev.index] = active_links
         return out
+
+    def _inactive(self, dev: Device, link: int) -> Finding:
+        expected = int(self.thresholds().get("expected_nvlinks", 0))
+        sev = Severity.CRITICAL if link < expected or not expected else Severity.WARNING
+        return self.finding(
+            f"nvlink:{dev.component}/{link}",
+            sev,
+            "nvlink.inactive",
+            f"{dev.label}: NVLink {link} is inactive",
+            Action.RESET_GPU,
+            link=link,
+            **dev.ids(),
+        )
 
     def _errors(self, dev: Device) -> list[Finding]:
         t = self.thresholds()

@@ -29,7 +29,8 @@ SIGNALS: dict[str, dict[str, float | str]] = {
         "sbe_volatile": 60.0,
     },
     "gpu.nvlink": {
-        "state": 30.0,  # up to 18 reads per GPU
+        "state": FAST,  # one batched field read per GPU: every link's state
+        "per_link_state": 30.0,  # one read per link: drivers without the state field (< r550)
         "errors": 60.0,  # 4 counters per active link: the most calls of any signal
     },
     "gpu.pcie": {

@@ -13,6 +13,9 @@
  *                                    retired_sbe retired_dbe retired_pending
  *                                    remap_corr remap_unc remap_pending remap_failure
  *                                    nvlinks nvlink_down (comma list) nvlink_errors
+ *                                    nvlink_fields (0: this driver predates the NVLink state
+ *                                    field; nvmlDeviceGetFieldValues answers NOT_SUPPORTED per
+ *                                    field, as r535 does)
  *                                    pcie_gen pcie_gen_max pcie_width pcie_width_max
  *                                    clocks_event_reasons power_mw
  *   gpuN.err.<function>=<nvmlReturn> that function fails on that GPU (e.g. 3 NOT_SUPPORTED)
@@ -461,6 +464,44 @@ nvmlReturn_t nvmlDeviceGetNvLinkState(void *device, unsigned int link, int *isAc
     long long links = gnum(gpu, "nvlinks", 18);
     if (link >= MAX_LINKS || (long long)link >= links) return NVML_ERROR_INVALID_ARGUMENT;
     *isActive = !link_down(gpu, link);
+    return NVML_SUCCESS;
+}
+/* nvmlDeviceGetFieldValues: the NVLink link count (91) and per-link state (165, scopeId = link),
+ * the two fields the agent batches into one call per GPU. Other fields: NOT_SUPPORTED per field. */
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned int valueType, nvmlReturn;
+    unsigned long long value; /* nvmlValue_t: uiVal in the low half on little-endian */
+} nvmlFieldValue_t;
+_Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t must be 40 bytes");
+enum { FI_NVLINK_LINK_COUNT = 91, FI_NVLINK_GET_STATE = 165, VALUE_TYPE_UINT = 1 };
+
+nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int count, nvmlFieldValue_t *values) {
+    DEVICE_ENTER("nvmlDeviceGetFieldValues");
+    if (count < 0 || !values) return NVML_ERROR_INVALID_ARGUMENT;
+    long long links = gnum(gpu, "nvlinks", 18);
+    int fields = gnum(gpu, "nvlink_fields", 1) != 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    for (int i = 0; i < count; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+        v->latencyUsec = 0;
+        v->valueType = VALUE_TYPE_UINT;
+        v->value = 0;
+        if (!fields || (v->fieldId != FI_NVLINK_LINK_COUNT && v->fieldId != FI_NVLINK_GET_STATE)) {
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        } else if (v->fieldId == FI_NVLINK_LINK_COUNT) {
+            v->nvmlReturn = NVML_SUCCESS;
+            v->value = (unsigned long long)links;
+        } else if ((long long)v->scopeId >= links || v->scopeId >= MAX_LINKS) {
+            v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            v->nvmlReturn = NVML_SUCCESS;
+            v->value = link_down(gpu, v->scopeId) ? 0 : 1; /* NVML_NVLINK_STATE_INACTIVE/ACTIVE */
+        }
+    }
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(void *device, unsigned int link, int counter,
