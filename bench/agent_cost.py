@@ -225,6 +225,12 @@ def main() -> int:
         "agent_cost",
         figs,
         {"nvml_calls_per_s_by_function": per_fn, "check_exit_codes": [r[2] for r in runs]},
+        settings={
+            "duration_s": duration,
+            "warmup_s": WARMUP_S,
+            "check_runs": CHECK_RUNS,
+            "agent": "default settings",
+        },
         duration_s=round(time.monotonic() - t0, 1),
     )
     for f in figs:

@@ -111,6 +111,7 @@ def main() -> int:
         "alert_blackhole",
         figs,
         {"nodes": NODES, "faults": FAULTS, "answering": a, "black_hole": b},
+        settings={"nodes": NODES, "faults": FAULTS},
         duration_s=round(time.monotonic() - t0, 1),
     )
     for f in figs:

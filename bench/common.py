@@ -2,10 +2,16 @@
 and bench/report.py turns them into bench/RESULTS.md.
 
 Result format:
-    {"name": ..., "machine": {...}, "date": ..., "commit": ..., "duration_s": ...,
+    {"name": ..., "machine": {...}, "date": ..., "commit": ..., "dirty": ..., "settings": {...},
+     "measures": [...], "load_average": {"start": [...], "end": [...]}, "duration_s": ...,
      "figures": [{"metric", "value", "unit", "baseline"?, "baseline_value"?, "ratio"?,
                   "p50"?, "p99"?, "spread"?, "n"?, "goal"?, "met"?}],
      "details": {...}}
+
+Provenance (bench/provenance.py): the machine, the commit and whether the tree was dirty, the
+paths of the code the result measures (to mark it STALE once that code changes), the settings
+the run used, and the load average when the benchmark started and ended (a shared machine).
+A figure that could not be measured this run (Postgres down) is written with "missing": why.
 
 Figures are measured beside their baseline in the same run (machines here are noisy); "goal" is a
 human-readable target like "<= 1 s" and "met" says whether this run reached it. Goals are never
@@ -15,50 +21,18 @@ asserted in tests: a missed goal is shown loudly in RESULTS.md.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import provenance
+
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
-REPO = BENCH_DIR.parent
-
-
-def machine() -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "hostname": platform.node(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "kernel": platform.release(),
-    }
-
-
-def commit() -> str:
-    try:
-        r = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return r.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+REPO = provenance.REPO
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -108,15 +82,35 @@ def figure(
     return f
 
 
+def missing(metric: str, unit: str, why: str) -> dict[str, Any]:
+    """A figure this run could not measure: shown as MISSING, never dropped."""
+    return {"metric": metric, "value": None, "unit": unit, "missing": why}
+
+
+# the load when this process imported the module: benchmarks run one per process
+_LOAD_AT_START = provenance.load_average()
+
+
 def write_result(
-    name: str, figures: list[dict[str, Any]], details: dict[str, Any] | None = None, **kw: Any
+    name: str,
+    figures: list[dict[str, Any]],
+    details: dict[str, Any] | None = None,
+    *,
+    settings: dict[str, Any] | None = None,
+    **kw: Any,
 ) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    src = provenance.source()
     doc = {
         "name": name,
-        "machine": machine(),
+        "machine": provenance.machine(),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit(),
+        "commit": src["commit"],
+        "dirty": src["dirty"],
+        "dirty_paths": src["dirty_paths"],
+        "measures": list(provenance.MEASURES.get(name, ())),
+        "settings": settings or {},
+        "load_average": {"start": _LOAD_AT_START, "end": provenance.load_average()},
         "figures": figures,
         "details": details or {},
         **kw,

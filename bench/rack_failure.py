@@ -199,6 +199,12 @@ def main(argv: list[str]) -> int:
             "loadavg_at_end": os.getloadavg(),  # the 2-core machine is shared
             **details,
         },
+        settings={
+            "nodes": 4 + 10_000,
+            "rack": 32,
+            "warmup_s": WARMUP_S,
+            "guard_fraction": GUARD_FRACTION,
+        },
         duration_s=round(time.monotonic() - t0, 1),
     )
     for f in figs:

@@ -1,16 +1,25 @@
 """`make bench`: run every benchmark in its own process (with a time limit), then write
-bench/RESULTS.md. A benchmark that fails is reported and the others still run."""
+bench/RESULTS.md. A benchmark that fails is reported and the others still run; the run exits
+non-zero, and the failed benchmark's older JSON is shown as FAILED in RESULTS.md, never as
+today's result. A benchmark that exits 0 without writing its result counts as failed.
+
+Run a subset by name: python -m bench.run sdc soak ettr"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 from bench import report
-from bench.common import REPO
+from bench.common import REPO, RESULTS_DIR
 
-# (module, time limit in seconds). Explicit list: the order puts cheap ones first.
+# (module, time limit in seconds). Explicit list: the order puts cheap ones first. Each module
+# writes bench/results/<last part of its name>.json.
 BENCHMARKS: list[tuple[str, int]] = [
     ("bench.sdc", 300),
     ("bench.agent_cost", 300),
@@ -20,43 +29,63 @@ BENCHMARKS: list[tuple[str, int]] = [
     ("bench.alert_blackhole", 300),
     ("bench.ingest", 300),
     ("bench.fault_drain", 1800),  # ~25 min: 20 injections x 8 faults, defaults + reference
-    # last: it reads the latencies fault_drain just measured
+    # simulated fleet with benign noise at defaults: the false-drain rate (a few minutes)
+    ("bench.soak", 900),
+    # last: it reads the latencies fault_drain and the false-drain bound soak just measured
     ("bench.ettr", 600),
 ]
 
 
-def append_sections() -> None:
-    """Benchmarks whose result is more than one table (the ETTR simulation) write a Markdown
-    section to bench/results/<name>.md; it goes under the main table of RESULTS.md."""
-    path = REPO / "bench" / "RESULTS.md"
-    for name in ("ettr",):
-        section = REPO / "bench" / "results" / f"{name}.md"
-        if section.exists() and path.exists():
-            with path.open("a") as f:
-                f.write("\n" + section.read_text())
+def _utc() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def main(argv: list[str]) -> int:
+def _wrote_result(name: str, since: str, results_dir: Path) -> bool:
+    """The benchmark wrote bench/results/<name>.json during this run."""
+    try:
+        doc = json.loads((results_dir / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("date", "")) >= since
+
+
+def run_one(mod: str, limit: int, results_dir: Path) -> dict[str, Any]:
+    name = mod.rsplit(".", 1)[-1]
+    print(f"== {mod} (limit {limit} s)", flush=True)
+    started, t0 = _utc(), time.monotonic()
+    try:
+        r = subprocess.run([sys.executable, "-m", mod], cwd=REPO, timeout=limit)
+        status = "ok" if r.returncode == 0 else f"exit status {r.returncode}"
+    except subprocess.TimeoutExpired:
+        status = f"exceeded its {limit} s limit"
+    if status == "ok" and not _wrote_result(name, started, results_dir):
+        status = f"exited 0 without writing results/{name}.json"
+    took = round(time.monotonic() - t0, 1)
+    print(f"== {mod}: {status} in {took:.0f} s", flush=True)
+    return {"status": status, "started": started, "seconds": took}
+
+
+def main(
+    argv: list[str],
+    benchmarks: list[tuple[str, int]] | None = None,
+    results_dir: Path = RESULTS_DIR,
+    out: Path | None = None,
+) -> int:
     only = set(argv)
-    failed = []
-    for mod, limit in BENCHMARKS:
-        if only and mod.split(".")[-1] not in only:
+    runs: dict[str, dict[str, Any]] = {}
+    started = _utc()
+    for mod, limit in benchmarks if benchmarks is not None else BENCHMARKS:
+        if only and mod.rsplit(".", 1)[-1] not in only:
             continue
-        print(f"== {mod} (limit {limit} s)", flush=True)
-        start = time.monotonic()
-        try:
-            r = subprocess.run([sys.executable, "-m", mod], cwd=REPO, timeout=limit)
-            ok = r.returncode == 0
-        except subprocess.TimeoutExpired:
-            print(f"!! {mod} exceeded {limit} s", flush=True)
-            ok = False
-        print(f"== {mod}: {'ok' if ok else 'FAILED'} in {time.monotonic() - start:.0f} s")
-        if not ok:
-            failed.append(mod)
-    report.main()
-    append_sections()
+        runs[mod.rsplit(".", 1)[-1]] = run_one(mod, limit, results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / report.LAST_RUN).write_text(
+        json.dumps({"started": started, "benchmarks": runs}, indent=2) + "\n"
+    )
+    report.main(results_dir, out or results_dir.parent / "RESULTS.md")
+    failed = [n for n, r in runs.items() if r["status"] != "ok"]
     if failed:
-        print("benchmarks that failed to run: " + ", ".join(failed), file=sys.stderr)
+        print("benchmarks that failed: " + ", ".join(failed), file=sys.stderr)
         return 1
     return 0
 

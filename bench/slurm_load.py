@@ -96,6 +96,13 @@ def main(argv: list[str]) -> int:
         "slurm_load" if backend == "cli" else f"slurm_load_{backend}",
         figs,
         details,
+        settings={
+            "backend": backend,
+            "base_s": BASE_S,
+            "load_s": LOAD_S,
+            "warmup_s": WARMUP_S,
+            "retention_clean_minutes": CLEAN_MINUTES,
+        },
         duration_s=round(time.monotonic() - t0, 1),
     )
     for f in figs:
