@@ -144,6 +144,10 @@ class ControllerConfig(Section):
             "latest state, reports with findings stay for retention_days",
         ),
     ] = 10.0
+    audit_retention_days: Annotated[
+        float,
+        Meta(gt=0, description="audit log entries (every action, its evidence) older are pruned"),
+    ] = 400.0
     retention_interval_s: Annotated[
         float, Meta(gt=0, description="how often the retention thread looks for rows to prune")
     ] = 10.0

@@ -1,5 +1,5 @@
 -- babysitter database schema (PostgreSQL), generated from
--- babysitter/controller/models.py; migrations live in babysitter/sql/versions/.
+-- babysitter/controller/models.py; migrations live in sql/versions/.
 
 CREATE TABLE actions (
 	id BIGSERIAL NOT NULL, 
@@ -35,6 +35,24 @@ CREATE TABLE alerts (
 	PRIMARY KEY (key)
 );
 
+CREATE TABLE audit_log (
+	id BIGSERIAL NOT NULL, 
+	at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	actor VARCHAR(128) NOT NULL, 
+	kind VARCHAR(32) NOT NULL, 
+	node VARCHAR(64), 
+	job_id BIGINT, 
+	action_id BIGINT, 
+	rule TEXT, 
+	reason TEXT, 
+	result VARCHAR(16) NOT NULL, 
+	outcome TEXT, 
+	evidence JSON NOT NULL, 
+	PRIMARY KEY (id)
+);
+CREATE INDEX ix_audit_at ON audit_log (at);
+CREATE INDEX ix_audit_node_at ON audit_log (node, at);
+
 CREATE TABLE jobs (
 	job_id BIGSERIAL NOT NULL, 
 	name VARCHAR(1024), 
@@ -57,6 +75,23 @@ CREATE TABLE kv (
 	updated_at TIMESTAMP WITH TIME ZONE NOT NULL, 
 	PRIMARY KEY (key)
 );
+
+CREATE TABLE maintenance_windows (
+	id BIGSERIAL NOT NULL, 
+	nodes JSON NOT NULL, 
+	hostlist TEXT NOT NULL, 
+	reason TEXT NOT NULL, 
+	created_by VARCHAR(128) NOT NULL, 
+	starts_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	ends_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	ended_at TIMESTAMP WITH TIME ZONE, 
+	reservation VARCHAR(128), 
+	silence_id VARCHAR(64), 
+	state VARCHAR(16) NOT NULL, 
+	note TEXT, 
+	PRIMARY KEY (id)
+);
+CREATE INDEX ix_maintenance_state ON maintenance_windows (state);
 
 CREATE TABLE nodes (
 	name VARCHAR(64) NOT NULL, 

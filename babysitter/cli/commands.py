@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "demo": "babysitter.cli.demo_cmd",
     "sdc-test": "babysitter.cli.sdc_cmd",
     "validate": "babysitter.cli.validate_cmd",
+    "audit": "babysitter.cli.audit_cmd",
 }
 
 COMMAND_MODULES: list[str] = [
@@ -38,4 +39,5 @@ COMMAND_MODULES: list[str] = [
     "babysitter.cli.demo_cmd",
     "babysitter.cli.sdc_cmd",
     "babysitter.cli.validate_cmd",
+    "babysitter.cli.audit_cmd",
 ]

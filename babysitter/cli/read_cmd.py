@@ -3,63 +3,27 @@ for scripts) and the admin actions `drain`, `resume`, `requeue`."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import click
-import httpx
 from rich.console import Console
 from rich.table import Table
 
+from babysitter.cli.api_client import call, client, token_opt, url_opt
 from babysitter.cli.common import State, echo_json, pass_state
-from babysitter.errors import BabysitterError
-
-_url_opt = click.option("--url", envvar="BABYSITTER_URL", help="Controller URL.")
-_token_opt = click.option("--token", envvar="BABYSITTER_TOKEN", help="Admin or read token.")
-
-
-def _client(state: State, url: str | None, token: str | None) -> httpx.Client:
-    cfg = state.config
-    if not token:
-        try:
-            token = cfg.controller.admin_token_file.read_text().strip()
-        except OSError:
-            token = os.environ.get("BABYSITTER_TOKEN", "")
-    from babysitter.agent.shipper import tls_verify
-
-    return httpx.Client(
-        base_url=(url or cfg.agent.controller_url).rstrip("/"),
-        timeout=10,
-        headers={"Authorization": f"Bearer {token}"},
-        verify=tls_verify(cfg.agent.ca_file),
-    )
-
-
-def _call(c: httpx.Client, method: str, path: str, **kw: Any) -> Any:
-    try:
-        r = c.request(method, path, **kw)
-    except httpx.HTTPError as exc:
-        raise BabysitterError(f"controller at {c.base_url} unreachable: {exc}") from None
-    if r.status_code >= 400:
-        try:
-            detail = r.json().get("detail")
-        except ValueError:
-            detail = r.text[:200]
-        raise BabysitterError(f"{method} {path}: HTTP {r.status_code}: {detail}")
-    return r.json()
 
 
 @click.command("status")
-@_url_opt
-@_token_opt
+@url_opt
+@token_opt
 @click.option("--json", "as_json", is_flag=True)
 @pass_state
 def status(state: State, url: str | None, token: str | None, as_json: bool) -> None:
     """Cluster summary: nodes by verdict, open problems, pending actions, the guard."""
-    with _client(state, url, token) as c:
-        nodes = _call(c, "GET", "/api/v1/nodes")
-        pending = _call(c, "GET", "/api/v1/actions", params={"status": "pending"})
-        guard = _call(c, "GET", "/api/v1/guard")
+    with client(state, url, token) as c:
+        nodes = call(c, "GET", "/api/v1/nodes")
+        pending = call(c, "GET", "/api/v1/actions", params={"status": "pending"})
+        guard = call(c, "GET", "/api/v1/guard")
     by: dict[str, int] = {}
     for n in nodes:
         by[n["verdict"]] = by.get(n["verdict"], 0) + 1
@@ -100,14 +64,14 @@ def _guard_line(g: dict[str, Any]) -> str:
 
 
 @click.command("nodes")
-@_url_opt
-@_token_opt
+@url_opt
+@token_opt
 @click.option("--json", "as_json", is_flag=True)
 @pass_state
 def nodes(state: State, url: str | None, token: str | None, as_json: bool) -> None:
     """Every node with verdict, heartbeat age and open findings."""
-    with _client(state, url, token) as c:
-        rows = _call(c, "GET", "/api/v1/nodes")
+    with client(state, url, token) as c:
+        rows = call(c, "GET", "/api/v1/nodes")
     if as_json:
         echo_json(rows)
         return
@@ -125,14 +89,14 @@ def nodes(state: State, url: str | None, token: str | None, as_json: bool) -> No
 
 @click.command("findings")
 @click.argument("node")
-@_url_opt
-@_token_opt
+@url_opt
+@token_opt
 @click.option("--json", "as_json", is_flag=True)
 @pass_state
 def findings(state: State, node: str, url: str | None, token: str | None, as_json: bool) -> None:
     """Finding history of NODE."""
-    with _client(state, url, token) as c:
-        rows = _call(c, "GET", "/api/v1/findings", params={"node": node})
+    with client(state, url, token) as c:
+        rows = call(c, "GET", "/api/v1/findings", params={"node": node})
     if as_json:
         echo_json(rows)
         return
@@ -143,14 +107,14 @@ def findings(state: State, node: str, url: str | None, token: str | None, as_jso
 
 
 @click.command("jobs")
-@_url_opt
-@_token_opt
+@url_opt
+@token_opt
 @click.option("--json", "as_json", is_flag=True)
 @pass_state
 def jobs(state: State, url: str | None, token: str | None, as_json: bool) -> None:
     """Babysat jobs, their requeues and resume points."""
-    with _client(state, url, token) as c:
-        rows = _call(c, "GET", "/api/v1/jobs")
+    with client(state, url, token) as c:
+        rows = call(c, "GET", "/api/v1/jobs")
     if as_json:
         echo_json(rows)
         return
@@ -170,37 +134,37 @@ def jobs(state: State, url: str | None, token: str | None, as_json: bool) -> Non
 @click.command("drain")
 @click.argument("node")
 @click.option("--reason", required=True)
-@_url_opt
-@_token_opt
+@url_opt
+@token_opt
 @pass_state
 def drain(state: State, node: str, reason: str, url: str | None, token: str | None) -> None:
     """Ask the controller to drain NODE (recorded in its action log)."""
-    with _client(state, url, token) as c:
-        r = _call(c, "POST", f"/api/v1/nodes/{node}/drain", json={"reason": reason})
+    with client(state, url, token) as c:
+        r = call(c, "POST", f"/api/v1/nodes/{node}/drain", json={"reason": reason})
     click.echo(f"drain of {node} requested (action {r['action_id']})")
 
 
 @click.command("resume")
 @click.argument("node")
-@_url_opt
-@_token_opt
+@url_opt
+@token_opt
 @pass_state
 def resume(state: State, node: str, url: str | None, token: str | None) -> None:
     """Ask the controller to resume NODE (only babysitter's own drains)."""
-    with _client(state, url, token) as c:
-        r = _call(c, "POST", f"/api/v1/nodes/{node}/resume")
+    with client(state, url, token) as c:
+        r = call(c, "POST", f"/api/v1/nodes/{node}/resume")
     click.echo(f"resume of {node} requested (action {r['action_id']})")
 
 
 @click.command("requeue")
 @click.argument("job_id", type=int)
-@_url_opt
-@_token_opt
+@url_opt
+@token_opt
 @pass_state
 def requeue(state: State, job_id: int, url: str | None, token: str | None) -> None:
     """Ask the controller to requeue JOB_ID."""
-    with _client(state, url, token) as c:
-        r = _call(c, "POST", f"/api/v1/jobs/{job_id}/requeue")
+    with client(state, url, token) as c:
+        r = call(c, "POST", f"/api/v1/jobs/{job_id}/requeue")
     click.echo(f"requeue of {job_id} requested (action {r['action_id']})")
 
 
@@ -210,13 +174,13 @@ def guard() -> None:
 
 
 @guard.command("reset")
-@_url_opt
-@_token_opt
+@url_opt
+@token_opt
 @pass_state
 def guard_reset(state: State, url: str | None, token: str | None) -> None:
     """Let babysitter drain again after the guard tripped (recorded in the action log)."""
-    with _client(state, url, token) as c:
-        r = _call(c, "POST", "/api/v1/guard/reset")
+    with client(state, url, token) as c:
+        r = call(c, "POST", "/api/v1/guard/reset")
     click.echo(f"guard reset requested (action {r['action_id']})")
 
 

@@ -21,6 +21,7 @@ from babysitter import __version__
 from babysitter.controller.api_admin import admin_router
 from babysitter.controller.api_health import health_router
 from babysitter.controller.api_read import read_router
+from babysitter.controller.audit_api import audit_router
 from babysitter.controller.auth import NODE_HEADER, Authenticator, Principal
 from babysitter.controller.guard_api import guard_router
 from babysitter.controller.ingest import (
@@ -135,6 +136,7 @@ def create_app(
     app.include_router(read_router(store, runtime_state, reader))
     app.include_router(admin_router(store, admin))
     app.include_router(guard_router(store, reader))
+    app.include_router(audit_router(store, reader))
     app.include_router(health_router(store, metrics, runtime_state))
     return app
 

@@ -9,9 +9,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from babysitter import __version__
+from babysitter.controller import cockpit_metrics
 from babysitter.controller.api_read import node_view
 from babysitter.controller.metrics import ControllerMetrics
-from babysitter.controller.store import Store
+from babysitter.controller.store import Store, now
 
 
 def health_router(
@@ -46,6 +47,7 @@ def health_router(
         for v, c in verdicts.items():
             metrics.nodes.labels(v).set(c)
         metrics.is_leader.set(1 if runtime_state.get("leader") else 0)
+        cockpit_metrics.refresh(store, metrics, runtime_state, now())
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return router

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
+from babysitter.controller import audit
 from babysitter.controller.alerts import Alert
 from babysitter.controller.guard_api import GUARD_KEY
 from babysitter.controller.jobs import REQUEUE_RULE, JobTracker
@@ -54,6 +55,19 @@ def node_alert(
         firing.append(Alert(d.node, "node_unhealthy", Severity.CRITICAL, d.reason, done, now))
     else:
         clearing.append((d.node, "node_unhealthy"))
+
+
+def first_critical(evidence: list[dict[str, Any]]) -> datetime | None:
+    """When the earliest critical finding of an audit entry's evidence was observed."""
+    times = []
+    for f in evidence:
+        if f.get("severity") != Severity.CRITICAL:
+            continue
+        try:
+            times.append(aware(datetime.fromisoformat(str(f.get("observed_at")))))
+        except ValueError:
+            continue
+    return min((t for t in times if t is not None), default=None)
 
 
 class ActionExecutor:
@@ -108,11 +122,15 @@ class ActionExecutor:
                 results.append((a, d, err))
         # every outcome in one transaction; item by item if that fails
         outcomes = self.isolated("settle", lambda: self._settle_many(results, now)) or {}
+        settled = []
         for a, d, err in results:
             outcome = outcomes.get(a["id"]) or self.isolated(
                 f"action {a['kind']} {d.node}", partial(self._settle, a, err, now)
             )
             node_alert(d, outcome or "failed", firing, clearing, now)
+            if outcome != "pending":
+                settled.append(a["id"])
+        self.isolated("audit", lambda: self._audit(settled, now))
 
     def _settle_many(
         self, results: list[tuple[dict[str, Any], Decision, SlurmError | None]], now: datetime
@@ -219,7 +237,26 @@ class ActionExecutor:
         return "pending"
 
     def execute(self, a: dict[str, Any], now: datetime) -> str:
-        """Run one action in its own error boundary; returns its new status."""
+        """Run one action in its own error boundary and audit it once it has settled;
+        returns its new status."""
+        status = self._execute_guarded(a, now)
+        if status != "pending":
+            self.isolated("audit", lambda: self._audit([a["id"]], now))
+        return status
+
+    def _audit(self, action_ids: list[int], now: datetime) -> None:
+        """Audit settled actions; a drain done on the policy's own evidence also measures
+        fault -> drain: from the first critical finding behind it to now (the drain has
+        just been done in Slurm)."""
+        done_at = datetime.now(UTC)
+        for e in audit.record_actions(self.store, action_ids, now):
+            if e.kind != "drain" or e.result is not audit.AuditResult.DONE or e.actor != "policy":
+                continue
+            first = first_critical(e.evidence)
+            if first is not None:
+                self.metrics.fault_to_drain.observe(max(0.0, (done_at - first).total_seconds()))
+
+    def _execute_guarded(self, a: dict[str, Any], now: datetime) -> str:
         try:
             return self._execute_one(a, now)
         except Exception as exc:  # a bug or a hostile input: recorded on this action only

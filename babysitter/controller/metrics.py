@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from babysitter.controller import audit
 
 
 class ControllerMetrics:
@@ -52,3 +58,60 @@ class ControllerMetrics:
         self.is_leader = Gauge(
             "babysitter_controller_leader", "1 when this controller acts on Slurm.", registry=r
         )
+        # the on-call cockpit (deploy/prometheus rules, deploy/grafana dashboard)
+        self.tick_duration = Histogram(
+            "babysitter_loop_tick_seconds",
+            "Time one iteration of a controller loop (remediation, ...) took.",
+            ["loop"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.fault_to_drain = Histogram(
+            "babysitter_fault_to_drain_seconds",
+            "From the first critical finding behind a drain (observed on the node) to the drain "
+            "done in Slurm.",
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900),
+            registry=r,
+        )
+        # read from the store when /metrics is scraped (controller/cockpit_metrics.py)
+        self.guard_tripped = Gauge(
+            "babysitter_guard_tripped", "1 while the blast-radius guard stops drains.", registry=r
+        )
+        self.oldest_drain_age = Gauge(
+            "babysitter_oldest_drain_age_seconds",
+            "Age of the oldest drain babysitter holds (0 when it holds none).",
+            registry=r,
+        )
+        self.drained = Gauge("babysitter_nodes_drained", "Nodes drained by babysitter.", registry=r)
+        self.silent = Gauge(
+            "babysitter_nodes_silent",
+            "Nodes that reported once and then not within controller.heartbeat_timeout_s.",
+            registry=r,
+        )
+        self.firing = Gauge(
+            "babysitter_alerts_firing",
+            "Alerts babysitter has firing, by condition (node_unhealthy, lemon_node, ...).",
+            ["condition"],
+            registry=r,
+        )
+        self.maintenance = Gauge(
+            "babysitter_nodes_in_maintenance",
+            "Nodes in an open maintenance window (not drained or paged by babysitter).",
+            registry=r,
+        )
+        r.register(AuditCollector())
+
+
+class AuditCollector(Collector):
+    """babysitter_actions_total{kind,result}: every audited action (controller/audit.py
+    counts them as it writes them)."""
+
+    def collect(self) -> Iterator[Metric]:
+        c = CounterMetricFamily(
+            "babysitter_actions",
+            "Actions settled or requested, as written to the audit log.",
+            labels=["kind", "result"],
+        )
+        for (kind, result), n in sorted(audit.totals().items()):
+            c.add_metric([kind, result], n)
+        yield c

@@ -150,3 +150,48 @@ kv = Table(
     Column("value", JSON, nullable=True),
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
+
+# Who did what to which node, when, on what evidence and with what result (controller/audit.py).
+# Written when an action settles (and when an admin asks for one); kept audit_retention_days.
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("actor", String(128), nullable=False),  # policy | admin | admin (who) | maintenance
+    Column("kind", String(32), nullable=False),  # drain resume requeue guard maintenance_start ...
+    Column("node", String(64), nullable=True),
+    Column("job_id", BigInteger, nullable=True),
+    Column("action_id", BigInteger, nullable=True),
+    Column("rule", Text, nullable=True),
+    Column("reason", Text, nullable=True),
+    Column("result", String(16), nullable=False),  # requested done failed skipped dry_run
+    Column("outcome", Text, nullable=True),
+    Column("evidence", JSON, nullable=False, default=list),  # the findings behind it
+    Index("ix_audit_at", "at"),
+    Index("ix_audit_node_at", "node", "at"),
+)
+
+# Maintenance windows (controller/maintenance.py): nodes babysitter neither drains nor pages
+# until `ends_at` or an admin ends the window early.
+maintenance_windows = Table(
+    "maintenance_windows",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("nodes", JSON, nullable=False),  # expanded node names
+    Column("hostlist", Text, nullable=False),  # as the admin wrote it
+    Column("reason", Text, nullable=False),
+    Column("created_by", String(128), nullable=False),
+    Column("starts_at", DateTime(timezone=True), nullable=False),
+    Column("ends_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True), nullable=True),  # null while open
+    Column("reservation", String(128), nullable=True),  # Slurm reservation name
+    Column("silence_id", String(64), nullable=True),  # Alertmanager silence id
+    Column("state", String(16), nullable=False),  # active | ended
+    Column("note", Text, nullable=True),  # what could not be done (reservation, silence)
+    Index("ix_maintenance_state", "state"),
+)

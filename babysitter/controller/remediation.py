@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from babysitter.config import Config
+from babysitter.controller import audit
 from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.alerts.router import sinks_from_config
 from babysitter.controller.alerts.sender import AlertSender
@@ -328,7 +329,7 @@ class RemediationEngine:
         elif d.kind == "guard_tripped":
             if not cluster.guard_tripped:
                 self.store.kv_set(GUARD_KEY, True)
-                self.store.record_action(
+                aid = self.store.record_action(
                     "guard",
                     reason=d.reason,
                     rule=d.rule,
@@ -336,6 +337,7 @@ class RemediationEngine:
                     status="done",
                     outcome="breaker tripped: drains stopped",
                 )
+                audit.record_actions(self.store, [aid], now)
             firing.append(
                 Alert(
                     None,
@@ -363,7 +365,7 @@ class RemediationEngine:
             clearing.append((d.node, d.condition))
         elif d.kind == "validate" and d.node:
             if d.dry_run:
-                self.store.record_action(
+                vid = self.store.record_action(
                     "validate",
                     node=d.node,
                     reason=d.reason,
@@ -372,6 +374,7 @@ class RemediationEngine:
                     outcome="dry-run: no validation job",
                     dry_run=True,
                 )
+                audit.record_actions(self.store, [vid], now)
             else:
                 self.validator.start(d.node, d.reason, now)
 

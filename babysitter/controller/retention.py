@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import delete, select
 
 from babysitter.config import ControllerConfig
+from babysitter.controller import audit
 from babysitter.controller import models as m
 from babysitter.controller.store import Store
 from babysitter.finding import Severity
@@ -73,6 +74,7 @@ class Retention:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.deleted = 0
+        self.audit_deleted = 0
         self.batches = 0
         self.batch = cfg.retention_batch  # adapted to BATCH_TARGET_S, at most the configured
 
@@ -96,6 +98,19 @@ class Retention:
                     break
                 self._stop.wait(PAUSE_S)
         self.deleted += total
+        self.audit_deleted += self._prune_audit(now)
+        return total
+
+    def _prune_audit(self, now: datetime) -> int:
+        """Audit entries past their (long) retention, in the same small batches."""
+        cutoff = now - timedelta(days=self.cfg.audit_retention_days)
+        total = 0
+        while not self._stop.is_set():
+            n = audit.prune(self.store, cutoff, self.batch)
+            total += n
+            if n < self.batch:
+                break
+            self._stop.wait(PAUSE_S)
         return total
 
     def _adapt(self, n: int, took: float) -> None:

@@ -150,10 +150,12 @@ class Controller:
                 for name, fn in self.loops:
                     if name != "retention" and not self.state["leader"]:
                         continue
+                    began = time.perf_counter()
                     try:
                         fn()
                     except Exception:
                         log.exception("loop %s failed", name)
+                    self.metrics.tick_duration.labels(name).observe(time.perf_counter() - began)
             self.last_progress = time.monotonic()
             self.state["loop_progress_at"] = time.time()
             self._wait_next_tick(started, interval)

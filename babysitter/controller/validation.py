@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.config import Config
+from babysitter.controller import audit
 from babysitter.controller.alerts import Alert
 from babysitter.controller.store import Store
 from babysitter.finding import Severity
@@ -134,6 +135,7 @@ class Validator:
         except (SlurmError, OSError) as exc:
             outcome = f"could not start the validation job: {exc}"
             self.store.update_action(aid, status="failed", done_at=now, outcome=outcome)
+            audit.record_actions(self.store, [aid], now)
             log.warning("%s: %s", node, outcome)
             return outcome
         outcome = f"validation job {job} running on {node} (reservation {reservation_name(node)})"
@@ -183,6 +185,7 @@ class Validator:
             self.store.update_action(
                 a["id"], status="done", done_at=now, outcome=f"passed (job {job})"
             )
+            audit.record_actions(self.store, [a["id"]], now)
             self.store.set_node(node, babysitter_drained=False, drain_reason=None)
             clearing += [(node, "node_unhealthy"), (node, "validation_failed")]
             log.info("%s passed validation job %s: back in service", node, job)
@@ -197,7 +200,7 @@ class Validator:
         except SlurmError as exc:
             drained = f"could not drain: {exc}"
         self.store.set_node(node, babysitter_drained=True, drain_reason=reason, consecutive_clean=0)
-        self.store.record_action(
+        drain_id = self.store.record_action(
             "drain",
             node=node,
             reason=reason,
@@ -206,6 +209,7 @@ class Validator:
             status="done",
             outcome=drained,
         )
+        audit.record_actions(self.store, [a["id"], drain_id], now)
         firing.append(Alert(node, "validation_failed", Severity.CRITICAL, reason, drained, now))
         total = summarise(self.store.actions(limit=5000)).get(node, NodeValidation()).failures
         if total >= self.cfg.max_attempts:

@@ -1,0 +1,54 @@
+"""The gauges on-call alerts read, set from the store when /metrics is scraped: the guard,
+babysitter's drains and the oldest one, silent nodes, firing alerts by condition, nodes in
+maintenance. A store that cannot be read leaves them as they were and raises: the scrape
+fails (Prometheus then sees `up` = 0 or the error) instead of reading as healthy."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+
+from babysitter.controller import models as m
+from babysitter.controller.guard_api import GUARD_KEY
+from babysitter.controller.metrics import ControllerMetrics
+from babysitter.controller.store import Store, aware
+
+
+def refresh(
+    store: Store, metrics: ControllerMetrics, runtime_state: dict[str, Any], now: datetime
+) -> None:
+    n = m.nodes
+    timeout = timedelta(seconds=float(runtime_state.get("heartbeat_timeout_s", 120)))
+    with store.engine.connect() as c:
+        drained, oldest = c.execute(
+            select(func.count(), func.min(n.c.drained_at)).where(n.c.babysitter_drained)
+        ).one()
+        silent = c.execute(
+            select(func.count()).where(n.c.last_report_at < now - timeout)
+        ).scalar_one()
+        firing: dict[str, int] = {
+            str(cond): int(count)
+            for cond, count in c.execute(
+                select(m.alerts.c.condition, func.count())
+                .where(m.alerts.c.state == "firing")
+                .group_by(m.alerts.c.condition)
+            )
+        }
+        windows = c.execute(
+            select(m.maintenance_windows.c.nodes).where(m.maintenance_windows.c.state == "active")
+        ).all()
+    metrics.guard_tripped.set(1 if store.kv_get(GUARD_KEY, False) else 0)
+    metrics.drained.set(drained)
+    since = aware(oldest)
+    metrics.oldest_drain_age.set(0 if since is None else max(0.0, (now - since).total_seconds()))
+    metrics.silent.set(silent)
+    # conditions that stopped firing go back to 0 (the series stays, so alerts resolve)
+    for cond in {*firing, *_seen(metrics)}:
+        metrics.firing.labels(cond).set(firing.get(cond, 0))
+    metrics.maintenance.set(len({name for (names,) in windows for name in names or []}))
+
+
+def _seen(metrics: ControllerMetrics) -> set[str]:
+    return {s.labels["condition"] for fam in metrics.firing.collect() for s in fam.samples}
