@@ -237,10 +237,13 @@ def test_two_checks_ending_together_never_leave_the_older_snapshot_as_the_node_s
 
     # the warning's report is slow to build (metrics, spool size) while the critical one lands
     a_done = threading.Event()
+    snapshot_taken = threading.Event()
     real_report = agent._report
 
     def slow_report(findings, kind):
         if not any(f.severity is Severity.CRITICAL for f in findings):
+            snapshot_taken.set()
+            # with the report lock held the critical report cannot land meanwhile: bounded wait
             a_done.wait(0.5)
         return real_report(findings, kind)
 
@@ -253,7 +256,7 @@ def test_two_checks_ending_together_never_leave_the_older_snapshot_as_the_node_s
         ),
     )
     warn.start()
-    time.sleep(0.05)  # the warning's report has taken its snapshot
+    assert snapshot_taken.wait(10)  # the warning's report has taken its snapshot
     agent._store(
         Named("gpu.presence"),  # type: ignore[arg-type]
         CheckResult("gpu.presence", [finding("gpu.presence", Severity.CRITICAL)], 0.0),

@@ -482,14 +482,53 @@ def test_pointer_refusals_are_explained(tmp_path):
 
 def test_walk_gives_up_and_says_so(tmp_path):
     root = tmp_path / "ckpt"
-    generic(root, "step1")
     for i in range(300):
-        put(root / "step2" / f"shard{i}.bin")
-    put(root / "step2" / ".complete", b"")
-    age(root)
+        put(root / f"shard{i}.bin")
     scan = discover(root, budget=Budget(max_entries=100))
     assert scan.gave_up.startswith("gave up: ") and "entries" in scan.gave_up
-    assert "gave up" in scan.explain_none() or "gave up" in (scan.choice() or scan).explanation
+    assert "gave up" in scan.explain_none()
+
+
+def test_a_candidate_too_big_to_check_falls_back_to_the_next_older_complete_one(tmp_path):
+    """Two huge newer checkpoints each exhaust their own entry budget: each is given up alone
+    (not known complete) and the older complete one is still found, instead of every older
+    candidate being left "not checked" and the job restarting from scratch."""
+    root = tmp_path / "ckpt"
+    generic(root, "step1")
+    for step in (2, 3):
+        for i in range(150):
+            put(root / f"step{step}" / f"shard{i}.bin")
+        put(root / f"step{step}" / ".complete", b"")
+    age(root)
+    scan = discover(root, budget=Budget(max_entries=100))
+    choice = scan.choice()
+    assert choice is not None and choice.path.name == "step1", scan.explain_none()
+    assert "step3 (gave up: 101 entries" in choice.explanation
+    assert "step2 (gave up: 101 entries" in choice.explanation
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        b"[]",
+        b'"model-00001-of-00001.safetensors"',
+        b"{}",
+        b'{"weight_map": []}',
+        b'{"weight_map": {}}',
+        b'{"weight_map": {"a": ["model-00001-of-00001.safetensors"]}}',
+        b"{not json",
+    ],
+)
+def test_a_sharded_weights_index_that_cannot_be_read_means_incomplete(tmp_path, index):
+    root = tmp_path / "ckpt"
+    hf(root, 100)
+    put(root / "checkpoint-200" / "model-00001-of-00001.safetensors", safetensors())
+    put(root / "checkpoint-200" / "model.safetensors.index.json", index)
+    put(root / "checkpoint-200" / "trainer_state.json", b"{}")
+    age(root)
+    choice = discover(root).choice()
+    assert choice is not None and choice.path.name == "checkpoint-100"
+    assert "checkpoint-200 (model.safetensors.index.json is not" in choice.explanation
 
 
 def test_old_checkpoints_do_not_spend_the_walk_budget(tmp_path):

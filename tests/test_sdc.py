@@ -363,3 +363,32 @@ def test_torch_wrong_cached_reference_is_rechecked_with_the_device_sums(tmp_path
     res = run_sdc("torch", 128, "float32", 3, replicas=2, state_dir=tmp_path)
     assert res.reference_source == "disk"
     assert [f.code for f in res.findings] == ["sdc.ok", "sdc.ok"]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        ("error", 2, "nvmlDeviceGetComputeRunningProcesses_v3", 999),  # NVML_ERROR_UNKNOWN
+        ("lose", 5),
+    ],
+)
+def test_sdc_check_never_runs_when_nvml_cannot_say_the_gpus_are_idle(
+    gpus, fakenvml_lib, tmp_path, fault
+):
+    """An NVML error in the busy-GPU guard counts as busy: the invasive test must not take GPUs
+    that may hold a job."""
+    from tests.fixtures.gpu import babysitter_env, run_babysitter
+
+    getattr(gpus, fault[0])(*fault[1:])
+    env = babysitter_env(
+        gpus,
+        fakenvml_lib,
+        tmp_path,
+        checks__sdc__size="32",
+        checks__sdc__backend="numpy",
+        agent__spool_path=str(tmp_path / "spool.db"),
+    )
+    r = run_babysitter(env, "check", "--json", "--only", "sdc.matmul")
+    findings = json.loads(r.stdout)
+    assert [f["code"] for f in findings] == ["sdc.skipped_unknown"], findings
+    assert not list(tmp_path.glob("sdc-*"))  # no matmul ran, no reference stored

@@ -151,3 +151,28 @@ def test_a_line_across_a_read_boundary_is_never_split(tmp_path):
     with log.open("rb") as fh:
         lines, _ = read_log_lines(fh, offset, chunk=5)
     assert [parse_kmsg_line(x)[1] for x in lines] == [31]  # type: ignore[index]
+
+
+def test_a_malformed_xid_line_never_hides_the_real_xids_after_it(tmp_path):
+    """An absurdly long XID number used to raise and lose every line after it (the offset had
+    already moved past them); non-ASCII digits were read as an XID number."""
+    from babysitter.checks.base import CheckContext
+    from babysitter.checks.xid import KmsgXidCheck
+    from babysitter.config import parse_config
+
+    log = tmp_path / "kern.log"
+    log.write_text(
+        "NVRM: Xid (PCI:0000:3b:00): " + "9" * 4000 + ", pid=1, overflow\n"
+        "NVRM: Xid (PCI:0000:18:00): \u0664\u0668, pid=2, Arabic-Indic 48\n"
+        "NVRM: Xid (PCI:0000:5d:00): 79, pid=3, GPU has fallen off the bus.\n"
+    )
+    check = KmsgXidCheck(CheckContext(parse_config({"agent": {"kmsg_path": str(log)}}), "n"))
+    first = check.run()
+    assert [(f.code, f.severity) for f in first] == [("xid.79", "critical")]
+    assert [f.code for f in check.run()] == ["xid.79"]  # still open, nothing read twice
+
+
+def test_kmsg_xid_numbers_are_ascii_and_bounded():
+    assert parse_kmsg_line("NVRM: Xid (PCI:0000:3b:00): \u0667\u0669, x") is None
+    assert parse_kmsg_line("NVRM: Xid (PCI:0000:3b:00): 1234567, x") is None
+    assert parse_kmsg_line("NVRM: Xid (PCI:0000:3b:00): 154, x") == ("0000:3b:00", 154, "x")

@@ -58,6 +58,7 @@ from babysitter.checkpoints.safefs import (
 )
 
 MARKER = ".complete"
+HF_INDEX = "model.safetensors.index.json"
 DS_POINTER = "latest"
 MG_POINTER = "latest_checkpointed_iteration.txt"
 _TMP_RE = re.compile(r"(\.tmp|\.partial|\.incomplete|~)$|^(tmp|\.tmp)", re.I)
@@ -193,6 +194,23 @@ def _safetensors_problem(dirfd: int, name: str) -> str | None:
     return None
 
 
+def _index_problem(raw: bytes, files: list[str]) -> str | None:
+    """Why a sharded-weights index does not prove its checkpoint complete, or None. An index
+    that is not the expected {"weight_map": {tensor: shard file}} object is unreadable, and
+    unreadable means incomplete, never "no shards to check"."""
+    try:
+        idx = json.loads(raw)
+    except ValueError:
+        return f"{HF_INDEX} is not valid JSON"
+    wm = idx.get("weight_map") if isinstance(idx, dict) else None
+    if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
+        return f"{HF_INDEX} is not a JSON object with a weight_map of shard file names"
+    missing = sorted(set(wm.values()) - set(files))
+    if missing:
+        return f"index names missing shard {missing[0]}"
+    return None
+
+
 class _Scanner:
     def __init__(self, root: Path, rootfd: int, budget: Budget, settle_s: float, now: float):
         self.root, self.rootfd, self.budget = root, rootfd, budget
@@ -233,14 +251,17 @@ class _Scanner:
                 raise _Bad(problem)
 
         try:
-            walk(dfd, self.budget, visit)
-            if fmt == "hf_trainer" and "model.safetensors.index.json" in files:
-                idx = json.loads(read_capped(dfd, "model.safetensors.index.json", JSON_INDEX_CAP))
-                wm = idx.get("weight_map") if isinstance(idx, dict) else None
-                shards = set(wm.values()) if isinstance(wm, dict) else set()
-                missing = sorted(str(s) for s in shards if s not in files)
-                if missing:
-                    return False, f"index names missing shard {missing[0]}"
+            walk(dfd, self.budget.part(), visit)
+            if fmt == "hf_trainer" and HF_INDEX in files:
+                problem = _index_problem(read_capped(dfd, HF_INDEX, JSON_INDEX_CAP), files)
+                if problem:
+                    return False, problem
+        except GaveUp as g:
+            if g.out_of_time:
+                raise  # the whole discovery is out of time: the rest stays "not checked"
+            # this candidate alone is too big to check: it is not known complete, the next
+            # older one still can be
+            return False, str(g)
         except _Bad as bad:
             return False, str(bad)
         except FileNotFoundError:

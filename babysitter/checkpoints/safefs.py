@@ -40,9 +40,10 @@ class Refused(Exception):
 
 
 class GaveUp(Exception):
-    def __init__(self, entries: int, why: str) -> None:
+    def __init__(self, entries: int, why: str, out_of_time: bool = False) -> None:
         super().__init__(f"gave up: {entries} entries ({why})")
         self.entries = entries
+        self.out_of_time = out_of_time  # the whole walk's time is spent, not one subtree's entries
 
 
 @dataclass
@@ -61,7 +62,14 @@ class Budget:
         if self.seen > self.max_entries:
             raise GaveUp(self.seen, f"more than {self.max_entries}")
         if time.monotonic() - self.started > self.seconds:
-            raise GaveUp(self.seen, f"walk took more than {self.seconds:g} s")
+            raise GaveUp(self.seen, f"walk took more than {self.seconds:g} s", out_of_time=True)
+
+    def part(self) -> Budget:
+        """A budget of its own entries for one subtree (a checkpoint candidate) that shares
+        this walk's clock: one huge candidate gives up alone, the time bound stays global."""
+        b = Budget(self.max_entries, self.max_depth, self.seconds)
+        b.started = self.started
+        return b
 
 
 def ascii_int(text: str, max_digits: int = MAX_DIGITS) -> int | None:

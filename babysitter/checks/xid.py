@@ -20,8 +20,10 @@ from babysitter.hardware.xids import XidClass, classify
 
 log = logging.getLogger(__name__)
 
-XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:, (.*))?")
-OFF_BUS_RE = re.compile(r"NVRM: GPU at PCI:([0-9A-Fa-f:.]+): GPU has fallen off the bus")
+# ASCII digits only (`\d` also matches e.g. Arabic-Indic digits, which int() would read as an
+# XID) and a bounded number: real XIDs have at most three digits; a longer one is not an XID line
+XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]{1,32})\): ([0-9]{1,6})(?![0-9])(?:, (.*))?")
+OFF_BUS_RE = re.compile(r"NVRM: GPU at PCI:([0-9A-Fa-f:.]{1,32}): GPU has fallen off the bus")
 MAX_LINE = 4096
 
 
@@ -68,11 +70,7 @@ def parse_kmsg_line(line: str) -> tuple[str, int | None, str] | None:
     line = line[:MAX_LINE]
     m = XID_RE.search(line)
     if m:
-        try:
-            xid = int(m.group(2))
-        except ValueError:
-            return None
-        return m.group(1), xid, m.group(3) or ""
+        return m.group(1), int(m.group(2)), m.group(3) or ""
     m = OFF_BUS_RE.search(line)
     if m:
         return m.group(1), None, "GPU has fallen off the bus"
@@ -91,6 +89,7 @@ class KmsgXidCheck(Check):
         super().__init__(*a, **kw)
         self._offset = 0
         self._open: dict[tuple[str, str], Finding] = {}  # sticky until the next reboot
+        self.malformed_lines = 0
 
     def _pci_to_gpu(self) -> dict[str, int]:
         try:
@@ -98,6 +97,31 @@ class KmsgXidCheck(Check):
         except Exception:
             return {}
         return {_norm_pci(d.pci): d.index for d in devs}
+
+    def _line_finding(
+        self,
+        pci_map: dict[str, int],
+        overrides: dict[int, XidClass],
+        pci: str,
+        xid: int | None,
+        rest: str,
+    ) -> Finding:
+        gpu = pci_map.get(_norm_pci(pci))
+        comp = f"gpu{gpu}" if gpu is not None else "host"
+        where = f"GPU {gpu} (PCI {pci})" if gpu is not None else f"PCI {pci}"
+        if xid is None:
+            return self.finding(
+                comp,
+                Severity.CRITICAL,
+                "gpu.fallen_off_bus",
+                f"{where}: GPU has fallen off the bus (kernel log)",
+                Action.REBOOT,
+                pci_bus_id=pci,
+                rule="kmsg: fallen off the bus",
+            )
+        return xid_finding(
+            self.name, xid, overrides, comp, where, rest, pci_bus_id=pci, source="kmsg"
+        )
 
     def run(self) -> list[Finding]:
         path = Path(self.ctx.config.agent.kmsg_path)
@@ -126,31 +150,23 @@ class KmsgXidCheck(Check):
             ]
         pci_map: dict[str, int] | None = None
         for line in new:
-            parsed = parse_kmsg_line(line)
-            if not parsed:
+            # each line under its own error boundary: the offset has already moved past these
+            # lines, so one that breaks the parser must not lose the real XIDs after it
+            try:
+                parsed = parse_kmsg_line(line)
+                if not parsed:
+                    continue
+                if pci_map is None:
+                    pci_map = self._pci_to_gpu()
+                f = self._line_finding(pci_map, overrides, *parsed)
+            except Exception:
+                self.malformed_lines += 1
+                log.warning("skipped a kernel-log line that could not be parsed: %.200r", line)
                 continue
-            pci, xid, rest = parsed
-            if pci_map is None:
-                pci_map = self._pci_to_gpu()
-            gpu = pci_map.get(_norm_pci(pci))
-            comp = f"gpu{gpu}" if gpu is not None else "host"
-            where = f"GPU {gpu} (PCI {pci})" if gpu is not None else f"PCI {pci}"
-            if xid is None:
-                f = self.finding(
-                    comp,
-                    Severity.CRITICAL,
-                    "gpu.fallen_off_bus",
-                    f"{where}: GPU has fallen off the bus (kernel log)",
-                    Action.REBOOT,
-                    pci_bus_id=pci,
-                    rule="kmsg: fallen off the bus",
-                )
-            else:
-                f = xid_finding(
-                    self.name, xid, overrides, comp, where, rest, pci_bus_id=pci, source="kmsg"
-                )
             if f.severity >= Severity.WARNING:
                 self._open[(f.component, f.code)] = f
+        if self.malformed_lines:
+            self.metrics["kmsg_malformed_lines"] = self.malformed_lines
         return list(self._open.values()) or [
             self.finding("host", Severity.OK, "xid.none", "no XIDs in the kernel log")
         ]

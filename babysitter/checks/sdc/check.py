@@ -13,21 +13,29 @@ from babysitter.checks.sdc.runner import run_sdc
 from babysitter.finding import Finding, Severity
 
 
-def gpus_busy() -> list[int]:
-    """Indexes of GPUs with compute processes (empty on a node without NVML)."""
+def gpus_busy() -> list[int] | str:
+    """Indexes of GPUs with compute processes (empty on a node without an NVML library), or why
+    NVML could not tell. Not knowing is not "idle": the caller must treat it as busy, or the
+    invasive test could run on GPUs that hold a job."""
     import pynvml
 
     try:
-        devs, _ = nvml.devices()
-    except Exception:
-        return []
+        devs, lost = nvml.devices()
+    except nvml.NvmlUnavailable as exc:
+        if exc.code is None:  # no NVML library at all: no GPU a job could be using
+            return []
+        return str(exc)
+    except pynvml.NVMLError as exc:
+        return f"NVML error listing GPUs: {exc}"
+    if lost:
+        return f"GPUs {[d.index for d in lost]} do not answer NVML"
     busy = []
     for d in devs:
         try:
             if pynvml.nvmlDeviceGetComputeRunningProcesses(d.handle):
                 busy.append(d.index)
-        except pynvml.NVMLError:
-            continue
+        except pynvml.NVMLError as exc:
+            return f"cannot list the processes on {d.label}: {exc}"
     return busy
 
 
@@ -40,6 +48,16 @@ class SdcCheck(Check):
 
     def run(self) -> list[Finding]:
         busy = gpus_busy()
+        if isinstance(busy, str):
+            return [
+                self.finding(
+                    "host",
+                    Severity.INFO,
+                    "sdc.skipped_unknown",
+                    f"SDC test skipped: cannot tell whether the GPUs are idle ({busy})",
+                    error=busy,
+                )
+            ]
         if busy:
             return [
                 self.finding(
