@@ -92,12 +92,12 @@ def actor_of(requested_by: str | None, who: str | None = None) -> str:
     return f"{base} ({who})" if who else base
 
 
-# entries written by this process, by (kind, result): babysitter_actions_total
-_totals: Counter[tuple[str, str]] = Counter()
+# entries written by this process, by (kind, rule, result): babysitter_actions_total
+_totals: Counter[tuple[str, str, str]] = Counter()
 _totals_lock = threading.Lock()
 
 
-def totals() -> dict[tuple[str, str], int]:
+def totals() -> dict[tuple[str, str, str], int]:
     with _totals_lock:
         return dict(_totals)
 
@@ -109,7 +109,7 @@ def record(store: Store, *entries: AuditEntry) -> None:
     with store.engine.begin() as c:
         c.execute(m.audit_log.insert(), [e.row() for e in entries])
     with _totals_lock:
-        _totals.update((e.kind, str(e.result)) for e in entries)
+        _totals.update((e.kind, e.rule or "", str(e.result)) for e in entries)
 
 
 def evidence(store: Store, nodes: list[str]) -> dict[str, list[dict[str, Any]]]:

@@ -103,15 +103,15 @@ class ControllerMetrics:
 
 
 class AuditCollector(Collector):
-    """babysitter_actions_total{kind,result}: every audited action (controller/audit.py
-    counts them as it writes them)."""
+    """babysitter_actions_total{kind,rule,result}: every audited action (controller/audit.py
+    counts them as it writes them; `rule` is the policy rule or `manual`)."""
 
     def collect(self) -> Iterator[Metric]:
         c = CounterMetricFamily(
             "babysitter_actions",
             "Actions settled or requested, as written to the audit log.",
-            labels=["kind", "result"],
+            labels=["kind", "rule", "result"],
         )
-        for (kind, result), n in sorted(audit.totals().items()):
-            c.add_metric([kind, result], n)
+        for (kind, rule, result), n in sorted(audit.totals().items()):
+            c.add_metric([kind, rule, result], n)
         yield c
