@@ -1,6 +1,7 @@
-"""Only what pyproject.toml cannot say: the top-level sql/ and slurm-plugins/ folders are the
-packages babysitter.sql and babysitter.slurm_plugins (package-dir works for the wheel and the
-editable install; code finds them with importlib.resources)."""
+"""Only what pyproject.toml cannot say: the top-level sql/, slurm-plugins/ and systemd/ folders are
+the packages babysitter.sql, babysitter.slurm_plugins and babysitter.systemd (package-dir works
+for the wheel and the editable install; code and docs/deploy.md find them with
+importlib.resources)."""
 
 from setuptools import find_packages, setup
 
@@ -8,6 +9,7 @@ MAPPED = {
     "babysitter.sql": "sql",
     "babysitter.sql.versions": "sql/versions",
     "babysitter.slurm_plugins": "slurm-plugins",
+    "babysitter.systemd": "systemd",
 }
 
 setup(

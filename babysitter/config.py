@@ -10,8 +10,8 @@ that are no setting are ignored. A value check that needs code is a `__post_init
 `ValueError("<key>: <why>")`, so the error still names the key.
 
 Each section is its own model; checks own their `[checks.<name>]` model below. Add keys to the
-model of the part you build, with a default and a one-line description (the README's
-configuration reference is generated from these models).
+model of the part you build, with a default and a one-line description (docs/config.md,
+the configuration reference, is generated from these models).
 """
 
 from __future__ import annotations

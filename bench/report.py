@@ -2,7 +2,8 @@
 provenance (machine, commit, date, load, settings), goals flagged loudly, and every result that
 is not a measurement of today's code said so at the top: STALE (older than the code it
 measures), FAILED (its benchmark failed in the last `make bench`, the figures are an older
-run's) and MISSING (a figure the run could not measure)."""
+run's) and MISSING (a figure the run could not measure). bench/history.md, the hand-written guide
+to reading the figures and how they changed, follows the sections."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from bench.common import BENCH_DIR, RESULTS_DIR
 
 LAST_RUN = "last_run.json"  # what `make bench` ran and how each benchmark ended (bench/run.py)
 INLINE = ("soak", "ettr")  # write-ups shown inside their section, not only linked
+HISTORY = BENCH_DIR / "history.md"
 
 
 def _fmt(v: Any) -> str:
@@ -88,6 +90,7 @@ def render(
     results: list[dict[str, Any]],
     last_run: dict[str, Any] | None = None,
     results_dir: Path = RESULTS_DIR,
+    history: Path | None = None,
 ) -> str:
     by_name = {r["name"]: r for r in results}
     runs = (last_run or {}).get("benchmarks", {})
@@ -171,6 +174,8 @@ def render(
             out += ["", note.read_text().strip()]
         elif note.exists():
             out += ["", f"Notes: [{name}](results/{note.name})"]
+    if history is not None and history.exists():
+        out += ["", history.read_text().rstrip()]
     return "\n".join(out) + "\n"
 
 
@@ -193,7 +198,7 @@ def load(results_dir: Path = RESULTS_DIR) -> tuple[list[dict[str, Any]], dict[st
 
 def main(results_dir: Path = RESULTS_DIR, out: Path = BENCH_DIR / "RESULTS.md") -> int:
     results, last_run = load(results_dir)
-    out.write_text(render(results, last_run, results_dir))
+    out.write_text(render(results, last_run, results_dir, HISTORY))
     print(f"wrote {out} from {len(results)} result files")
     return 0
 

@@ -19,7 +19,7 @@ INSTALLED = Path("/usr/local/bin/babysitter")  # where the units expect the docu
 
 @pytest.fixture
 def installed_babysitter() -> Iterator[None]:
-    """The units name /usr/local/bin/babysitter (the README's install). systemd-analyze checks
+    """The units name /usr/local/bin/babysitter (docs/deploy.md's install). systemd-analyze checks
     that the executable exists, so install this checkout's entry point there for the test when
     nothing is installed, and take it away afterwards."""
     created = False

@@ -2,7 +2,7 @@
 loop never waits for it.
 
 At 10,000 nodes every 5 s the store takes ~170 M reports a day. What is kept (decided here,
-documented in README "Sizing the controller"):
+documented in docs/architecture.md, "Scale"):
 - clean reports (worst severity ok/info) for `controller.clean_report_minutes` (default 10):
   the node row keeps the latest state and its consecutive-clean count, which is all the policy
   reads from them; a clean report is no evidence anyone looks up later. No summary rows: a

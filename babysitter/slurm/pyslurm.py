@@ -1,6 +1,6 @@
 """`pyslurm` backend: Slurm's C API through pyslurm (25.11.x, which builds only against Slurm
 25.11; `make setup` builds it against the devcluster's 25.11, admins build it with
-SLURM_INCLUDE_DIR / SLURM_LIB_DIR, see README). Reads and changes both go through libslurm:
+SLURM_INCLUDE_DIR / SLURM_LIB_DIR, see docs/slurm.md). Reads and changes both go through libslurm:
 `Nodes.load`, `Jobs.load`, `Node.modify`, `Job.requeue/modify/hold/release`, under the same
 ownership rules as the other backends (OwnedClient).
 
@@ -47,7 +47,7 @@ def load_pyslurm(slurm_conf: Path | None = None) -> Any:
         except ImportError as exc:
             raise SlurmError(
                 "slurm.backend = 'pyslurm' but pyslurm is not importable "
-                f"({exc}); it must be built against your Slurm (README: pyslurm backend), "
+                f"({exc}); it must be built against your Slurm (docs/slurm.md, pyslurm), "
                 "or use backend 'cli' or 'rest'"
             ) from None
         if _initialized != str(conf):

@@ -7,7 +7,8 @@ from datetime import datetime
 
 from babysitter.finding import Severity
 
-# condition -> what on-call should do (shown in every alert; the README lists the same)
+# condition -> what on-call should do (shown in every alert; docs/operations.md has a section
+# for each, with the same advice at more length)
 RUNBOOK: dict[str, str] = {
     "node_unhealthy": "Check the finding: XID 79 / GPU lost -> reboot the node and reseat the GPU "
     "if it repeats; DBE / row remap pending -> reset the GPU (nvidia-smi -r) or reboot; row "
