@@ -7,11 +7,10 @@ from datetime import datetime
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from babysitter.cli.api_client import call, client, token_opt, url_opt
 from babysitter.cli.common import State, echo_json, pass_state
+from babysitter.cli.tables import show, table
 from babysitter.cli.when import TimeParam
 
 
@@ -54,22 +53,25 @@ def audit(
     if as_json:
         echo_json(rows)
         return
-    t = Table("at", "actor", "action", "node/job", "result", "reason", "evidence", "outcome")
+    cells = []
     for e in rows:
         target = e.get("node") or ""
         if e.get("job_id"):
             target = f"{target} job {e['job_id']}".strip()
-        t.add_row(
-            e["at"],
-            e["actor"],
-            e["kind"],
-            target,
-            e["result"],
-            e.get("reason") or "",
-            evidence_line(e.get("evidence") or []),
-            e.get("outcome") or "",
+        cells.append(
+            [
+                e["at"],
+                e["actor"],
+                e["kind"],
+                target,
+                e["result"],
+                e.get("reason") or "",
+                evidence_line(e.get("evidence") or []),
+                e.get("outcome") or "",
+            ]
         )
-    Console().print(t)
+    columns = ("at", "actor", "action", "node/job", "result", "reason", "evidence", "outcome")
+    show(table(*columns, rows=cells))
     if not rows:
         click.echo("no audit entries" + (f" for {node}" if node else ""))
 

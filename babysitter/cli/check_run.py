@@ -81,23 +81,23 @@ _STYLE = {
 
 
 def _print_table(findings: list[Finding]) -> None:
-    from rich.console import Console  # for people at a terminal only
-    from rich.table import Table
+    # for people at a terminal only: rich is imported here, not on the HealthCheckProgram path
+    from babysitter.cli.tables import literal, show, table
 
-    con = Console()
     problems = [f for f in findings if f.severity is not Severity.OK]
     healthy = {(f.check, f.component) for f in findings if f.severity is Severity.OK}
+    out: list[object] = []
     if problems:
-        t = Table("severity", "check", "component", "code", "message")
-        for f in sorted(problems, key=lambda f: (-f.severity.rank, f.check, f.component)):
-            t.add_row(
-                f"[{_STYLE[f.severity]}]{f.severity}[/]", f.check, f.component, f.code, f.message
-            )
-        con.print(t)
-    con.print(
+        cells = [
+            [literal(f.severity, _STYLE[f.severity]), f.check, f.component, f.code, f.message]
+            for f in sorted(problems, key=lambda f: (-f.severity.rank, f.check, f.component))
+        ]
+        out.append(table("severity", "check", "component", "code", "message", rows=cells))
+    out.append(
         f"{len(healthy)} check/component pairs ok; worst: {worst(findings)} "
         "(--json for every finding)"
     )
+    show(*out)
 
 
 def _say(text: str) -> None:

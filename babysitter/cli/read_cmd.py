@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from babysitter.cli.api_client import call, client, token_opt, url_opt
 from babysitter.cli.common import State, echo_json, pass_state
+from babysitter.cli.tables import show, table
 
 
 @click.command("status")
@@ -39,16 +38,28 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
             }
         )
         return
-    con = Console()
-    con.print(f"{len(nodes)} nodes: " + ", ".join(f"{v} {k}" for k, v in sorted(by.items())))
+    lines: list[object] = [
+        f"{len(nodes)} nodes: " + ", ".join(f"{v} {k}" for k, v in sorted(by.items()))
+    ]
     if bad:
-        t = Table("node", "verdict", "drained by babysitter", "problem")
-        for n in bad:
-            first = n["open_findings"][0]["message"] if n["open_findings"] else ""
-            t.add_row(n["name"], n["verdict"], "yes" if n["babysitter_drained"] else "", first)
-        con.print(t)
-    con.print(f"{len(pending)} pending actions")
-    con.print(_guard_line(guard))
+        lines.append(
+            table(
+                "node",
+                "verdict",
+                "drained by babysitter",
+                "problem",
+                rows=[
+                    [
+                        n["name"],
+                        n["verdict"],
+                        "yes" if n["babysitter_drained"] else "",
+                        n["open_findings"][0]["message"] if n["open_findings"] else "",
+                    ]
+                    for n in bad
+                ],
+            )
+        )
+    show(*lines, f"{len(pending)} pending actions", _guard_line(guard))
 
 
 def _guard_line(g: dict[str, Any]) -> str:
@@ -75,16 +86,17 @@ def nodes(state: State, url: str | None, token: str | None, as_json: bool) -> No
     if as_json:
         echo_json(rows)
         return
-    t = Table("node", "verdict", "heartbeat age s", "open findings", "slurm")
-    for n in rows:
-        t.add_row(
+    rows = [
+        [
             n["name"],
             n["verdict"],
-            str(n["heartbeat_age_s"]),
-            str(len(n["open_findings"])),
+            n["heartbeat_age_s"],
+            len(n["open_findings"]),
             n.get("slurm_state") or "",
-        )
-    Console().print(t)
+        ]
+        for n in rows
+    ]
+    show(table("node", "verdict", "heartbeat age s", "open findings", "slurm", rows=rows))
 
 
 @click.command("findings")
@@ -100,10 +112,10 @@ def findings(state: State, node: str, url: str | None, token: str | None, as_jso
     if as_json:
         echo_json(rows)
         return
-    t = Table("observed", "severity", "check", "component", "message")
-    for f in rows:
-        t.add_row(str(f["observed_at"]), f["severity"], f["check"], f["component"], f["message"])
-    Console().print(t)
+    cells = [
+        [f["observed_at"], f["severity"], f["check"], f["component"], f["message"]] for f in rows
+    ]
+    show(table("observed", "severity", "check", "component", "message", rows=cells))
 
 
 @click.command("jobs")
@@ -118,17 +130,18 @@ def jobs(state: State, url: str | None, token: str | None, as_json: bool) -> Non
     if as_json:
         echo_json(rows)
         return
-    t = Table("job", "state", "nodes", "restarts", "requeues", "resume from")
-    for j in rows:
-        t.add_row(
-            str(j["job_id"]),
+    cells = [
+        [
+            j["job_id"],
             j.get("state") or "",
             ",".join(j.get("nodes") or []),
-            str(j["restart_count"]),
-            str(j["requeues"]),
+            j["restart_count"],
+            j["requeues"],
             j.get("resume_point") or "",
-        )
-    Console().print(t)
+        ]
+        for j in rows
+    ]
+    show(table("job", "state", "nodes", "restarts", "requeues", "resume from", rows=cells))
 
 
 @click.command("drain")

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import get_args
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from babysitter.cli.common import State, echo_json, pass_state
+from babysitter.cli.tables import show, table
 from babysitter.config import SdcDtype
 from babysitter.errors import UsageError
 from babysitter.finding import exit_code
@@ -76,17 +75,19 @@ def sdc_test(
     if as_json:
         echo_json([f.to_json_dict() for f in res.findings])
     else:
-        t = Table("device", "model", "result", "GFLOP/s", "verify ms", "ABFT ratio")
-        for r, f in zip(res.devices, res.findings, strict=True):
-            t.add_row(
+        cells = [
+            [
                 r.label,
                 r.model[:30],
                 f.code,
                 f"{r.gflops:.0f}",
                 f"{r.verify_s * 1e3:.1f}",
                 f"{r.abft_worst_ratio:.3g}",
-            )
-        Console().print(t)
+            ]
+            for r, f in zip(res.devices, res.findings, strict=True)
+        ]
+        columns = ("device", "model", "result", "GFLOP/s", "verify ms", "ABFT ratio")
+        show(table(*columns, rows=cells))
     return exit_code(res.findings)
 
 

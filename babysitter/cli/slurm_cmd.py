@@ -6,10 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from babysitter.cli.common import State, echo_json, pass_state
+from babysitter.cli.tables import show, table
 from babysitter.slurm.client import SlurmClient
 from babysitter.slurm.factory import make_client
 
@@ -32,10 +31,8 @@ def nodes(state: State, as_json: bool) -> None:
     if as_json:
         echo_json([{**dataclasses.asdict(n), "flags": sorted(n.flags)} for n in rows])
         return
-    t = Table("node", "state", "flags", "reason")
-    for n in rows:
-        t.add_row(n.name, n.state, ",".join(sorted(n.flags)), n.reason)
-    Console().print(t)
+    cells = [[n.name, n.state, ",".join(sorted(n.flags)), n.reason] for n in rows]
+    show(table("node", "state", "flags", "reason", rows=cells))
 
 
 @slurm_group.command("jobs")
@@ -47,17 +44,18 @@ def jobs(state: State, as_json: bool) -> None:
     if as_json:
         echo_json([dataclasses.asdict(j) for j in rows])
         return
-    t = Table("job", "state", "nodes", "restarts", "excluded", "admin comment")
-    for j in rows:
-        t.add_row(
-            str(j.job_id),
+    cells = [
+        [
+            j.job_id,
             "+".join(j.states),
             ",".join(j.nodes),
-            str(j.restart_count),
+            j.restart_count,
             ",".join(j.excluded_nodes),
             j.admin_comment,
-        )
-    Console().print(t)
+        ]
+        for j in rows
+    ]
+    show(table("job", "state", "nodes", "restarts", "excluded", "admin comment", rows=cells))
 
 
 @slurm_group.command("drain")
