@@ -291,6 +291,78 @@ class ValidationConfig(Section):
         return self.partition is not None
 
 
+class FabricConfig(Section):
+    """Topology-aware correlation (controller/fabric.py): fabric findings from several nodes
+    under one switch are one `switch_suspected` incident, not a drain and a page per node.
+    Defaults: a leaf failure takes every port below it down within seconds, so a minute's
+    window catches it whole while independent node faults (a few a day on 2,000 nodes) almost
+    never line up 3 under one switch in it; 3 nodes (or half of a small switch) is the fewest
+    that is unlikely by chance."""
+
+    enabled: Annotated[
+        bool, Meta(description="correlate fabric findings by Slurm's topology (switches)")
+    ] = True
+    min_nodes: Annotated[
+        int, Meta(ge=2, description="nodes under one switch that make it suspect")
+    ] = 3
+    min_fraction: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=1,
+            description="...or this fraction of its nodes, whichever is fewer (at least 2)",
+        ),
+    ] = 0.5
+    window_s: Annotated[
+        float, Meta(gt=0, description="onsets within this many seconds count as together")
+    ] = 60.0
+    hold_s: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="a fabric fault waits this long for its siblings before it is a node "
+            "fault (no drain and page for the first node of a failing switch)",
+        ),
+    ] = 10.0
+    on_switch: Annotated[
+        Literal["drain", "keep"],
+        Meta(
+            description="drain the nodes under a suspected switch in one call, or keep them in "
+            "service (alert and move babysat jobs away only)"
+        ),
+    ] = "drain"
+    requeue_jobs: Annotated[
+        bool, Meta(description="requeue babysat jobs on those nodes, excluding them")
+    ] = True
+    topology_refresh_s: Annotated[
+        float,
+        Meta(gt=0, description="re-read `scontrol show topology` this often (it changes rarely)"),
+    ] = 300.0
+
+
+_Fraction = Annotated[float, Meta(gt=0, le=1)]
+_Count = Annotated[int, Meta(ge=1)]
+
+
+class BlastRadiusConfig(Section):
+    """Node-drain caps by scope (controller/blast.py): a tripped cap stops new node drains in
+    its scope only; resumes, switch incidents and other scopes go on. A scope is capped when
+    its fraction or count is set (limit = the smaller, at least 1). Unset by default, so a
+    site keeps the cluster-wide breaker ([policy] max_drained_fraction) it knows until it
+    chooses scopes; docs/fabric.md suggests values."""
+
+    switch_fraction: Annotated[
+        _Fraction | None, Meta(description="of the nodes under one leaf switch")
+    ] = None
+    switch_count: Annotated[_Count | None, Meta(description="nodes under one leaf switch")] = None
+    partition_fraction: Annotated[
+        _Fraction | None, Meta(description="of the nodes of one partition")
+    ] = None
+    partition_count: Annotated[_Count | None, Meta(description="nodes of one partition")] = None
+    cluster_fraction: Annotated[_Fraction | None, Meta(description="of every node in Slurm")] = None
+    cluster_count: Annotated[_Count | None, Meta(description="nodes cluster-wide")] = None
+
+
 # the lowest severity a sink receives: Severity's own order decides (no second order here)
 ROUTES = ("route_alertmanager", "route_slack", "route_pagerduty", "route_webhook")
 
@@ -513,6 +585,8 @@ class Config(Section):
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    fabric: FabricConfig = field(default_factory=FabricConfig)
+    blast_radius: BlastRadiusConfig = field(default_factory=BlastRadiusConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
 
 

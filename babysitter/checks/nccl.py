@@ -34,6 +34,16 @@ SIGNATURES: list[tuple[str, re.Pattern[str], Severity]] = [
         re.compile(r"ProcessGroupNCCL.*[Tt]imeout|NCCL.*timed out"),
         Severity.CRITICAL,
     ),
+    # the InfiniBand transport failing under the job (a link or switch, not the GPUs): the
+    # controller correlates these by switch (controller/fabric.py)
+    (
+        "nccl.transport_error",
+        re.compile(
+            r"NET/IB\s*:\s*(?:Got completion from peer.*with (?:status|error)|Got async event)"
+            r"|transport retry counter exceeded"
+        ),
+        Severity.CRITICAL,
+    ),
     ("nccl.unhandled_system_error", re.compile(r"unhandled system error"), Severity.CRITICAL),
     ("nccl.error", re.compile(r"NCCL error"), Severity.WARNING),
     ("nccl.warn", re.compile(r"NCCL WARN"), Severity.WARNING),

@@ -15,6 +15,16 @@ def devcluster_group() -> None:
     """A real local Slurm cluster (munged, slurmctld, N x slurmd -N, slurmrestd)."""
 
 
+def _leafs(value: str | None) -> int:
+    """`leafs=N` -> N (0: no topology)."""
+    if value is None:
+        return 0
+    key, _, n = value.partition("=")
+    if key.strip() != "leafs" or not n.strip().isdigit() or int(n) < 1:
+        raise click.BadParameter(f"expected leafs=N (N >= 1), got {value!r}")
+    return int(n)
+
+
 @devcluster_group.command("up")
 @click.option("--nodes", "n_nodes", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.option(
@@ -41,11 +51,27 @@ def devcluster_group() -> None:
     help="Slurm version (default: the host's; 24.11/26.05 from Debian roots, 25.11 built "
     "from source).",
 )
+@click.option(
+    "--topology",
+    "topology",
+    default=None,
+    metavar="leafs=N",
+    callback=lambda _ctx, _param, value: _leafs(value),
+    help="Write topology.conf with TopologyPlugin=topology/tree: the nodes split evenly over "
+    "N leaf switches (leaf1..leafN) under one spine.",
+)
 def up(
-    n_nodes: int, extra_nodes: int, base: Path, as_json: bool, slurm_version: str | None
+    n_nodes: int,
+    extra_nodes: int,
+    base: Path,
+    as_json: bool,
+    slurm_version: str | None,
+    topology: int,
 ) -> None:
     """Start the cluster and wait until every node is idle."""
-    info = DevCluster(base, nodes=n_nodes, slurm=slurm_version, extra_nodes=extra_nodes).up()
+    info = DevCluster(
+        base, nodes=n_nodes, slurm=slurm_version, extra_nodes=extra_nodes, topology_leafs=topology
+    ).up()
     if as_json:
         echo_json(info.public())
         return
@@ -59,6 +85,8 @@ def up(
             f"  plus {info.extra_nodes} nodes without a slurmd ({fake[0]}..{fake[-1]}, "
             "State=DOWN, drainable)"
         )
+    if topology:
+        click.echo(f"  topology/tree: {topology} leaf switch(es) under one spine (topology.conf)")
     click.echo(f"  export SLURM_CONF={info.slurm_conf}")
     if info.bin:
         click.echo(f"  export PATH={info.bin}:$PATH   # this version's sinfo/scontrol/...")

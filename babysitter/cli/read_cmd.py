@@ -181,9 +181,52 @@ def requeue(state: State, job_id: int, url: str | None, token: str | None) -> No
     click.echo(f"requeue of {job_id} requested (action {r['action_id']})")
 
 
-@click.group("guard")
-def guard() -> None:
-    """The blast-radius guard (circuit breaker)."""
+@click.group("guard", invoke_without_command=True)
+@_url_opt
+@_token_opt
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def guard(ctx: click.Context, url: str | None, token: str | None, as_json: bool) -> None:
+    """The blast-radius guard: the cluster-wide breaker, the scoped node-drain caps
+    ([blast_radius]) and the open switch incidents. `guard reset` re-arms the breaker."""
+    if ctx.invoked_subcommand is not None:
+        return
+    state = ctx.find_object(State)
+    assert state is not None
+    with _client(state, url, token) as c:
+        g = _call(c, "GET", "/api/v1/guard")
+    if as_json:
+        echo_json(g)
+        return
+    for line in guard_lines(g):
+        click.echo(line)
+
+
+def guard_lines(g: dict[str, Any]) -> list[str]:
+    """The guard for people: the breaker, each cap (tripped ones with where and why), each
+    open switch incident."""
+    lines = [_guard_line(g)]
+    blast = g.get("blast_radius") or {}
+    caps = blast.get("caps") or {}
+    tripped = blast.get("tripped") or []
+    if not caps:
+        lines.append("caps: none set ([blast_radius]); the breaker above is the only limit")
+    for scope, cap in sorted(caps.items()):
+        limits = [
+            f"{cap['fraction']:.0%}" if cap.get("fraction") is not None else "",
+            f"{cap['count']} nodes" if cap.get("count") is not None else "",
+        ]
+        hits = [t for t in tripped if t.get("scope") == scope]
+        state = f"TRIPPED in {len(hits)}" if hits else "ok"
+        lines.append(f"cap per {scope} ({' or '.join(x for x in limits if x)}): {state}")
+        lines += [f"  {t.get('reason')}" for t in hits]
+    for inc in g.get("switch_incidents") or []:
+        lines.append(
+            f"switch {inc.get('switch')} suspected since {inc.get('opened_at')}: "
+            f"{', '.join(inc.get('nodes') or [])}"
+            + (f" (jobs {', '.join(map(str, inc['jobs']))})" if inc.get("jobs") else "")
+        )
+    return lines
 
 
 @guard.command("reset")

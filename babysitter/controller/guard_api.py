@@ -14,6 +14,7 @@ from babysitter.controller.store import Store
 
 GUARD_KEY = "guard_tripped"
 GUARD_INFO_KEY = "guard"
+BLAST_KEY = "blast_radius"  # scoped caps and switch incidents (controller/fabric_loop.py)
 
 
 def guard_view(store: Store) -> dict[str, Any]:
@@ -27,6 +28,13 @@ def guard_view(store: Store) -> dict[str, Any]:
         info.update(rule="", reason="", since=None, blocked=[])
     info["state"] = "tripped" if tripped else ("undecided" if info.get("undecided") else "armed")
     info["rule_description"] = rule_description(info.get("rule"))
+    blast = store.kv_get(BLAST_KEY) or {}
+    info["blast_radius"] = {
+        "caps": blast.get("caps", {}),
+        "tripped": blast.get("tripped", []),
+    }
+    info["switch_incidents"] = blast.get("switch_incidents", [])
+    info["topology"] = blast.get("topology")
     return info
 
 

@@ -10,7 +10,7 @@ is `Severity`'s own (finding.py); there is no second order here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal, get_args
@@ -51,6 +51,9 @@ RuleName = Literal[
     "node_slow",
     "job_on_failed_node",
     "manual",
+    "switch_suspected",
+    "switch_recovered",
+    "blast_radius_cap",
 ]
 NoRule = Literal[""]  # a resolve_alert: nothing fired
 
@@ -107,6 +110,21 @@ RULES: dict[RuleName, Rule] = {
         "a babysat job on a drained or DOWN node is requeued from its last checkpoint",
     ),
     "manual": Rule("manual", "requested by an admin (API or CLI)"),
+    # controller/fabric.py and controller/blast.py
+    "switch_suspected": Rule(
+        "switch_suspected",
+        "fabric faults on fabric.min_nodes (or half) of a switch's nodes within "
+        "fabric.window_s: one switch incident, its nodes drained together (or kept)",
+    ),
+    "switch_recovered": Rule(
+        "switch_recovered",
+        "the suspected switch's nodes all report clean again: resumed together",
+    ),
+    "blast_radius_cap": Rule(
+        "blast_radius_cap",
+        "a switch/partition/cluster node-drain cap ([blast_radius]) is reached: no new node "
+        "drain in that scope",
+    ),
 }
 
 
@@ -367,10 +385,16 @@ def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
 
 
 def decide(
-    nodes: Sequence[NodeFacts], cluster: ClusterFacts, s: PolicySettings, now: datetime
+    nodes: Sequence[NodeFacts],
+    cluster: ClusterFacts,
+    s: PolicySettings,
+    now: datetime,
+    admit: Callable[[NodeFacts], bool] | None = None,
 ) -> PolicyResult:
     """Decide for every node at once so the blast-radius guard applies in a deterministic
-    order: the most severe nodes first, then by name."""
+    order: the most severe nodes first, then by name. `admit`: the scoped node-drain caps
+    (controller/blast.py), asked before the cluster-wide breaker; a drain it refuses is held
+    in its scope only."""
     verdicts: dict[str, str] = {}
     decisions: list[Decision] = []
     want_drain: list[tuple[int, NodeFacts, RuleName | NoRule, str]] = []
@@ -447,6 +471,8 @@ def decide(
         if any(p not in cluster.partition_sizes for p in n.partitions):
             # never trip on a size we do not know: hold the drain and say so
             unsized.append(n.name)
+            continue
+        if admit is not None and not admit(n):
             continue
         if not tripped:
             over_rate = drains_hour + 1 > s.max_drains_per_hour

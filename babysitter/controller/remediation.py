@@ -35,6 +35,7 @@ from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.alerts.router import sinks_from_config
 from babysitter.controller.alerts.sender import AlertSender
 from babysitter.controller.executor import ActionExecutor, node_alert
+from babysitter.controller.fabric_loop import FabricStep
 from babysitter.controller.facts import FactGatherer
 from babysitter.controller.guard_api import GUARD_KEY
 from babysitter.controller.jobs import JobTracker
@@ -120,6 +121,9 @@ class RemediationEngine:
         )
         self.outcome = OutcomeWriter(store, self.settings, self.snapshot)
         self.validator = Validator(cfg, store, self.slurm)
+        self.fabric = FabricStep(
+            cfg, store, self.slurm, self.snapshot, self.jobs, metrics, self.settings, self._isolated
+        )
 
     # ---- error boundaries
     def bounded(self, fn: Callable[[], T], timeout_s: float, key: str | None = None) -> T:
@@ -198,7 +202,12 @@ class RemediationEngine:
         slow = self._isolated("stragglers", lambda: self.gatherer.with_stragglers(facts, now))
         if slow is not None:
             facts = slow[0]
-        result = decide(facts, cluster, self.settings, now)
+        # switch incidents answer for their nodes' fabric findings; the caps gate new drains
+        hooked = self._isolated("fabric", lambda: self.fabric.before_policy(facts, cluster, now))
+        admit = None
+        if hooked is not None:
+            facts, cluster, admit = hooked
+        result = decide(facts, cluster, self.settings, now, admit)
         return facts, cluster, result, slow[1] if slow is not None else []
 
     @staticmethod
@@ -255,6 +264,7 @@ class RemediationEngine:
                 ),
             )
         self._isolated("batch", lambda: self.executor.execute_batch(now, firing, clearing))
+        self._isolated("fabric", lambda: self.fabric.act(now, firing, clearing))
         self.executor.run_pending(pending, now)
         if self.validator.enabled:
             self._isolated("validation", lambda: self.validator.poll(now, firing, clearing))

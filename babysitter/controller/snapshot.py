@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from babysitter.config import Config
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNode
+from babysitter.slurm.topology import Topology
 
 log = logging.getLogger(__name__)
 # every node goes through the policy at least this often, changed or not (a safety net: a
@@ -47,6 +48,8 @@ class SlurmSnapshot:
         self.held: set[str] = set()
         self.partitions: dict[str, int] = {}
         self.drained_by_us: dict[str, int] = {}
+        # Slurm's switches over the nodes, re-read on its own slow schedule (fabric_loop.py)
+        self.topology = Topology()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

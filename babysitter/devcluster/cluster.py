@@ -118,8 +118,10 @@ class DevCluster:
         restd: bool = True,
         slurm: str | None = None,
         extra_nodes: int = 0,
+        topology_leafs: int = 0,
     ) -> None:
         self.base = Path(base).resolve()
+        self.topology_leafs = topology_leafs
         self.n_nodes = nodes
         self.extra_nodes = extra_nodes
         self.extra_conf = list(extra_conf or [])
@@ -189,6 +191,7 @@ class DevCluster:
             extra_lines=self.extra_conf + self._source_conf_lines(),
             extra_nodes=self.extra_nodes,
             extra_port=ports[-1] if self.extra_nodes else None,
+            topology_leafs=self.topology_leafs,
         )
         slurm_conf = conf.write_all(spec, self._plugin_lines())
         info = ClusterInfo(

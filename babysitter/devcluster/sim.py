@@ -95,6 +95,8 @@ class SimCluster:
     check_interval_s: float = 1.0
     extra_slurm_conf: list[str] = field(default_factory=list)
     ib_ports: int = 0  # simulated InfiniBand ports per node (0: no fabric)
+    topology_leafs: int = 0  # >0: topology/tree over N leaf switches (devcluster --topology)
+    extra_config: dict[str, dict[str, Any]] = field(default_factory=dict)  # more sections
     slurm_version: str | None = None  # 24.11 / 26.05 run from Debian roots, 25.11 from source
     slurm_backend: str = "cli"  # slurm.backend of the controller and agents
     cluster: DevCluster | None = None
@@ -111,6 +113,7 @@ class SimCluster:
             nodes=self.n_nodes,
             extra_conf=self.extra_slurm_conf,
             slurm=self.slurm_version,
+            topology_leafs=self.topology_leafs,
         )
         self.info = self.cluster.up()
         etc = self.base / "etc"
@@ -155,6 +158,7 @@ class SimCluster:
             "policy": {"max_drained_fraction": 0.5, "resume_after_clean_checks": 2, **self.policy},
             "alerts": alerts,
             **({"validation": self.validation} if self.validation else {}),
+            **self.extra_config,
         }
 
     def agent_config(self, node: str) -> dict[str, dict[str, Any]]:

@@ -21,6 +21,7 @@ from babysitter.slurm.client import (
     SlurmRejected,
     SlurmUnavailable,
 )
+from babysitter.slurm.topology import NO_TOPOLOGY, Topology, parse_topology
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -227,6 +228,17 @@ class OwnedClient(SlurmClient):
         if got is None:
             raise SlurmNotFound(f"unknown node {name}")
         return got
+
+    def topology(self) -> Topology:
+        """`scontrol show topology`: the same text on every supported version and backend
+        (slurmrestd has no topology endpoint before v0.0.42)."""
+        try:
+            text = self.sc.run("scontrol", "show", "topology", what="scontrol show topology")
+        except SlurmRejected as exc:
+            if NO_TOPOLOGY in str(exc).lower():
+                return Topology()
+            raise
+        return parse_topology(text)
 
     def owns(self, node: SlurmNode) -> bool:
         return node.reason.startswith(self.reason_prefix)

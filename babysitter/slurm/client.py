@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from babysitter.errors import BabysitterError
+from babysitter.slurm.topology import Topology
 
 
 class SlurmError(BabysitterError):
@@ -121,6 +122,10 @@ class SlurmClient:
         raise NotImplementedError
 
     def jobs(self) -> list[SlurmJob]:
+        raise NotImplementedError
+
+    def topology(self) -> Topology:
+        """Slurm's network topology (switches/blocks over nodes); empty when it has none."""
         raise NotImplementedError
 
     def job(self, job_id: int) -> SlurmJob:

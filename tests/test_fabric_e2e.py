@@ -1,0 +1,294 @@
+"""One switch, one incident, against a real slurmctld with topology/tree: 8 nodes under two
+leaf switches (devcluster --topology leafs=2), partitions a = node[1-4] and b = node[5-8]. The
+remediation engine runs with the real Slurm client and a real store; node reports go straight
+into the store (the agent's InfiniBand check on sysfs is tests/test_infiniband.py)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from babysitter.config import parse_config
+from babysitter.controller.guard_api import guard_view
+from babysitter.controller.ingest import ReportWriter
+from babysitter.controller.remediation import RemediationEngine, make_engine
+from babysitter.controller.store import Store
+from babysitter.devcluster import ClusterInfo, DevCluster
+from babysitter.devcluster.receiver import Receiver
+from babysitter.finding import Finding
+from babysitter.report import Report
+from babysitter.slurm.cli import CliSlurmClient
+from tests.fixtures.slurm import slurm, submit, wait_for
+
+LEAF1 = ["node1", "node2", "node3", "node4"]
+LEAF2 = ["node5", "node6", "node7", "node8"]
+XID79 = Finding(
+    check="xid.kmsg",
+    component="gpu3",
+    severity="critical",
+    code="xid.79",
+    message="XID 79 on GPU 3 (reboot: node fault)",
+    action="reboot",
+)
+
+
+def port_down(node: str) -> Finding:
+    return Finding(
+        check="ib.ports",
+        component="ib:mlx5_0/1",
+        severity="critical",
+        code="ib.port_down",
+        message="ib:mlx5_0/1 is DOWN (physical Disabled)",
+        action="drain",
+    )
+
+
+def node_state(info: ClusterInfo, node: str) -> tuple[str, str]:
+    """(compact state, reason) of a node, read in the `gpu` partition (every node is in two
+    partitions, so sinfo lists it twice); sinfo's `none` is no reason."""
+    out = slurm(info, "sinfo", "-h", "-N", "-p", "gpu", "-n", node, "-o", "%t|%E").stdout
+    state, reason = out.strip().split("|", 1)
+    return state.rstrip("*"), "" if reason == "none" else reason
+
+
+@pytest.fixture(scope="module")
+def fabric_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
+    cluster = DevCluster(
+        tmp_path_factory.mktemp("fabric"),
+        nodes=8,
+        topology_leafs=2,
+        extra_conf=[
+            "PartitionName=a Nodes=node[1-4] State=UP",
+            "PartitionName=b Nodes=node[5-8] State=UP",
+        ],
+    )
+    info = cluster.up()
+    try:
+        yield info
+    finally:
+        cluster.down()
+
+
+@pytest.fixture
+def cluster(fabric_cluster: ClusterInfo) -> Iterator[ClusterInfo]:
+    """Idle nodes and no jobs before and after each test."""
+
+    def reset() -> None:
+        slurm(fabric_cluster, "scancel", "--full", "--quiet", "-u", "root", check=False)
+        slurm(
+            fabric_cluster, "scontrol", "update", "NodeName=node[1-8]", "State=RESUME", check=False
+        )
+
+    def settled() -> bool:
+        out = slurm(fabric_cluster, "sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout
+        states = dict(line.split() for line in out.splitlines() if line.strip())
+        return len(states) == 8 and set(states.values()) == {"idle"}
+
+    reset()
+    wait_for(settled, 30, "8 idle nodes")
+    yield fabric_cluster
+    reset()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(f"sqlite:///{tmp_path / 'f.db'}")
+    s.upgrade()
+    yield s
+    s.close()
+
+
+def send(store: Store, node: str, *findings: Finding) -> None:
+    ReportWriter(store).write(
+        [
+            Report(
+                node=node,
+                report_id=str(uuid.uuid4()),
+                sent_at=datetime.now(UTC),
+                findings=list(findings),
+                metrics={},
+            )
+        ]
+    )
+
+
+def engine(
+    store: Store, info: ClusterInfo, receiver: Receiver, **sections: dict[str, Any]
+) -> RemediationEngine:
+    cfg = parse_config(
+        {
+            "policy": {
+                "max_drained_fraction": 0.5,
+                "max_drains_per_hour": 100,
+                "resume_after_clean_checks": 2,
+            },
+            "slurm": {"slurm_conf": info.slurm_conf},
+            "alerts": {"webhook_url": receiver.url + "/hook"},
+            "fabric": {"hold_s": 30, **sections.get("fabric", {})},
+            **{k: v for k, v in sections.items() if k != "fabric"},
+        }
+    )
+    return make_engine(cfg, store, slurm=CliSlurmClient(slurm_conf=Path(info.slurm_conf)))
+
+
+def tick(eng: RemediationEngine, later_s: float = 0.0) -> None:
+    """One loop iteration (`later_s` into the future: the hold is waited out in policy time,
+    not with a sleep), then wait for the alert sender."""
+    eng.tick(datetime.now(UTC) + timedelta(seconds=later_s))
+    assert eng.sender.flush()
+
+
+def bodies(receiver: Receiver) -> list[tuple[str | None, str, str]]:
+    return [(b["node"], b["condition"], b["state"]) for b in receiver.bodies("/hook")]
+
+
+def test_ib_down_under_one_leaf_is_one_incident_and_the_nodes_return_together(
+    cluster, store, receiver
+):
+    cl = CliSlurmClient(slurm_conf=Path(cluster.slurm_conf))
+    job = submit(cluster, "-p", "a", "-N", "2", "--comment=babysit=max_requeues=3")
+    wait_for(lambda: cl.job(job).running, 30, "job running")
+    eng = engine(store, cluster, receiver)
+    try:
+        for n in cluster.nodes:
+            send(store, n)
+        tick(eng)
+        # the ports under leaf1 go down one after the other (one report each, seconds apart)
+        for n in LEAF1[:2]:
+            send(store, n, port_down(n))
+            tick(eng)
+        # two of four reported: held for their siblings, nothing drained, nobody paged
+        assert [node_state(cluster, n)[1] for n in LEAF1] == [""] * 4
+        assert bodies(receiver) == []
+        for n in LEAF1[2:]:
+            send(store, n, port_down(n))
+        tick(eng)
+        for n in LEAF1:
+            state, reason = node_state(cluster, n)
+            assert state in ("drain", "drng") and reason == "babysitter: switch leaf1 suspected"
+        assert [node_state(cluster, n) for n in LEAF2] == [("idle", "")] * 4
+        for _ in range(3):
+            tick(eng)
+        assert bodies(receiver) == [(None, "switch_suspected_leaf1", "firing")]
+        [alert] = receiver.bodies("/hook")
+        assert alert["nodes"] == LEAF1 and job in alert["details"]["jobs"]
+        assert "leaf1" in alert["summary"] and str(job) in alert["summary"]
+        # one drain call for the four: one action each, all settled at once by the fabric step
+        drains = [a for a in store.actions() if a["kind"] == "drain"]
+        assert sorted(a["node"] for a in drains) == LEAF1
+        assert {(a["rule"], a["requested_by"], a["status"]) for a in drains} == {
+            ("switch_suspected", "fabric", "done")
+        }
+        [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
+        assert rq["job_id"] == job and rq["node"] == ",".join(LEAF1)
+        wait_for(lambda: tick(eng) is None and cl.job(job).restart_count == 1, 60, "requeued")
+        assert not set(cl.job(job).nodes) & set(LEAF1)
+        g = guard_view(store)
+        assert [i["switch"] for i in g["switch_incidents"]] == ["leaf1"]
+
+        # the switch is back: ports up on every node; the nodes return together after two
+        # clean reports each, and the incident resolves
+        for n in LEAF1:
+            send(store, n)
+        tick(eng)
+        assert all(node_state(cluster, n)[0] in ("drain", "drng") for n in LEAF1)
+        for n in LEAF1:
+            send(store, n)
+        tick(eng)
+        wait_for(
+            lambda: all(node_state(cluster, n)[0] in ("idle", "alloc", "mix") for n in LEAF1),
+            15,
+            "leaf1 nodes resumed",
+        )
+        resumes = [a for a in store.actions() if a["kind"] == "resume"]
+        assert sorted(a["node"] for a in resumes) == LEAF1
+        assert {a["rule"] for a in resumes} == {"switch_recovered"}
+        assert bodies(receiver)[-1] == (None, "switch_suspected_leaf1", "resolved")
+        assert not any(b[1] == "node_unhealthy" for b in bodies(receiver))
+        assert guard_view(store)["switch_incidents"] == []
+    finally:
+        eng.close()
+
+
+def test_ib_down_on_one_node_alone_is_an_ordinary_node_drain(cluster, store, receiver):
+    eng = engine(store, cluster, receiver)
+    try:
+        for n in cluster.nodes:
+            send(store, n)
+        send(store, "node6", port_down("node6"))
+        tick(eng)
+        assert node_state(cluster, "node6")[0] == "idle"  # waiting for siblings
+        tick(eng, later_s=31)  # past the hold: alone, so a node fault
+        state, reason = node_state(cluster, "node6")
+        assert state == "drain" and reason.startswith("babysitter: ib.ports: ")
+        assert bodies(receiver) == [("node6", "node_unhealthy", "firing")]
+        assert guard_view(store)["switch_incidents"] == []
+    finally:
+        eng.close()
+
+
+def test_keep_in_service_alerts_once_and_drains_nothing(cluster, store, receiver):
+    eng = engine(store, cluster, receiver, fabric={"on_switch": "keep"})
+    try:
+        for n in cluster.nodes:
+            send(store, n)
+        for n in LEAF2:
+            send(store, n, port_down(n))
+        tick(eng)
+        tick(eng, later_s=30)
+        assert [node_state(cluster, n)[0] for n in cluster.nodes] == ["idle"] * 8
+        assert bodies(receiver) == [(None, "switch_suspected_leaf2", "firing")]
+        assert "left 4 node(s) in service" in receiver.bodies("/hook")[0]["action_taken"]
+    finally:
+        eng.close()
+
+
+def test_tripped_partition_cap_holds_its_drains_but_recovered_nodes_still_resume(
+    cluster, store, receiver
+):
+    """[blast_radius] partition_fraction 0.25: one drained node per 4-node partition (two in
+    the 8-node `gpu`). node1 (partition a) and node5 (b) are drained; node2's new fault is held
+    by partition a's cap; then node1 (same partition) and node5 (other partition) recover
+    and both resume while the cap is tripped."""
+    eng = engine(store, cluster, receiver, blast_radius={"partition_fraction": 0.25})
+    try:
+        for n in cluster.nodes:
+            send(store, n)
+        send(store, "node1", XID79)
+        send(store, "node5", XID79)
+        tick(eng)
+        assert node_state(cluster, "node1")[0] == node_state(cluster, "node5")[0] == "drain"
+        send(store, "node2", XID79)
+        tick(eng)
+        tick(eng)
+        assert node_state(cluster, "node2") == ("idle", "")
+        caps = guard_view(store)["blast_radius"]
+        assert caps["caps"] == {"partition": {"fraction": 0.25, "count": None}}
+        tripped = {(t["scope"], t["name"]): t["blocked"] for t in caps["tripped"]}
+        assert tripped[("partition", "a")] == ["node2"]
+        assert not guard_view(store)["tripped"]  # the cluster-wide breaker is not involved
+        assert (None, "blast_radius_cap", "firing") in bodies(receiver)
+        metrics = eng.metrics.registry.get_sample_value(
+            "babysitter_blast_radius_tripped", {"scope": "partition", "name": "a"}
+        )
+        assert metrics == 1.0
+
+        for _ in range(2):
+            for n in ("node1", "node5"):
+                send(store, n)
+            tick(eng)
+        wait_for(
+            lambda: node_state(cluster, "node1")[0] == node_state(cluster, "node5")[0] == "idle",
+            15,
+            "node1 and node5 resumed",
+        )
+        # room again in partition a: node2's fault is drained now, and the cap clears
+        tick(eng)
+        assert node_state(cluster, "node2")[0] == "drain"
+    finally:
+        eng.close()
