@@ -52,6 +52,7 @@ INCIDENTS_KEY = "fabric_incidents"
 CAP_CONDITION = "blast_radius_cap"
 SWITCH_CONDITION = "switch_suspected"
 RETRY_S = 5.0  # a switch's drain/resume that Slurm could not take is tried again after this
+TOPOLOGY_RETRY_S = 30.0  # a topology read that failed is tried again after this
 
 
 def switch_condition(switch: str) -> str:
@@ -81,7 +82,7 @@ class FabricStep:
         self.blast = BlastSettings.from_config(cfg)
         self.enabled = cfg.fabric.enabled
         self.prefix = cfg.slurm.reason_prefix
-        self._topology_at = float("-inf")
+        self._topology_due = float("-inf")
         self._evidence: dict[str, Evidence] = {}
         self.incidents: list[Incident] = self._load()
         self.view = FabricView(open=tuple(self.incidents))
@@ -122,16 +123,19 @@ class FabricStep:
         return self.snapshot.topology
 
     def refresh_topology(self) -> None:
-        """`scontrol show topology` every fabric.topology_refresh_s (and until it first
-        answers); a failed read keeps the last topology."""
-        if time.monotonic() - self._topology_at < self.cfg.fabric.topology_refresh_s:
+        """`scontrol show topology` every fabric.topology_refresh_s; after a failed read
+        (the last topology is kept) again within TOPOLOGY_RETRY_S, not every tick."""
+        now = time.monotonic()
+        if now < self._topology_due:
             return
+        refresh = self.cfg.fabric.topology_refresh_s
+        self._topology_due = now + min(TOPOLOGY_RETRY_S, refresh)
         try:
             topo = self.slurm.topology()
         except (SlurmError, NotImplementedError) as exc:
             log.warning("cannot read Slurm's topology (keeping the last one): %s", exc)
             return
-        self._topology_at = time.monotonic()
+        self._topology_due = now + refresh
         if topo.skipped:
             log.warning("%d topology line(s) could not be read", topo.skipped)
         self.snapshot.topology = topo
