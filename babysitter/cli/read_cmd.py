@@ -182,8 +182,8 @@ def requeue(state: State, job_id: int, url: str | None, token: str | None) -> No
 
 
 @click.group("guard", invoke_without_command=True)
-@_url_opt
-@_token_opt
+@url_opt
+@token_opt
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def guard(ctx: click.Context, url: str | None, token: str | None, as_json: bool) -> None:
@@ -193,8 +193,8 @@ def guard(ctx: click.Context, url: str | None, token: str | None, as_json: bool)
         return
     state = ctx.find_object(State)
     assert state is not None
-    with _client(state, url, token) as c:
-        g = _call(c, "GET", "/api/v1/guard")
+    with client(state, url, token) as c:
+        g = call(c, "GET", "/api/v1/guard")
     if as_json:
         echo_json(g)
         return

@@ -50,13 +50,12 @@ from babysitter.slurm.topology import Topology
 log = logging.getLogger(__name__)
 INCIDENTS_KEY = "fabric_incidents"
 CAP_CONDITION = "blast_radius_cap"
-SWITCH_CONDITION = "switch_suspected"
 RETRY_S = 5.0  # a switch's drain/resume that Slurm could not take is tried again after this
 TOPOLOGY_RETRY_S = 30.0  # a topology read that failed is tried again after this
 
 
 def switch_condition(switch: str) -> str:
-    return f"{SWITCH_CONDITION}_{switch}"
+    return f"switch_suspected_{switch}"  # docs/operations.md: one section for the family
 
 
 class FabricStep:
@@ -283,9 +282,10 @@ class FabricStep:
             did = f"left {len(nodes)} node(s) in service (fabric.on_switch = keep)"
         if self.cfg.fabric.requeue_jobs:
             did += f"; babysat job(s) requeued without them: {jobs}"
+        switch = inc.switch
         return Alert(
             None,
-            switch_condition(inc.switch),
+            f"switch_suspected_{switch}",
             Severity.CRITICAL,
             f"switch {inc.switch} suspected: fabric faults on {len(nodes)} node(s) below it "
             f"within {self.settings.window_s:g} s ({', '.join(nodes)}); jobs there: {jobs}",

@@ -31,6 +31,12 @@ RUNBOOK: dict[str, str] = {
     "fleet median. Check clocks, power capping, thermals and PCIe/NVLink link width.",
     "job_requeue_limit": "The job hit max_requeues and is held: look at its log and nodes, "
     "then `scontrol release` it or cancel it.",
+    "switch_suspected": "Several nodes under one switch lost the fabric together: check the "
+    "switch (its ports, power, the subnet manager's log: `ibswitches`, `ibdiagnet`) rather than "
+    "the nodes. babysitter resumes the nodes together once their ports are back and clean.",
+    "blast_radius_cap": "A scope ([blast_radius]) holds its cap of drained nodes: new faults "
+    "there stay in service. Find what the scope's nodes share (rack, PDU, cooling, a roll-out); "
+    "drain by hand what must go. Resumes free room; nothing needs a reset.",
     "job_hung": "The job made no progress within its hang_timeout while its GPUs were idle: "
     "check its log (NCCL hang?).",
 }
@@ -38,6 +44,8 @@ DEFAULT_RUNBOOK = "Look at `babysitter findings <node>` and the node's kernel lo
 
 
 def runbook(condition: str) -> str:
+    if condition.startswith("switch_suspected_"):
+        return RUNBOOK["switch_suspected"]
     if condition.startswith("job_hung"):
         return RUNBOOK["job_hung"]
     if condition.startswith("job_requeue_limit"):
