@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from babysitter.cli.read_cmd import guard_lines
 from babysitter.config import parse_config
+from babysitter.controller import audit
 from babysitter.controller.guard_api import guard_view
 from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import RemediationEngine, make_engine
@@ -190,6 +192,23 @@ def test_ib_down_under_one_leaf_is_one_incident_and_the_nodes_return_together(
         assert not set(cl.job(job).nodes) & set(LEAF1)
         g = guard_view(store)
         assert [i["switch"] for i in g["switch_incidents"]] == ["leaf1"]
+        assert any(
+            line.startswith("switch leaf1 suspected since") and "node1, node2, node3, node4" in line
+            for line in guard_lines(g)
+        )
+        logged = [e for e in audit.entries(store) if e.kind == "drain"]
+        assert sorted(e.node for e in logged) == LEAF1
+        assert {(e.actor, e.rule, e.result) for e in logged} == {
+            ("fabric", "switch_suspected", audit.AuditResult.DONE)
+        }
+        assert all(e.evidence[0]["code"] == "ib.port_down" for e in logged)
+
+        # a controller restart in the middle: the incident is in the store, so the new one
+        # still owns the four nodes and returns them together
+        eng.close()
+        eng = engine(store, cluster, receiver)
+        tick(eng)
+        assert all(node_state(cluster, n)[0] in ("drain", "drng") for n in LEAF1)
 
         # the switch is back: ports up on every node; the nodes return together after two
         # clean reports each, and the incident resolves
@@ -272,6 +291,12 @@ def test_tripped_partition_cap_holds_its_drains_but_recovered_nodes_still_resume
         tripped = {(t["scope"], t["name"]): t["blocked"] for t in caps["tripped"]}
         assert tripped[("partition", "a")] == ["node2"]
         assert not guard_view(store)["tripped"]  # the cluster-wide breaker is not involved
+        shown = guard_lines(guard_view(store))
+        assert shown[0] == "guard: armed (drains allowed)"
+        assert "cap per partition (25%): TRIPPED in 1" in shown
+        assert any("partition a: 1 of 4 node(s)" in line and "node2" in line for line in shown)
+        [held] = [e for e in audit.entries(store, node="node2")]
+        assert (held.rule, held.result) == ("blast_radius_cap", audit.AuditResult.SKIPPED)
         assert (None, "blast_radius_cap", "firing") in bodies(receiver)
         metrics = eng.metrics.registry.get_sample_value(
             "babysitter_blast_radius_tripped", {"scope": "partition", "name": "a"}
@@ -292,3 +317,54 @@ def test_tripped_partition_cap_holds_its_drains_but_recovered_nodes_still_resume
         assert node_state(cluster, "node2")[0] == "drain"
     finally:
         eng.close()
+
+
+def test_whole_installation_one_leaf_losing_its_ports(tmp_path, receiver):
+    """The same with everything real but the hardware: a controller process, one agent per
+    node reading a simulated InfiniBand sysfs tree, slurmctld with topology/tree. The ports of
+    the four nodes under leaf1 go down within a second; one alert, four drains naming the
+    switch, leaf2 untouched; the ports come back and the four return together."""
+    from babysitter.devcluster import simib
+    from babysitter.devcluster.sim import SimCluster
+
+    sim = SimCluster(
+        tmp_path / "sim",
+        n_nodes=8,
+        topology_leafs=2,
+        ib_ports=1,
+        webhook_url=receiver.url + "/hook",
+    )
+    sim.up()
+    try:
+        assert sim.info is not None
+        info = sim.info
+        wait_for(
+            lambda: [n["verdict"] for n in sim.api("/api/v1/nodes")] == ["healthy"] * 8,
+            90,
+            "8 healthy nodes",
+        )
+        for n in LEAF1:
+            simib.set_port(sim.base / "nodes" / n / "sysfs", "mlx5_0", 1, active=False)
+        wait_for(
+            lambda: all(node_state(info, n)[0] in ("drain", "drng") for n in LEAF1),
+            60,
+            "leaf1's nodes drained",
+        )
+        assert {node_state(info, n)[1] for n in LEAF1} == {"babysitter: switch leaf1 suspected"}
+        wait_for(lambda: bodies(receiver), 15, "the alert")
+        assert [node_state(info, n) for n in LEAF2] == [("idle", "")] * 4
+        assert bodies(receiver) == [(None, "switch_suspected_leaf1", "firing")]
+
+        for n in LEAF1:
+            simib.set_port(sim.base / "nodes" / n / "sysfs", "mlx5_0", 1, active=True)
+        wait_for(lambda: all(node_state(info, n)[0] == "idle" for n in LEAF1), 90, "leaf1 back")
+        wait_for(lambda: bodies(receiver)[-1][2] == "resolved", 15, "alert resolved")
+        assert bodies(receiver) == [
+            (None, "switch_suspected_leaf1", "firing"),
+            (None, "switch_suspected_leaf1", "resolved"),
+        ]
+        resumes = [a for a in sim.api("/api/v1/actions") if a["kind"] == "resume"]
+        assert sorted(a["node"] for a in resumes) == LEAF1
+        assert {a["rule"] for a in resumes} == {"switch_recovered"}
+    finally:
+        sim.down()

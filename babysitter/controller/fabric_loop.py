@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from babysitter.config import Config
+from babysitter.controller import audit
 from babysitter.controller.alerts import Alert
 from babysitter.controller.blast import CLUSTER, BlastGate, BlastSettings, Scope, ScopeCounts
 from babysitter.controller.fabric import (
@@ -90,6 +91,8 @@ class FabricStep:
         self._returning: frozenset[str] = frozenset()  # nodes of incidents resolved this tick
         self._refused: dict[str, set[str]] = {}  # switch -> nodes Slurm would not drain
         self._retry_at: datetime | None = None
+        self._settled: list[int] = []  # this tick's actions, audited at its end
+        self._capped: set[str] = set()  # nodes a cap holds back (audited once, when first held)
         self._published: Any = None
         self.g_incidents = Gauge(
             "babysitter_switch_incidents",
@@ -237,10 +240,15 @@ class FabricStep:
         self, now: datetime, firing: list[Alert], clearing: list[tuple[str | None, str]]
     ) -> None:
         """Carry out the incidents, then publish the incidents and the caps."""
-        if self.enabled:
-            self._incidents(now, firing, clearing)
-        self._caps(now, firing, clearing)
-        self._publish()
+        self._settled = []
+        try:
+            if self.enabled:
+                self._incidents(now, firing, clearing)
+            self._caps(now, firing, clearing)
+            self._publish()
+        finally:
+            # who did what to which node, on what evidence (controller/audit.py)
+            self.isolated("audit", lambda: audit.record_actions(self.store, self._settled, now))
 
     def _incidents(
         self, now: datetime, firing: list[Alert], clearing: list[tuple[str | None, str]]
@@ -421,7 +429,7 @@ class FabricStep:
         outcome: str,
         dry_run: bool = False,
     ) -> None:
-        self.store.record_action(
+        aid = self.store.record_action(
             kind,
             node=node,
             reason=reason,
@@ -431,12 +439,36 @@ class FabricStep:
             outcome=outcome[:1000],
             dry_run=dry_run,
         )
+        self._settled.append(aid)
 
     # ---- the caps
     def _caps(
         self, now: datetime, firing: list[Alert], clearing: list[tuple[str | None, str]]
     ) -> None:
         trips = self.gate.tripped() if self.gate is not None else []
+        held = {n: t for t in trips for n in t.blocked}
+        new = sorted(held.keys() - self._capped)
+        self._capped = set(held)
+        if new:
+            self.isolated(
+                "audit",
+                lambda: audit.record(
+                    self.store,
+                    *(
+                        audit.AuditEntry(
+                            kind="drain",
+                            actor=str(audit.Actor.POLICY),
+                            result=audit.AuditResult.SKIPPED,
+                            node=n,
+                            rule="blast_radius_cap",
+                            outcome=f"held by the node-drain cap: {held[n].reason}",
+                            evidence=audit.evidence(self.store, [n]).get(n, []),
+                            at=now,
+                        )
+                        for n in new
+                    ),
+                ),
+            )
         self.g_tripped.clear()
         for t in trips:
             self.g_tripped.labels(str(t.scope), t.name).set(1)
