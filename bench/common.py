@@ -97,9 +97,11 @@ def write_result(
     details: dict[str, Any] | None = None,
     *,
     settings: dict[str, Any] | None = None,
+    results_dir: Path | None = None,
     **kw: Any,
 ) -> Path:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    results_dir = results_dir or RESULTS_DIR
+    results_dir.mkdir(parents=True, exist_ok=True)
     src = provenance.source()
     doc = {
         "name": name,
@@ -115,7 +117,7 @@ def write_result(
         "details": details or {},
         **kw,
     }
-    path = RESULTS_DIR / f"{name}.json"
+    path = results_dir / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     tmp.replace(path)

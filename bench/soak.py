@@ -1,0 +1,694 @@
+"""Soak: a simulated fleet at DEFAULT settings under the benign noise a healthy fleet makes
+(bench/data/soak_noise.toml), counting the nodes babysitter drains anyway: the false-drain rate
+the ETTR model (bench/ettr.py) charges it with, measured instead of assumed.
+
+What is real and what is simulated:
+- real: one `Agent` per node (its checks from `babysitter.checks.all`, its report assembly,
+  its event findings kept until reboot, its "report at once when a signal gets worse"), the
+  check code reading simulated hardware, the controller's ingest (`ReportWriter`) into a real
+  SQLite store, and the remediation engine's tick (facts, policy, guard, executor);
+- simulated: the GPUs (the fake libnvidia-ml, one state file per node), the InfiniBand sysfs
+  tree, the kernel log and job logs (files), slurmd's presence (the host check's process
+  lookup answers from the node's simulated slurmd), Slurm itself (the in-memory stand-in of
+  bench/slurm_standin.py), and the network (a report goes straight to the store, or waits in
+  the agent's spool while the controller is down). NVML XID events go through the event
+  source's own translation (`NvmlEvents.finding_for`), not its waiting thread.
+
+How time is compressed: a virtual clock. The checks' schedulers (`Check.begin`), the IB
+check's clock, the store's and ingest's "now" and the policy tick all read it; nothing sleeps.
+The clock jumps from one scheduled step to the next: every agent's full report each
+`agent.interval_s` (30 s) followed by a controller tick, and the checks' reads around each
+injected change (the grid point before it, the fast tier's next second, every slow-tier grid
+point while it lasts and the first after it ends, and the IB sticky window's expiry). Reads
+between those would see the same simulated hardware as the previous read and are skipped.
+A controller tick runs after every report round and after every report an agent sends at once
+(the controller's wake-on-news), so the 1 s loop's idle ticks are skipped too.
+
+Every drain is a false drain here (nothing injected is a fault); the report names the rule,
+the reason and the benign events the node had in the 15 minutes before. Upper bound on the
+rate: the rule of three (3 / node-days) with no drain, else the one-sided 95 % Poisson bound.
+
+Run: python -m bench.soak [--nodes N] [--days D] [--budget-s S] [--seed S]
+(writes bench/results/soak.json and soak.md; stops at D simulated days or S wall seconds)"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import tomllib
+import uuid
+from collections import Counter
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from babysitter.agent.daemon import Agent
+from babysitter.checks.infiniband import STICKY_S, InfinibandCheck
+from babysitter.checks.xid import EVENT_XID, NvmlEvents
+from babysitter.config import Config, parse_config
+from babysitter.controller.ingest import ReportWriter
+from babysitter.controller.remediation import RemediationEngine, make_engine
+from babysitter.controller.store import Store
+from babysitter.devcluster import simib
+from babysitter.devcluster.fakenvml import FakeGpus, build, preload
+from babysitter.finding import Severity
+from babysitter.report import Report
+from babysitter.secretfile import write_private
+from bench.common import BENCH_DIR, RESULTS_DIR, figure, write_result
+from bench.slurm_standin import InMemorySlurm
+
+NOISE = BENCH_DIR / "data" / "soak_noise.toml"
+GPUS = 8
+IB_PORTS = 8
+LOOKBACK_S = 900.0  # events shown beside a drain: those of the 15 minutes before it
+SW_POWER_CAP = 0x4  # clock event reason bits (nvml.h)
+SW_THERMAL = 0x20
+# steps at one instant run in this order: reads before the change they bracket, then changes,
+# then the report round and the tick
+READ, CHANGE, ROUND = 0, 1, 2
+# kind of change -> (the checks that read that hardware, their slow-tier intervals in seconds:
+# babysitter/checks/tiers.py and each check's interval_s at defaults)
+READERS: dict[str, tuple[frozenset[str], tuple[float, ...]]] = {
+    "ecc_sbe": (frozenset({"gpu.memory"}), (60.0, 300.0)),
+    "app_xid": (frozenset({"xid.kmsg"}), (10.0,)),
+    "positive_control_xid79": (frozenset({"xid.kmsg"}), (10.0,)),
+    "thermal": (frozenset({"gpu.thermal"}), (30.0,)),
+    "power": (frozenset({"gpu.thermal"}), (30.0,)),
+    "ib_symbol": (frozenset({"ib.ports"}), (30.0,)),
+    "ib_flap": (frozenset({"ib.ports"}), (30.0,)),
+    "nccl_user_timeout": (frozenset({"nccl.logs"}), (30.0,)),
+    "slurmd_restart": (frozenset({"host.resources"}), (60.0,)),
+}
+QUIET = frozenset({Severity.OK, Severity.INFO})  # below warning: not a problem the policy sees
+
+
+class Clock:
+    """The virtual clock: seconds since the epoch, moved only by the simulation."""
+
+    def __init__(self, t0: float) -> None:
+        self.t = t0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.t, UTC)
+
+
+class Network:
+    """Stands in for the agent's shipper: a report reaches the controller at once, or waits
+    in the agent's spool while the controller is down (replayed in order when it is back)."""
+
+    def __init__(self, sim: Soak, node: str) -> None:
+        self.sim, self.node = sim, node
+
+    def submit(self, report: dict[str, Any]) -> None:
+        report["sent_at"] = self.sim.clock.now().isoformat()  # the agent's clock is virtual too
+        self.sim.deliver(Report.model_validate(report))
+
+
+@dataclass
+class Node:
+    name: str
+    dir: Path
+    gpus: FakeGpus
+    cfg: Config
+    agent: Agent | None = None
+    slurmd_up: bool = True
+    history: list[tuple[float, str, str]] = field(default_factory=list)  # (t, kind, detail)
+
+    @property
+    def sysfs(self) -> Path:
+        return self.dir / "sysfs"
+
+
+@dataclass
+class Drain:
+    t: float
+    node: str
+    rule: str
+    reason: str
+    recent_events: list[str]
+
+
+def poisson_upper(k: int, exposure: float, conf: float = 0.95) -> float:
+    """One-sided upper confidence bound on a Poisson rate after k events in `exposure`; with
+    k = 0 this is -ln(0.05) / exposure = 2.996 / exposure (the rule of three)."""
+
+    def cdf(lam: float) -> float:
+        term = total = math.exp(-lam)
+        for i in range(1, k + 1):
+            term *= lam / i
+            total += term
+        return total
+
+    lo, hi = 0.0, 10.0 + 10.0 * k
+    for _ in range(200):  # bisection: cdf falls with lambda
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) > 1 - conf else (lo, mid)
+    return hi / exposure
+
+
+def load_noise(path: Path = NOISE) -> dict[str, dict[str, Any]]:
+    with path.open("rb") as f:
+        return tomllib.load(f)
+
+
+class Soak:
+    def __init__(self, nodes: int, seed: int, work: Path, noise: dict[str, dict[str, Any]]):
+        self.rng = random.Random(seed)
+        self.work = work
+        self.noise = noise
+        self.clock = Clock(float(int(time.time())))
+        self.t0 = self.clock.t
+        self.names = [f"gpu{i:04d}" for i in range(nodes)]
+        self.slurm = InMemorySlurm(self.names)
+        self.store = Store(f"sqlite:///{work / 'controller.db'}")
+        self.store.upgrade()
+        self.writer = ReportWriter(self.store)
+        self.ctl_cfg = parse_config({})  # the controller at its defaults
+        self.engine: RemediationEngine | None = None
+        self.spooled: list[Report] = []
+        self.wake = False
+        self.current: Node | None = None
+        # ticks after a report round are skipped while they would decide nothing new (see _round)
+        self.last_problems: dict[str, frozenset[tuple[str, ...]]] = {}
+        self.busy_until = 0.0
+        self.ticks_skipped = 0
+        self.injected: Counter[str] = Counter()
+        self.decisions: Counter[str] = Counter()
+        self.drains: list[Drain] = []
+        self.reports = 0
+        self.check_runs = 0
+        self.ticks = 0
+        self._seq = itertools.count()
+        self.queue: list[tuple[float, int, int, Any]] = []
+        self.nodes = {n: self._make_node(n) for n in self.names}
+
+    # ---- the fleet
+    def _make_node(self, name: str) -> Node:
+        d = self.work / name
+        (d / "jobs").mkdir(parents=True)
+        _ib_tree(d / "sysfs")
+        (d / "kmsg").write_text("")
+        (d / "boot_id").write_text(f"{name}-boot-1\n")
+        write_private(d / "node.token", "not-used-no-network\n")
+        cfg = parse_config(
+            {
+                # where this node's simulated hardware and files are; everything else default
+                "agent": {
+                    "node_name": name,
+                    "kmsg_path": str(d / "kmsg"),
+                    "spool_path": str(d / "spool.db"),
+                    "token_file": str(d / "node.token"),
+                    "sysfs_root": str(d / "sysfs"),
+                    "boot_id_path": str(d / "boot_id"),
+                },
+                # the site's hardware (8 GPUs, 8 IB ports) and where its job logs are
+                "checks": {
+                    "gpu": {"expected_count": GPUS},
+                    "infiniband": {"expected_ports": IB_PORTS},
+                    "host": {"paths": [str(d)]},
+                    "nccl": {"job_log_globs": [str(d / "jobs" / "slurm-*.out")]},
+                },
+            }
+        )
+        node = Node(name, d, FakeGpus(d / "gpus.state", GPUS), cfg)
+        self._start_agent(node)
+        return node
+
+    def _start_agent(self, node: Node) -> None:
+        # no HTTP client: the shipper is replaced by the simulated network below
+        with mock.patch("babysitter.agent.daemon.Shipper"):
+            agent = Agent(node.cfg)
+        agent.shipper = Network(self, node.name)  # type: ignore[assignment]
+        for c in agent.checks:
+            # the check's own scheduler, on the virtual clock
+            c.begin = lambda now=None, _b=c.begin: _b(self.clock())  # type: ignore[method-assign]
+            if isinstance(c, InfinibandCheck):
+                c.clock = self.clock
+        node.agent = agent
+        # as Agent.run starts: every check once, then a full report
+        self._read(node)
+        agent.shipper.submit(agent.full_report())
+
+    def _read(self, node: Node, checks: frozenset[str] | None = None) -> None:
+        """The node's agent runs its checks (those that read what changed; all of them when
+        `checks` is None) now; each reads the signals due on its own (virtual) schedule. The
+        fake NVML reads this node's state file."""
+        if node.agent is None:
+            return
+        os.environ["FAKE_NVML_STATE"] = str(node.gpus.path)
+        self.current = node
+        for c in node.agent.checks:
+            if checks is None or c.name in checks:
+                node.agent._run_one(c)
+                self.check_runs += 1
+        self.current = None
+
+    # ---- the controller
+    def deliver(self, report: Report) -> None:
+        self.reports += 1
+        if self.engine is None:
+            self.spooled.append(report)
+            return
+        self.writer.write([report])
+        self.wake = True
+
+    def _deliver_round(self, reports: list[Report]) -> None:
+        self.reports += len(reports)
+        if self.engine is None:
+            self.spooled += reports
+            return
+        self.writer.write(reports)
+
+    def _tick(self) -> None:
+        if self.engine is None:
+            return
+        self.ticks += 1
+        for d in self.engine.tick(self.clock.now()):
+            self.decisions[f"{d.kind}:{d.rule}"] += 1
+            if d.kind == "drain" and d.node:
+                node = self.nodes[d.node]
+                recent = [
+                    f"{k} ({detail}) {self.clock.t - t:.0f} s before"
+                    for t, k, detail in node.history
+                    if self.clock.t - t <= LOOKBACK_S
+                ]
+                self.drains.append(Drain(self.clock.t, d.node, d.rule, d.reason, recent))
+        self.engine.sender.flush()
+
+    def controller_up(self) -> None:
+        """A controller (the first, or the standby taking over) starts on the store."""
+        self.engine = make_engine(self.ctl_cfg, self.store, slurm=self.slurm)
+        self._busy()
+        backlog, self.spooled = sorted(self.spooled, key=lambda r: r.sent_at), []
+        if backlog:
+            self.writer.write(backlog)
+        self._tick()
+
+    def controller_down(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = None
+
+    # ---- scheduling
+    def at(self, t: float, order: int, what: Any) -> None:
+        heapq.heappush(self.queue, (t, order, next(self._seq), what))
+
+    def reads_around(self, node: str, kind: str, start: float, end: float | None = None) -> None:
+        """Reads, by the checks that see this kind of change, that bracket a change at `start`
+        (lasting until `end`): the grid point before it (counter baselines), the fast tier's
+        next seconds, each of their slow-tier grid points while it lasts and the first one
+        after. Other checks read hardware that did not change."""
+        end = start if end is None else end
+        checks, intervals = READERS[kind]
+        what = ("read", node, checks)
+        self.at(math.floor(start / 30) * 30, READ, what)
+        for t in (start, end):
+            self.at(math.ceil(t + 1e-9), READ, what)
+            self.at(math.ceil(t + 1e-9) + 1, READ, what)
+        for iv in intervals:
+            g = math.ceil(start / iv) * iv
+            while g <= end + iv:
+                self.at(g + 0.001, READ, what)  # just after the change on the grid
+                g += iv
+
+    def plan(self, days: float) -> None:
+        """Every injected event of the run, drawn up front (seeded)."""
+        horizon = days * 86400.0
+        per_node = {k: v for k, v in self.noise.items() if "per_node_day" in v}
+        for kind, spec in per_node.items():
+            rate = float(spec["per_node_day"]) / 86400.0
+            for name in self.names:
+                t = self.rng.expovariate(rate) if rate > 0 else math.inf
+                while t < horizon:
+                    self._plan_one(kind, spec, name, self.t0 + t)
+                    t += self.rng.expovariate(rate)
+        spec = self.noise.get("controller_failover", {"per_fleet_day": 0, "seconds": [0, 0]})
+        rate = float(spec["per_fleet_day"]) / 86400.0
+        t = self.rng.expovariate(rate) if rate > 0 else math.inf
+        while t < horizon:
+            d = self.rng.uniform(*spec["seconds"])
+            self.at(self.t0 + t, CHANGE, ("controller_failover", None, d))
+            t += self.rng.expovariate(rate)
+        g = self.t0 + 30.0
+        while g <= self.t0 + horizon:
+            self.at(g, ROUND, ("round",))
+            g += 30.0
+
+    def _plan_one(self, kind: str, spec: dict[str, Any], node: str, t: float) -> None:
+        rng = self.rng
+        d = rng.uniform(*spec["seconds"]) if "seconds" in spec else 0.0
+        gpu = rng.randrange(GPUS)
+        port = rng.randrange(IB_PORTS)
+        params: dict[str, Any] = {"gpu": gpu, "port": port, "seconds": d}
+        if "count" in spec:
+            params["count"] = rng.randint(*spec["count"])
+        if kind == "app_xid":
+            params["xid"] = rng.choice(spec["xids"])
+        if kind == "thermal":
+            params["below_slowdown"] = rng.randint(1, 3)
+        self.at(t, CHANGE, (kind, node, params))
+        if d:
+            self.at(t + d, CHANGE, (kind + ":end", node, params))
+        if kind in ("agent_restart",):
+            return  # the new agent reads everything when it starts
+        self.reads_around(node, kind, t, t + d if d else None)
+        if kind == "ib_flap":  # the sticky window's end
+            self.reads_around(node, kind, t + d + STICKY_S)
+
+    # ---- the benign events
+    def apply(self, kind: str, node_name: str | None, p: Any) -> None:
+        if kind == "controller_failover":
+            self.injected[kind] += 1
+            self.controller_down()
+            self._busy()
+            self.at(self.clock.t + p, CHANGE, ("controller_up", None, None))
+            return
+        if kind == "controller_up":
+            self.controller_up()
+            return
+        assert node_name is not None
+        node = self.nodes[node_name]
+        end = kind.endswith(":end")
+        base = kind.removesuffix(":end")
+        if not end:
+            self.injected[base] += 1
+            node.history.append((self.clock.t, base, _describe(base, p)))
+        gpu, port = p["gpu"], p["port"]
+        dev = f"mlx5_{port}"
+        if base == "ecc_sbe":
+            f = node.gpus.fields
+            for key in ("sbe_volatile", "sbe_aggregate"):
+                cur = int(f.get(f"gpu{gpu}.{key}", "0"))
+                node.gpus.set(gpu, **{key: cur + p["count"]})
+        elif base == "app_xid":
+            pci = f"0000:{0x18 + gpu:02x}:00"
+            with (node.dir / "kmsg").open("a") as fh:
+                fh.write(f"NVRM: Xid (PCI:{pci}): {p['xid']}, pid=4242, name=python, benign\n")
+            if node.agent is not None:
+                src = NvmlEvents(node.agent.ctx)
+                node.agent.emit_event([src.finding_for(EVENT_XID, p["xid"], None, gpu)])
+        elif base == "positive_control_xid79":
+            # NOT benign: a real fault (GPU fallen off the bus), only in the tests' noise files,
+            # to show the soak counts and explains a drain when there is one
+            pci = f"0000:{0x18 + gpu:02x}:00"
+            with (node.dir / "kmsg").open("a") as fh:
+                fh.write(f"NVRM: Xid (PCI:{pci}): 79, pid=0, GPU has fallen off the bus.\n")
+        elif base == "thermal":
+            if end:
+                node.gpus.set(gpu, temp=None, clocks_event_reasons=None)
+            else:
+                # within the check's warning margin of the slowdown threshold (87 C), below it
+                node.gpus.set(gpu, temp=87 - p["below_slowdown"], clocks_event_reasons=SW_THERMAL)
+        elif base == "power":
+            if end:
+                node.gpus.set(gpu, power_mw=None, clocks_event_reasons=None)
+            else:
+                node.gpus.set(gpu, power_mw=695000, clocks_event_reasons=SW_POWER_CAP)
+        elif base == "ib_symbol":
+            simib.bump_counter(node.sysfs, dev, 1, "symbol_error", p["count"])
+        elif base == "ib_flap":
+            if end:
+                simib.set_port(node.sysfs, dev, 1, active=True)
+            else:
+                simib.set_port(node.sysfs, dev, 1, active=False)
+                simib.bump_counter(node.sysfs, dev, 1, "link_downed")
+                simib.bump_counter(node.sysfs, dev, 1, "link_error_recovery")
+        elif base == "nccl_user_timeout":
+            job = 1000 + self.injected[base]
+            (node.dir / "jobs" / f"slurm-{job}.out").write_text(
+                "step 1200 loss 2.31\n"
+                "[rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective "
+                "operation timeout: WorkNCCL(SeqNum=88, OpType=ALLREDUCE) ran for 600000 "
+                "milliseconds before timing out.\n"
+            )
+        elif base == "slurmd_restart":
+            node.slurmd_up = end
+        elif base == "agent_restart":
+            self._busy()
+            if end:
+                self._start_agent(node)
+            else:
+                node.agent = None  # stopped: no reads, no reports
+
+    # ---- the run
+    def run(self, days: float, budget_s: float) -> dict[str, Any]:
+        self.plan(days)
+        wall0 = time.monotonic()
+        host_check = "babysitter.checks.host._process_running"
+        with ExitStack() as stack:
+            for target in ("babysitter.controller.store.now", "babysitter.controller.ingest.now"):
+                stack.enter_context(mock.patch(target, self.clock.now))
+            stack.enter_context(mock.patch(host_check, self._process_running))
+            self.controller_up()
+            end_t = self.t0
+            while self.queue:
+                t, _order, _, what = heapq.heappop(self.queue)
+                if time.monotonic() - wall0 > budget_s:
+                    break
+                self.clock.t = max(self.clock.t, t)
+                end_t = self.clock.t
+                if what[0] == "read":
+                    self._read(self.nodes[what[1]], what[2])
+                elif what[0] == "round":
+                    self._round()
+                else:
+                    self.apply(*what)
+                if self.wake:
+                    self.wake = False
+                    self._tick()
+            self.controller_down()
+        simulated_s = end_t - self.t0
+        return {"simulated_s": simulated_s, "wall_s": time.monotonic() - wall0}
+
+    def _round(self) -> None:
+        reports = []
+        changed = False
+        for node in self.nodes.values():
+            if node.agent is not None:
+                r = self._full_report(node.agent)
+                reports.append(r)
+                problems = frozenset(
+                    (f.check, f.component, f.code, str(f.severity), str(f.action))
+                    for f in r.findings
+                    if f.severity not in QUIET
+                )
+                changed |= problems != self.last_problems.get(node.name)
+                self.last_problems[node.name] = problems
+        self._deliver_round(reports)
+        # A tick whose facts differ from the previous tick's only by fresher heartbeats decides
+        # nothing: no node's problems changed, none is drained (counting clean reports towards
+        # a resume), no agent or controller (re)started within a heartbeat timeout.
+        drained = any(n.reason for n in self.slurm.nodes())
+        if changed or drained or self.clock.t < self.busy_until:
+            self._tick()
+        else:
+            self.ticks_skipped += 1
+
+    def _full_report(self, agent: Agent) -> Report:
+        """Agent.full_report's findings (the checks' latest + the event findings kept until
+        reboot) as the Report the controller would parse, without the JSON round trip the
+        wire needs (most of a round's cost, and not what the soak measures)."""
+        with agent._lock:
+            findings = [f for fs in agent.latest.values() for f in fs]
+        findings += agent.sticky.values()
+        return Report.model_construct(
+            node=agent.node,
+            report_id=uuid.uuid4(),
+            sent_at=self.clock.now(),
+            findings=findings,
+            metrics={},
+            kind="full",
+        )
+
+    def _busy(self) -> None:
+        """Heartbeats may be missing or stale until a heartbeat timeout from now: tick."""
+        hb = self.ctl_cfg.controller.heartbeat_timeout_s
+        self.busy_until = max(self.busy_until, self.clock.t + hb + 60.0)
+
+    def _process_running(self, name: str) -> bool:
+        """The host check's process lookup, answered by the node being read."""
+        if name == "slurmd" and self.current is not None:
+            return self.current.slurmd_up
+        return True
+
+
+def _ib_tree(root: Path) -> None:
+    """simib.make_tree's layout (8 ports ACTIVE at 400 Gb/s, counters 0), written without its
+    per-file atomic rename: nothing reads the tree while it is built, and the fleet's setup
+    time was mostly those renames."""
+    for i in range(IB_PORTS):
+        d = simib.port_dir(root, f"mlx5_{i}", 1)
+        (d / "counters").mkdir(parents=True)
+        (d / "state").write_text("4: ACTIVE\n")
+        (d / "phys_state").write_text("5: LinkUp\n")
+        (d / "rate").write_text(simib.RATE_TEXT[400] + "\n")
+        for c in simib.COUNTERS:
+            (d / "counters" / c).write_text("0\n")
+
+
+def _describe(kind: str, p: dict[str, Any]) -> str:
+    if kind == "app_xid":
+        return f"XID {p['xid']} on GPU {p['gpu']}"
+    if kind in ("ib_flap", "ib_symbol"):
+        return f"mlx5_{p['port']}" + (f", down {p['seconds']:.0f} s" if kind == "ib_flap" else "")
+    if kind in ("thermal", "power", "ecc_sbe"):
+        return f"GPU {p['gpu']}"
+    return f"{p['seconds']:.0f} s" if p.get("seconds") else ""
+
+
+def summarise(sim: Soak, run: dict[str, Any], nodes: int) -> dict[str, Any]:
+    node_hours = nodes * run["simulated_s"] / 3600.0
+    node_days = node_hours / 24.0
+    k = len(sim.drains)
+    bound = poisson_upper(k, node_days) if node_days > 0 else math.inf
+    causes = Counter(
+        d.reason.split(":", 2)[1].strip() if ":" in d.reason else d.reason for d in sim.drains
+    )
+    return {
+        "nodes": nodes,
+        "simulated_hours": run["simulated_s"] / 3600.0,
+        "node_hours": node_hours,
+        "node_days": node_days,
+        "wall_s": run["wall_s"],
+        "compression": run["simulated_s"] / run["wall_s"] if run["wall_s"] else math.inf,
+        "false_drains": k,
+        "false_drains_per_node_day": k / node_days if node_days else math.inf,
+        "upper_bound_per_node_day": bound,
+        "bound_method": "rule of three (3 / node-days)" if k == 0 else "one-sided 95 % Poisson",
+        "injected": dict(sorted(sim.injected.items())),
+        "drains": [d.__dict__ for d in sim.drains],
+        "drain_causes": dict(causes),
+        "decisions": dict(sorted(sim.decisions.items())),
+        "reports": sim.reports,
+        "check_runs": sim.check_runs,
+        "ticks": sim.ticks,
+        "ticks_skipped": sim.ticks_skipped,
+    }
+
+
+def render_md(s: dict[str, Any], noise: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str:
+    lines = [
+        "## Soak: false drains under benign noise at default settings",
+        "",
+        f"{s['nodes']} simulated nodes (8 GPUs, 8 IB ports each) for {s['simulated_hours']:.1f} "
+        f"simulated hours = **{s['node_hours']:,.0f} node-hours** ({s['node_days']:.1f} "
+        f"node-days) in {s['wall_s']:.0f} s of wall time (time compressed "
+        f"{s['compression']:,.0f}x by a virtual clock: reads are skipped while the simulated "
+        "hardware does not change; see bench/soak.py). Real agent, checks, ingest and policy "
+        "at default settings; fake NVML, sysfs, kernel and job logs, in-memory Slurm. Seed "
+        f"{settings['seed']}.",
+        "",
+        f"**False drains: {s['false_drains']}** "
+        f"({s['false_drains_per_node_day']:.3g} per node-day); 95 % upper bound "
+        f"**{s['upper_bound_per_node_day']:.3g} per node-day** ({s['bound_method']}).",
+        "",
+        "| benign event | injected | rate assumed (per node-day) |",
+        "|---|---|---|",
+    ]
+    for kind, n in s["injected"].items():
+        spec = noise.get(kind, {})
+        rate = spec.get("per_node_day", spec.get("per_fleet_day"))
+        unit = "" if "per_node_day" in spec else " per fleet-day"
+        lines.append(f"| {kind}: {spec.get('what', '')} | {n} | {rate}{unit} |")
+    if s["drains"]:
+        lines += ["", "Every drain, with the benign events its node had in the 15 min before:", ""]
+        lines += [
+            "| simulated hour | node | rule | reason | events before |",
+            "|---|---|---|---|---|",
+        ]
+        for d in s["drains"][:50]:
+            hour = (d["t"] - settings["t0"]) / 3600
+            lines.append(
+                f"| {hour:.2f} | {d['node']} | {d['rule']} | {d['reason'][:160]} | "
+                f"{'; '.join(d['recent_events']) or 'none'} |"
+            )
+    lines += [
+        "",
+        "Controller decisions by kind and rule: "
+        + ", ".join(f"{k} {v}" for k, v in s["decisions"].items())
+        + f". Reports ingested {s['reports']:,}, check runs {s['check_runs']:,}, "
+        f"ticks {s['ticks']:,}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=128)
+    ap.add_argument("--days", type=float, default=30.0, help="simulated days (at most)")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="wall seconds (at most)")
+    ap.add_argument("--seed", type=int, default=20261126)
+    ap.add_argument("--results", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--noise", type=Path, default=NOISE, help="benign noise (rates, durations)")
+    args = ap.parse_args(argv)
+    t_start = time.monotonic()
+    preload(build())  # the fake libnvidia-ml, before pynvml's first nvmlInit
+    noise = load_noise(args.noise)
+    # memory-backed when there is one: the store's and spools' fsyncs are not what is measured
+    shm = Path("/dev/shm")
+    work = Path(tempfile.mkdtemp(prefix="bench-soak-", dir=shm if shm.is_dir() else None))
+    try:
+        sim = Soak(args.nodes, args.seed, work, noise)
+        run = sim.run(args.days, args.budget_s)
+        s = summarise(sim, run, args.nodes)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    settings = {
+        "nodes": args.nodes,
+        "days_max": args.days,
+        "budget_s": args.budget_s,
+        "seed": args.seed,
+        "agent_and_controller": "defaults (site paths, 8 GPUs and 8 IB ports expected)",
+        "noise": str(args.noise),
+        "t0": sim.t0,
+    }
+    md = render_md(s, noise, settings)
+    figs = [
+        figure("soak: node-hours simulated (compressed time)", s["node_hours"], "node-hours"),
+        figure(
+            "false drains per node-day at default settings under benign noise (soak)",
+            s["false_drains_per_node_day"],
+            "per node-day",
+            n=s["false_drains"],
+            upper_bound=s["upper_bound_per_node_day"],
+            node_days=s["node_days"],
+        ),
+        figure(
+            "false drains per node-day, 95 % upper bound (soak)",
+            s["upper_bound_per_node_day"],
+            "per node-day",
+            method=s["bound_method"],
+        ),
+        figure("soak: benign events injected", float(sum(s["injected"].values())), "events"),
+    ]
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "soak.md").write_text(md)
+    write_result(
+        "soak",
+        figs,
+        s,
+        settings=settings,
+        results_dir=args.results,
+        duration_s=round(time.monotonic() - t_start, 1),
+    )
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,101 @@
+"""The soak benchmark (bench/soak.py), tiny: a few simulated nodes for a few simulated hours.
+A fleet under every kind of benign noise (at rates far above the defaults, so each kind shows
+up) is not drained; a positive control (a real XID 79) is drained, counted, attributed to
+its event and bounded; the bound is the rule of three with no drain, the Poisson bound with
+some. `make bench` runs the full soak."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import soak
+from bench.common import REPO
+
+BENIGN = """
+[ecc_sbe]
+per_node_day = 60.0
+count = [1, 5]
+[app_xid]
+per_node_day = 60.0
+xids = [13, 31, 43, 45]
+[thermal]
+per_node_day = 60.0
+seconds = [30, 120]
+[power]
+per_node_day = 60.0
+seconds = [10, 60]
+[ib_symbol]
+per_node_day = 60.0
+count = [1, 3]
+[nccl_user_timeout]
+per_node_day = 30.0
+[slurmd_restart]
+per_node_day = 30.0
+seconds = [2, 20]
+[agent_restart]
+per_node_day = 30.0
+seconds = [1, 10]
+[controller_failover]
+per_fleet_day = 40.0
+seconds = [10, 60]
+"""
+CONTROL = """
+[positive_control_xid79]
+per_node_day = 40.0
+"""
+
+
+def run_soak(tmp_path: Path, noise: str, nodes: int = 3, days: float = 0.1) -> dict:
+    path = tmp_path / "noise.toml"
+    path.write_text(noise)
+    out = tmp_path / "results"
+    args = ["--nodes", str(nodes), "--days", str(days), "--budget-s", "600"]
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.soak", *args, "--noise", str(path), "--results", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads((out / "soak.json").read_text())
+
+
+def test_benign_noise_drains_nothing(tmp_path: Path):
+    doc = run_soak(tmp_path, BENIGN)
+    d = doc["details"]
+    print(json.dumps({k: d[k] for k in ("node_hours", "injected", "decisions")}, indent=1))
+    assert d["node_hours"] == pytest.approx(3 * 0.1 * 24, rel=0.01)  # the whole run simulated
+    kinds = {k for k in soak.load_noise() if k != "ib_flap"}
+    assert set(d["injected"]) == kinds  # every benign kind happened at least once
+    assert d["false_drains"] == 0, d["drains"]
+    assert d["upper_bound_per_node_day"] == pytest.approx(-math.log(0.05) / d["node_days"])
+    # the noise was seen, not missed: job logs and XIDs reached the controller as alerts
+    assert d["decisions"].get("alert:job_owned_finding", 0) >= 1
+    assert doc["settings"]["nodes"] == 3 and doc["commit"]
+
+
+def test_a_real_fault_is_counted_attributed_and_bounded(tmp_path: Path):
+    doc = run_soak(tmp_path, CONTROL)
+    d = doc["details"]
+    assert d["false_drains"] >= 1
+    for drain in d["drains"]:
+        assert drain["rule"] == "critical_finding"
+        assert "xid.kmsg: XID 79" in drain["reason"]
+        assert any(e.startswith("positive_control_xid79") for e in drain["recent_events"])
+    k = d["false_drains"]
+    assert d["upper_bound_per_node_day"] == pytest.approx(soak.poisson_upper(k, d["node_days"]))
+    assert d["upper_bound_per_node_day"] > k / d["node_days"]
+
+
+def test_poisson_upper_bound_matches_known_values():
+    """One-sided 95 % upper limits for 0, 1, 2 events: 2.996, 4.744, 6.296 (per unit)."""
+    assert soak.poisson_upper(0, 1.0) == pytest.approx(2.996, abs=1e-3)
+    assert soak.poisson_upper(1, 1.0) == pytest.approx(4.744, abs=1e-3)
+    assert soak.poisson_upper(2, 10.0) == pytest.approx(0.6296, abs=1e-4)
