@@ -1,5 +1,6 @@
-"""SDC detection coverage by flipped bit (sign, exponent, mantissa) for ABFT alone and ABFT +
-cross-device comparison, and the verification overhead as a fraction of matmul time.
+"""SDC detection coverage by flipped bit (sign, exponent, mantissa) for ABFT alone (in this
+process) and for ABFT + cross-device comparison between separate device processes
+(bench/sdc_cross.py), and the verification overhead as a fraction of matmul time.
 Run: python -m bench.sdc  (writes bench/results/sdc.json and sdc.md)"""
 
 from __future__ import annotations
@@ -13,22 +14,25 @@ import numpy as np
 
 from babysitter.checks.sdc import abft, runner
 from babysitter.checks.sdc.runner import digest, inputs
+from bench import sdc_cross
 from bench.common import RESULTS_DIR, figure, write_result
 
 COVERAGE_N = 256
 PER_BIT = 100
+CROSS_N = 256
+CROSS_PER_BIT = 10  # flips per bit position across device processes
+CROSS_CLEAN = 50  # rounds without a flip: the devices must agree bit for bit
 
 
 def coverage() -> dict[str, dict[str, float]]:
     a, b = inputs(COVERAGE_N, "float32", 11)
     c_ref = a @ b
-    ref_digest = digest(c_ref)
     ref = abft.prepare(a, b, "float32")
     col_tol, row_tol = ref.col_tol, ref.row_tol
     rng = np.random.default_rng(5)
     per_bit: dict[int, dict[str, int]] = {}
     for bit in range(32):
-        s = per_bit.setdefault(bit, {"n": 0, "abft": 0, "cross": 0, "above": 0, "abft_above": 0})
+        s = per_bit.setdefault(bit, {"n": 0, "abft": 0, "above": 0, "abft_above": 0})
         for _ in range(PER_BIT):
             i, j = int(rng.integers(COVERAGE_N)), int(rng.integers(COVERAGE_N))
             c = c_ref.copy()
@@ -36,10 +40,8 @@ def coverage() -> dict[str, dict[str, float]]:
             delta = abs(float(c[i, j]) - float(c_ref[i, j]))
             above = (not np.isfinite(delta)) or delta > min(col_tol[j], row_tol[i])
             detected = not abft.check(ref, c).ok
-            cross = digest(c) != ref_digest
             s["n"] += 1
             s["abft"] += detected
-            s["cross"] += detected or cross
             s["above"] += above
             s["abft_above"] += detected and above
     groups = {"sign": [31], "exponent": list(range(23, 31)), "mantissa": list(range(0, 23))}
@@ -50,7 +52,6 @@ def coverage() -> dict[str, dict[str, float]]:
         out[name] = {
             "injections": n,
             "abft_detected": sum(per_bit[b]["abft"] for b in bits) / n,
-            "abft_plus_cross_detected": sum(per_bit[b]["cross"] for b in bits) / n,
             "above_tolerance": above,
             "abft_detected_above_tolerance": (
                 sum(per_bit[b]["abft_above"] for b in bits) / above if above else float("nan")
@@ -60,7 +61,6 @@ def coverage() -> dict[str, dict[str, float]]:
     out["all"] = {
         "injections": sum(s["n"] for s in per_bit.values()),
         "abft_detected": sum(s["abft"] for s in per_bit.values()) / (32 * PER_BIT),
-        "abft_plus_cross_detected": sum(s["cross"] for s in per_bit.values()) / (32 * PER_BIT),
         "above_tolerance": above_all,
         "abft_detected_above_tolerance": sum(s["abft_above"] for s in per_bit.values())
         / max(above_all, 1),
@@ -127,6 +127,8 @@ def overhead(n: int, repeats: int = 5) -> dict[str, float]:
 def main() -> int:
     t0 = time.monotonic()
     cov = coverage()
+    cross = sdc_cross.measure(n=CROSS_N, per_bit=CROSS_PER_BIT, clean=CROSS_CLEAN)
+    xa = cross["groups"]["all"]
     ovh = [overhead(2048), overhead(4096)]
     figs = [
         figure(
@@ -138,12 +140,35 @@ def main() -> int:
             n=cov["all"]["above_tolerance"],
         ),
         figure(
-            "ABFT + cross-device detection, all flips",
-            cov["all"]["abft_plus_cross_detected"],
+            "ABFT + cross-device detection, all flips, 2 device processes",
+            xa["two_devices_detected"],
             "fraction",
             goal="= 1.0",
-            met=cov["all"]["abft_plus_cross_detected"] == 1.0,
-            n=cov["all"]["injections"],
+            met=xa["two_devices_detected"] == 1.0,
+            n=xa["injections"],
+        ),
+        figure(
+            "flipped device named alone, all flips, 3 device processes",
+            xa["three_devices_named"],
+            "fraction",
+            n=xa["injections"],
+        ),
+        figure(
+            "cross-device false alarms in rounds without a flip",
+            float(cross["false_alarms_three_devices"]),
+            "rounds",
+            goal="= 0",
+            met=cross["false_alarms_three_devices"] == 0 and cross["false_alarms_two_devices"] == 0,
+            n=cross["clean_rounds"],
+        ),
+        figure(
+            f"cross-device round, flip to verdict, n={CROSS_N}, 3 processes (p50)",
+            cross["round_s"]["p50"],
+            "s",
+            p50=cross["round_s"]["p50"],
+            p99=cross["round_s"]["p99"],
+            spread=cross["round_s"]["spread"],
+            n=cross["round_s"]["n"],
         ),
         figure(
             "ABFT alone, all flips",
@@ -185,19 +210,47 @@ def main() -> int:
     write_result(
         "sdc",
         figs,
-        {"coverage": cov, "overhead": ovh, "coverage_n": COVERAGE_N, "per_bit_injections": PER_BIT},
+        {"coverage": cov, "cross_device": cross, "overhead": ovh},
+        settings={
+            "coverage_n": COVERAGE_N,
+            "per_bit_injections": PER_BIT,
+            "cross_device_n": CROSS_N,
+            "cross_device_per_bit": CROSS_PER_BIT,
+            "cross_device_clean_rounds": CROSS_CLEAN,
+            "cross_device_processes": sdc_cross.DEVICES,
+            "overhead_n": [2048, 4096],
+        },
         duration_s=round(time.monotonic() - t0, 1),
     )
     lines = [
-        "| bits | injections | ABFT alone | ABFT + cross-device | ABFT, flips above bound |",
-        "|---|---|---|---|---|",
+        f"ABFT alone, one process, n={COVERAGE_N}:",
+        "",
+        "| bits | injections | ABFT alone | ABFT, flips above bound |",
+        "|---|---|---|---|",
     ]
     for name in ("sign", "exponent", "mantissa", "all"):
         c = cov[name]
         lines.append(
             f"| {name} | {c['injections']} | {c['abft_detected']:.1%} | "
-            f"{c['abft_plus_cross_detected']:.1%} | "
             f"{c['abft_detected_above_tolerance']:.1%} |"
+        )
+    lines += [
+        "",
+        f"Cross-device, {sdc_cross.DEVICES} device processes (CPU backend) with their own "
+        f"buffers, n={CROSS_N}, the flip injected in one device's own C; "
+        f"{cross['clean_rounds']} rounds without a flip gave "
+        f"{cross['false_alarms_two_devices']} / {cross['false_alarms_three_devices']} false "
+        "alarms (2 / 3 devices); a round (flip to verdict) took "
+        f"p50 {cross['round_s']['p50']:.3f} s, p99 {cross['round_s']['p99']:.3f} s on this "
+        "loaded machine:",
+        "",
+        "| bits | injections | 2 devices: detected | 3 devices: flipped one named | ABFT alone |",
+        "|---|---|---|---|---|",
+    ]
+    for name, g in cross["groups"].items():
+        lines.append(
+            f"| {name} | {g['injections']} | {g['two_devices_detected']:.1%} | "
+            f"{g['three_devices_named']:.1%} | {g['abft_alone']:.1%} |"
         )
     lines.append("")
     for o in ovh:
