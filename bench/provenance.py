@@ -28,6 +28,11 @@ MEASURES: dict[str, tuple[str, ...]] = {
         "babysitter/cli",
         "bench/agent_cost.py",
     ),
+    "fabric_scale": (
+        "babysitter/controller/fabric.py",
+        "babysitter/slurm/topology.py",
+        "bench/fabric_scale.py",
+    ),
     "rack_failure": (
         "babysitter/controller",
         "babysitter/slurm",

@@ -23,6 +23,7 @@ from bench.common import REPO, RESULTS_DIR
 BENCHMARKS: list[tuple[str, int]] = [
     ("bench.sdc", 300),
     ("bench.agent_cost", 300),
+    ("bench.fabric_scale", 300),  # a few seconds: correlation cost, 2k -> 32k nodes
     # real 10,000-node slurmctld (devcluster) with ingest at 2,000 reports/s
     ("bench.rack_failure", 900),
     ("bench.slurm_load", 1200),

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -83,6 +85,9 @@ class FabricStep:
         self.enabled = cfg.fabric.enabled
         self.prefix = cfg.slurm.reason_prefix
         self._topology_due = float("-inf")
+        self._topology_read: Future[Topology] | None = None
+        self._topology_first = True
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="slurm-topology")
         self._evidence: dict[str, Evidence] = {}
         self.incidents: list[Incident] = self._load()
         self.view = FabricView(open=tuple(self.incidents))
@@ -125,22 +130,36 @@ class FabricStep:
         return self.snapshot.topology
 
     def refresh_topology(self) -> None:
-        """`scontrol show topology` every fabric.topology_refresh_s; after a failed read
-        (the last topology is kept) again within TOPOLOGY_RETRY_S, not every tick."""
+        """`scontrol show topology` every fabric.topology_refresh_s, on its own thread (at
+        32,768 nodes the parse alone takes ~0.4 s: bench/fabric_scale.py): the first read is
+        waited for, later ones are taken up by the tick after they finish. After a failed
+        read (the last topology is kept) again within TOPOLOGY_RETRY_S, not every tick."""
         now = time.monotonic()
-        if now < self._topology_due:
+        if self._topology_read is None and now >= self._topology_due:
+            self._topology_due = now + min(TOPOLOGY_RETRY_S, self.cfg.fabric.topology_refresh_s)
+            self._topology_read = self._pool.submit(self.slurm.topology)
+        read = self._topology_read
+        if read is None:
             return
-        refresh = self.cfg.fabric.topology_refresh_s
-        self._topology_due = now + min(TOPOLOGY_RETRY_S, refresh)
+        first = not self.topology.known and self._topology_first
         try:
-            topo = self.slurm.topology()
+            topo = read.result(timeout=self.cfg.slurm.timeout_s if first else 0)
+        except FutureTimeout:
+            return
         except (SlurmError, NotImplementedError) as exc:
             log.warning("cannot read Slurm's topology (keeping the last one): %s", exc)
             return
-        self._topology_due = now + refresh
+        finally:
+            if read.done():
+                self._topology_read = None
+                self._topology_first = False
+        self._topology_due = time.monotonic() + self.cfg.fabric.topology_refresh_s
         if topo.skipped:
             log.warning("%d topology line(s) could not be read", topo.skipped)
         self.snapshot.topology = topo
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- before the node policy
     def before_policy(

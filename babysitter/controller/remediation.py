@@ -166,6 +166,7 @@ class RemediationEngine:
         self.sender.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.snapshot.close()
+        self.fabric.close()
 
     # ---- the collaborators' state, under the names the rest of the code knows
     @property

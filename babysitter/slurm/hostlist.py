@@ -45,6 +45,9 @@ def _expand_one(item: str) -> list[str]:
         if hi < lo or hi - lo > 100_000:
             raise ValueError(f"bad range {rng!r} in hostlist {item!r}")
         width = len(lo_s)
+        if "[" not in rest:  # the common case: nothing more to expand (no regex per name)
+            out.extend(f"{prefix}{i:0{width}d}{rest}" for i in range(lo, hi + 1))
+            continue
         for i in range(lo, hi + 1):
             out.extend(_expand_one(f"{prefix}{i:0{width}d}{rest}"))
     return out

@@ -117,11 +117,16 @@ def parse_topology(text: str) -> Topology:
                 continue
             if not _NAME.match(name):
                 raise ValueError(f"bad switch name {name!r}")
-            switches[name] = Switch(
-                name, level, frozenset(_names(tokens.get("Nodes", ""))), children
-            )
+            # an upper switch's Nodes= repeats every node below it: taken from its children
+            # instead (half the names to expand on a two-level tree)
+            nodes = frozenset() if children else frozenset(_names(tokens.get("Nodes", "")))
+            switches[name] = Switch(name, level, nodes, children)
         except ValueError:
             skipped += 1
+    for sw in sorted(switches.values(), key=lambda s: s.level):
+        if sw.children:
+            below = [switches[c].nodes for c in sw.children if c in switches]
+            switches[sw.name] = Switch(sw.name, sw.level, frozenset().union(*below), sw.children)
     return Topology(MappingProxyType(switches), kind, skipped)
 
 
