@@ -385,6 +385,13 @@ def main() -> int:
                 "whatever phase of its interval the round starts."
             ),
         },
+        settings={
+            "babysitter": "defaults (agent fast tier 1 s, controller loop 1 s); guard opened: "
+            + repr(POLICY),
+            "nhc": "1.4.3, HealthCheckProgram, HealthCheckNodeState=ANY, -t 30",
+            "rounds": {str(k): v for k, v in rounds.items()},
+            "nodes": {"babysitter": BABYSITTER_NODES, "nhc": NHC_NODES},
+        },
         duration_s=round(time.monotonic() - t_start, 1),
     )
     write_section(nhc, ours, costs, agent)

@@ -73,6 +73,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
         "bench/slurm_standin.py",
     ),
     "ettr": ("bench/ettr.py", "bench/data/ettr_inputs.toml", "babysitter/hardware/xids.py"),
+    "nhc": ("babysitter", "bench/nhc.py", "bench/data/nhc_gpu_health.c"),
 }
 # results another benchmark reads: it is stale too when they were measured after it
 INPUTS: dict[str, tuple[str, ...]] = {"ettr": ("fault_drain", "soak")}

@@ -16,7 +16,7 @@ from bench import provenance
 from bench.common import BENCH_DIR, RESULTS_DIR
 
 LAST_RUN = "last_run.json"  # what `make bench` ran and how each benchmark ended (bench/run.py)
-INLINE = ("soak", "ettr")  # write-ups shown inside their section, not only linked
+INLINE = ("soak", "ettr", "nhc")  # write-ups shown inside their section, not only linked
 HISTORY = BENCH_DIR / "history.md"
 
 

@@ -32,6 +32,8 @@ BENCHMARKS: list[tuple[str, int]] = [
     ("bench.fault_drain", 1800),  # ~25 min: 20 injections x 8 faults, defaults + reference
     # simulated fleet with benign noise at defaults: the false-drain rate (a few minutes)
     ("bench.soak", 900),
+    # NHC 1.4.3 beside babysitter on one devcluster: ~4 rounds at 60 s, 2 at 300 s (~20 min)
+    ("bench.nhc", 2400),
     # last: it reads the latencies fault_drain and the false-drain bound soak just measured
     ("bench.ettr", 600),
 ]
