@@ -103,6 +103,14 @@ class AgentConfig(Section):
         Path | None,
         Meta(description="CA bundle to verify an https controller with (agent and CLI)"),
     ] = None
+    syslog_socket: Annotated[
+        str,
+        Meta(
+            description="syslog socket (journald reads it) that `babysitter check --slurm-drain` "
+            "logs its drains, resumes and failures to: Slurm discards the HealthCheckProgram's "
+            "stderr (empty: stderr only)"
+        ),
+    ] = "/dev/log"
     hardware_profile: Annotated[
         str | None,
         Meta(

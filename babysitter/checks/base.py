@@ -318,13 +318,17 @@ def mark_hung(check: Check, hung: bool) -> None:
         _HUNG.discard(id(check))
 
 
-def run_checks(checks: list[Check]) -> list[CheckResult]:
-    """Run checks concurrently, each under its own timeout; the whole run ends within the
-    longest timeout even when a driver call hangs."""
+def run_checks(checks: list[Check], deadline: float | None = None) -> list[CheckResult]:
+    """Run checks concurrently, each under its own timeout (cut to what is left before
+    `deadline`, a time.monotonic() value); the whole run ends within the longest timeout even
+    when a driver call hangs."""
     results: list[CheckResult | None] = [None] * len(checks)
 
     def one(i: int) -> None:
-        results[i] = run_check(checks[i])
+        timeout = checks[i].effective_timeout()
+        if deadline is not None:
+            timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+        results[i] = run_check(checks[i], timeout)
 
     threads = [
         threading.Thread(target=one, args=(i,), name=f"run:{c.name}", daemon=True)

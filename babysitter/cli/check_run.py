@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from babysitter import __version__
 from babysitter.errors import BabysitterError, UsageError
-from babysitter.finding import Finding, Severity, exit_code, worst
+from babysitter.finding import EXIT_CRITICAL, EXIT_UNKNOWN, Finding, Severity, exit_code, worst
 
 if TYPE_CHECKING:
     from babysitter.config import Config
@@ -29,6 +30,7 @@ ONLY_HELP = "Comma-separated check names or prefixes (gpu,xid)."
 JSON_HELP = "Print the findings as a JSON list."
 DRAIN_HELP = "Drain this node on a critical finding; resume it when clean (own drains only)."
 SUMMARY = "Run the checks once; exit 0 ok, 1 warning, 2 critical, 3 unknown."
+UNKNOWN_CODES = ("check.error", "check.timeout")
 
 
 def configure_logging(verbose: int) -> None:
@@ -52,14 +54,20 @@ def drain_summary(findings: list[Finding]) -> str:
 def run(cfg: Config, only: str, as_json: bool, slurm_drain: bool) -> int:
     """Run the checks once, print them, drain/resume when asked; the Nagios exit code."""
     from babysitter.checks.all import select_checks
-    from babysitter.checks.base import CheckContext, run_checks
+    from babysitter.checks.base import Check, CheckContext
+    from babysitter.checks.oneshot import run_once
 
     wanted = [w.strip() for w in only.split(",") if w.strip()]
     ctx = CheckContext(cfg, cfg.agent.node_name)
-    checks = select_checks(ctx, wanted or None)
-    if wanted and not checks:
-        raise UsageError(f"--only {only!r} matches no check")
-    results = run_checks(checks)
+
+    def select() -> list[Check]:
+        checks = select_checks(ctx, wanted or None)
+        if wanted and not checks:
+            raise UsageError(f"--only {only!r} matches no check")
+        return checks
+
+    once = run_once(select)
+    results = once.results
     findings = [f for r in results for f in r.findings]
     unknown = any(r.unknown for r in results)
     code = exit_code(findings, unknown=unknown)
@@ -67,8 +75,16 @@ def run(cfg: Config, only: str, as_json: bool, slurm_drain: bool) -> int:
         print(json_text([f.to_json_dict() for f in findings]))
     else:
         _print_table(findings)
-    if slurm_drain:
-        _slurm_drain(cfg, cfg.agent.node_name, findings)
+    if slurm_drain and not _slurm_drain(cfg, cfg.agent.node_name, findings, unknown):
+        # the verdict did not reach Slurm: never exit 0 for it (critical stays critical)
+        code = max(code, EXIT_UNKNOWN) if code != EXIT_CRITICAL else code
+    if once.hung:
+        # threads stuck in a driver call never return, and interpreter exit would wait on
+        # them (and on NVML's shutdown): leave now that the verdict is out
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
     return code
 
 
@@ -104,34 +120,45 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr)
 
 
-def _slurm_drain(cfg: Config, node: str, findings: list[Finding]) -> None:
+def _slurm_drain(cfg: Config, node: str, findings: list[Finding], unknown: bool) -> bool:
+    """Drain on critical, resume this mode's own drain when every check gave a verdict and none
+    is critical. False when Slurm could not be updated (logged to syslog: Slurm discards this
+    program's stderr)."""
     # the policy module only for its mark; the Slurm client only when asked to drain
+    from babysitter.cli.hclog import healthcheck_log
     from babysitter.controller.policy import HEALTHCHECK_MARK
     from babysitter.slurm.client import SlurmError, SlurmNotOwned
     from babysitter.slurm.factory import make_client
 
-    client = make_client(cfg)
+    log = healthcheck_log(cfg.agent.syslog_socket)
     mine = f"{cfg.slurm.reason_prefix} {HEALTHCHECK_MARK}"
     try:
+        client = make_client(cfg)
         current = client.node(node)
         held = current.drained_or_draining or current.down
         if worst(findings) is Severity.CRITICAL:
             controllers = current.reason.startswith(cfg.slurm.reason_prefix)
             if held and controllers and not current.reason.startswith(mine):
                 # the controller's drain stays the controller's (never rewritten as ours)
-                _say(f"left {node} alone: drained by the babysitter controller")
-                return
+                log.info("left %s alone: drained by the babysitter controller", node)
+                return True
             client.drain(node, f"{HEALTHCHECK_MARK} {drain_summary(findings)}")
-            _say(f"drained {node}")
+            log.warning("drained %s: %s", node, drain_summary(findings))
+        elif held and current.reason.startswith(mine) and unknown:
+            # a check that crashed or hung said nothing about the node: not a clean run
+            failed = sorted({f.check for f in findings if f.code in UNKNOWN_CODES})
+            log.warning("kept %s drained: no verdict from %s", node, ", ".join(failed) or "a check")
         elif held and current.reason.startswith(mine):
             client.resume(node)
-            _say(f"resumed {node}")
+            log.info("resumed %s", node)
         elif held and current.reason:
-            _say(f"left {node} alone: not drained by this check ({current.reason!r})")
+            log.info("left %s alone: not drained by this check (%r)", node, current.reason)
     except SlurmNotOwned as exc:
-        _say(f"left {node} alone: {exc}")
-    except SlurmError as exc:
-        _say(f"could not update Slurm for {node}: {exc}")
+        log.info("left %s alone: %s", node, exc)
+    except (SlurmError, OSError) as exc:
+        log.error("could not update Slurm for %s: %s", node, exc)
+        return False
+    return True
 
 
 def _parser() -> argparse.ArgumentParser:

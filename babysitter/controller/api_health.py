@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -13,6 +14,8 @@ from babysitter.controller import cockpit_metrics
 from babysitter.controller.api_read import node_view
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.store import Store, now
+
+log = logging.getLogger(__name__)
 
 
 def health_router(
@@ -37,17 +40,24 @@ def health_router(
 
     @router.get("/metrics")
     def prom() -> Response:
-        verdicts: dict[str, int] = {"healthy": 0, "suspect": 0, "unhealthy": 0, "unknown": 0}
+        metrics.is_leader.set(1 if runtime_state.get("leader") else 0)
         try:
+            verdicts: dict[str, int] = {"healthy": 0, "suspect": 0, "unhealthy": 0, "unknown": 0}
             for n in store.node_rows():
                 v = node_view(n, runtime_state)["verdict"]
                 verdicts[v] = verdicts.get(v, 0) + 1
+            cockpit_metrics.refresh(store, metrics, runtime_state, now())
         except Exception:
-            pass
-        for v, c in verdicts.items():
-            metrics.nodes.labels(v).set(c)
-        metrics.is_leader.set(1 if runtime_state.get("leader") else 0)
-        cockpit_metrics.refresh(store, metrics, runtime_state, now())
+            # a healthy zero ("0 unhealthy nodes") must never stand in for "cannot tell":
+            # publish the failure and withdraw every count read from the store
+            log.exception("/metrics: the database cannot be read")
+            metrics.store_up.set(0)
+            metrics.store_errors.inc()
+            metrics.forget_store_values()
+        else:
+            metrics.store_up.set(1)
+            for v, c in verdicts.items():
+                metrics.nodes.labels(v).set(c)
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return router

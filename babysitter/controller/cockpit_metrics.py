@@ -1,7 +1,8 @@
 """The gauges on-call alerts read, set from the store when /metrics is scraped: the guard,
 babysitter's drains and the oldest one, silent nodes, firing alerts by condition, nodes in
-maintenance. A store that cannot be read leaves them as they were and raises: the scrape
-fails (Prometheus then sees `up` = 0 or the error) instead of reading as healthy."""
+maintenance. A store that cannot be read raises: /metrics then publishes
+`babysitter_store_up 0` and withdraws these values (controller/api_health.py) instead of
+reading as healthy."""
 
 from __future__ import annotations
 

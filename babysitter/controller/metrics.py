@@ -99,7 +99,27 @@ class ControllerMetrics:
             "Nodes in an open maintenance window (not drained or paged by babysitter).",
             registry=r,
         )
+        self.store_up = Gauge(
+            "babysitter_store_up",
+            "1 when the last scrape could read the database; 0 when it could not (then no "
+            "store-derived value is published: no node count reads as healthy).",
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "babysitter_store_read_errors_total",
+            "Scrapes of /metrics that could not read the database.",
+            registry=r,
+        )
         r.register(AuditCollector())
+
+    def forget_store_values(self) -> None:
+        """The database cannot be read: withdraw every value read from it. Labelled series
+        disappear; an unlabelled gauge becomes NaN (no value) rather than a stale or zero one."""
+        self.nodes.clear()
+        self.firing.clear()
+        for g in (self.guard_tripped, self.oldest_drain_age, self.drained, self.silent):
+            g.set(float("nan"))
+        self.maintenance.set(float("nan"))
 
 
 class AuditCollector(Collector):

@@ -20,6 +20,8 @@
  *                                    clocks_event_reasons power_mw
  *   gpuN.err.<function>=<nvmlReturn> that function fails on that GPU (e.g. 3 NOT_SUPPORTED)
  *   delay.<function>=<seconds>       that function sleeps first (a hung driver)
+ *   gpuN.delay=<seconds>             every call on that GPU sleeps first (one hung GPU);
+ *   gpuN.delay.<function>=<seconds>  or only that function on it
  *   gpuN.event_types=<mask>          nvmlDeviceGetSupportedEventTypes (default 0xc1f: SBE, DBE,
  *                                    PState, XID, clock, DRAM retirement event/failure); registering
  *                                    a type outside the mask is NOT_SUPPORTED, as on real boards
@@ -191,6 +193,15 @@ static nvmlReturn_t enter(const char *fn, int gpu) {
     snprintf(k, sizeof k, "delay.%s", fn);
     const char *d = get(k);
     double delay = d ? atof(d) : 0;
+    if (gpu >= 0) { /* one GPU's driver calls hang: every call on it, or one function */
+        snprintf(k, sizeof k, "gpu%d.delay.%s", gpu, fn);
+        const char *g = get(k);
+        if (!g) {
+            snprintf(k, sizeof k, "gpu%d.delay", gpu);
+            g = get(k);
+        }
+        if (g) delay = atof(g);
+    }
     nvmlReturn_t rc = NVML_SUCCESS;
     if (!initialized) rc = NVML_ERROR_UNINITIALIZED;
     else if (gpu >= 0) {

@@ -107,6 +107,10 @@ class FakeGpus:
     def delay(self, function: str, seconds: float | None) -> FakeGpus:
         return self.set(**{f"delay.{function}": seconds})
 
+    def hang(self, gpu: int, seconds: float | None, function: str | None = None) -> FakeGpus:
+        """Every NVML call on one GPU (or only `function` on it) sleeps first: a hung GPU."""
+        return self.set(gpu, **{"delay" if function is None else f"delay.{function}": seconds})
+
     def xid(self, gpu: int, xid: int) -> FakeGpus:
         """An XID event, seen by event sets registered before it."""
         return self.event(gpu, EVENT_XID, xid)
