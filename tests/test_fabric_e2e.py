@@ -167,6 +167,8 @@ def test_ib_down_under_one_leaf_is_one_incident_and_the_nodes_return_together(
         # two of four reported: held for their siblings, nothing drained, nobody paged
         assert [node_state(cluster, n)[1] for n in LEAF1] == [""] * 4
         assert bodies(receiver) == []
+        # ...and yet nobody reading the controller is told they are healthy
+        assert [store.node(n)["verdict"] for n in LEAF1[:2]] == ["unhealthy"] * 2
         for n in LEAF1[2:]:
             send(store, n, port_down(n))
         tick(eng)
@@ -174,6 +176,7 @@ def test_ib_down_under_one_leaf_is_one_incident_and_the_nodes_return_together(
             state, reason = node_state(cluster, n)
             assert state in ("drain", "drng") and reason == "babysitter: switch leaf1 suspected"
         assert [node_state(cluster, n) for n in LEAF2] == [("idle", "")] * 4
+        assert [store.node(n)["verdict"] for n in LEAF1] == ["unhealthy"] * 4
         for _ in range(3):
             tick(eng)
         assert bodies(receiver) == [(None, "switch_suspected_leaf1", "firing")]
@@ -354,6 +357,14 @@ def test_whole_installation_one_leaf_losing_its_ports(tmp_path, receiver):
         wait_for(lambda: bodies(receiver), 15, "the alert")
         assert [node_state(info, n) for n in LEAF2] == [("idle", "")] * 4
         assert bodies(receiver) == [(None, "switch_suspected_leaf1", "firing")]
+        # what the agents read from sysfs about where their port sits comes with it
+        [alert] = receiver.bodies("/hook")
+        assert alert["details"]["ports"] == {"mlx5_0/1": 4}
+        assert alert["details"]["sm_lids"] == ["0x1"]
+        assert "ports: mlx5_0/1 on 4; subnet manager LID 0x1" in alert["summary"]
+        [node1] = [n for n in sim.api("/api/v1/nodes") if n["name"] == "node1"]
+        [down] = [f for f in node1["open_findings"] if f["code"] == "ib.port_down"]
+        assert down["details"]["sm_lid"] == "0x1" and down["details"]["port_guid"].startswith("0x")
 
         for n in LEAF1:
             simib.set_port(sim.base / "nodes" / n / "sysfs", "mlx5_0", 1, active=True)

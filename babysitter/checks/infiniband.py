@@ -45,6 +45,25 @@ def _read(p: Path) -> str | None:
         return None
 
 
+_LID = re.compile(r"^0x[0-9a-fA-F]{1,4}$")
+_GID = re.compile(r"^(?:[0-9a-fA-F]{4}:){7}[0-9a-fA-F]{4}$")
+
+
+def fabric_address(port_dir: str) -> dict[str, str]:
+    """Where a port sits in the fabric, as far as sysfs tells (read only for a port that is
+    down): its LID, its subnet manager's LID and its port GUID (the low half of GID 0). The
+    controller shows them in a switch incident; Slurm's topology places the node."""
+    out: dict[str, str] = {}
+    for key in ("lid", "sm_lid"):
+        v = _read_small(f"{port_dir}/{key}")
+        if v and _LID.match(v):
+            out[key] = v.lower()
+    gid = _read_small(f"{port_dir}/gids/0")
+    if gid and _GID.match(gid):
+        out["port_guid"] = "0x" + gid.replace(":", "")[16:].lower()
+    return out
+
+
 def _read_small(path: str) -> str | None:
     """One small sysfs file (fast tier: plain os calls, no Path objects)."""
     try:
@@ -201,6 +220,7 @@ class InfinibandCheck(Check):
                     Action.DRAIN,
                     state=state,
                     phys_state=phys,
+                    **fabric_address(base),
                 )
             )
         recovery = self.cfg.flap_recovery_s

@@ -21,6 +21,7 @@ topology maps each node to its switches once, when it is read).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -93,11 +94,16 @@ class FabricSettings:
         return max(2, min(self.min_nodes, math.ceil(self.min_fraction * size)))
 
 
+_LID = re.compile(r"^0x[0-9a-f]{1,4}$")
+
+
 @dataclass(frozen=True)
 class Evidence:
     node: str
     since: datetime  # onset: when the controller first saw a fabric finding of the node
     codes: tuple[str, ...] = ()
+    ports: tuple[str, ...] = ()  # the node's ports in trouble (components: ib:mlx5_0/1)
+    sm_lids: tuple[str, ...] = ()  # subnet manager LIDs its agent read from sysfs
 
 
 @dataclass(frozen=True)
@@ -145,10 +151,17 @@ def onsets(
     a node that just started; nodes without fabric findings drop out."""
     out: dict[str, Evidence] = {}
     for node, fs in findings.items():
-        codes = tuple(sorted({f.code for f in fs if is_fabric(f)}))
-        if codes:
+        mine = [f for f in fs if is_fabric(f)]
+        if mine:
             prev = previous.get(node)
-            out[node] = Evidence(node, prev.since if prev else now, codes)
+            out[node] = Evidence(
+                node,
+                prev.since if prev else now,
+                tuple(sorted({f.code for f in mine})),
+                tuple(sorted({f.component for f in mine if f.component.startswith("ib:")})),
+                # an agent's word, shown to people: only well-formed LIDs
+                tuple(sorted({v for f in mine if _LID.match(v := str(f.details.get("sm_lid")))})),
+            )
     return out
 
 

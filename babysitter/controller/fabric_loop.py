@@ -43,7 +43,14 @@ from babysitter.controller.fabric import (
 from babysitter.controller.guard_api import BLAST_KEY
 from babysitter.controller.jobs import JobTracker
 from babysitter.controller.metrics import ControllerMetrics
-from babysitter.controller.policy import ClusterFacts, NodeFacts, PolicySettings, drain_worthy
+from babysitter.controller.policy import (
+    ClusterFacts,
+    NodeFacts,
+    PolicyResult,
+    PolicySettings,
+    drain_worthy,
+    facts_verdict,
+)
 from babysitter.controller.snapshot import SlurmSnapshot
 from babysitter.controller.store import Store
 from babysitter.finding import Severity
@@ -94,6 +101,7 @@ class FabricStep:
         self.gate: BlastGate | None = None
         self._bad: set[str] = set()  # nodes with a drain-worthy finding that is not fabric
         self._returning: frozenset[str] = frozenset()  # nodes of incidents resolved this tick
+        self._verdicts: dict[str, str] = {}  # real verdicts of the nodes hidden this tick
         self._refused: dict[str, set[str]] = {}  # switch -> nodes Slurm would not drain
         self._retry_at: datetime | None = None
         self._settled: list[int] = []  # this tick's actions, audited at its end
@@ -186,6 +194,10 @@ class FabricStep:
             # the nodes of an incident resolved now return together in act(), not one by one
             self._returning = frozenset(n for inc in self.view.resolved for n in inc.nodes)
             hidden = self.view.held | self.view.covered | self._returning
+            # what people read about these nodes stays the truth: their own verdict
+            self._verdicts = {
+                n.name: facts_verdict(n, self.policy)[0] for n in facts if n.name in hidden
+            }
             if hidden:
                 facts = [self._masked(n) if n.name in hidden else n for n in facts]
         switch_held = self._switch_held()
@@ -198,6 +210,14 @@ class FabricStep:
             self.gate = gate
             return facts, cluster, lambda n: gate.admit(n.name, topo.leaf(n.name), n.partitions)
         return facts, cluster, None
+
+    def true_verdicts(self, result: PolicyResult) -> None:
+        """The node policy decided on facts with fabric findings hidden; the verdicts it
+        writes for those nodes are their real ones (a node with its port down is never
+        shown healthy)."""
+        for name, verdict in self._verdicts.items():
+            if name in result.verdicts:
+                result.verdicts[name] = verdict
 
     def _masked(self, n: NodeFacts) -> NodeFacts:
         kept = tuple(f for f in n.open_findings if not is_fabric(f))
@@ -309,13 +329,22 @@ class FabricStep:
             did = f"left {len(nodes)} node(s) in service (fabric.on_switch = keep)"
         if self.cfg.fabric.requeue_jobs:
             did += f"; babysat job(s) requeued without them: {jobs}"
+        # what the agents saw of the fabric: which ports, which subnet manager
+        seen = [self._evidence[n] for n in nodes if n in self._evidence]
+        ports = Counter(p.split(":", 1)[1] for e in seen for p in e.ports)
+        sm_lids = sorted({lid for e in seen for lid in e.sm_lids})
+        where = ""
+        if ports:
+            where = "; ports: " + ", ".join(f"{p} on {k}" for p, k in sorted(ports.items()))
+        if sm_lids:
+            where += f"; subnet manager LID {', '.join(sm_lids)}"
         switch = inc.switch
         return Alert(
             None,
             f"switch_suspected_{switch}",
             Severity.CRITICAL,
             f"switch {inc.switch} suspected: fabric faults on {len(nodes)} node(s) below it "
-            f"within {self.settings.window_s:g} s ({', '.join(nodes)}); jobs there: {jobs}",
+            f"within {self.settings.window_s:g} s ({', '.join(nodes)}); jobs there: {jobs}" + where,
             did,
             inc.opened_at,
             nodes=nodes,
@@ -324,6 +353,8 @@ class FabricStep:
                 "level": inc.level,
                 "nodes": nodes,
                 "jobs": list(inc.jobs),
+                "ports": dict(sorted(ports.items())),
+                "sm_lids": sm_lids,
             },
         )
 

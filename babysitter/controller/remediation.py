@@ -209,6 +209,8 @@ class RemediationEngine:
         if hooked is not None:
             facts, cluster, admit = hooked
         result = decide(facts, cluster, self.settings, now, admit)
+        if hooked is not None:
+            self._isolated("fabric", lambda: self.fabric.true_verdicts(result))
         return facts, cluster, result, slow[1] if slow is not None else []
 
     @staticmethod

@@ -38,10 +38,15 @@ def _write(p: Path, text: str) -> None:
     os.replace(tmp, p)
 
 
-def make_tree(root: Path, devices: int = 8, rate_gbps: int = 400) -> list[str]:
+def make_tree(root: Path, devices: int = 8, rate_gbps: int = 400, lid_base: int = 1) -> list[str]:
     names = [f"mlx5_{i}" for i in range(devices)]
-    for dev in names:
+    for i, dev in enumerate(names):
         set_port(root, dev, 1, active=True, rate_gbps=rate_gbps)
+        # where the port sits: its LID, the subnet manager's (LID 1) and GID 0
+        d = port_dir(root, dev, 1)
+        _write(d / "lid", f"0x{lid_base + 1 + i:x}")
+        _write(d / "sm_lid", "0x1")
+        _write(d / "gids" / "0", f"fe80:0000:0000:0000:0c42:a103:00{lid_base:02x}:{i:04x}")
         for c in COUNTERS:
             set_counter(root, dev, 1, c, 0)
     return names
