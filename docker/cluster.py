@@ -10,8 +10,10 @@ Used by the Makefile (docker-setup, docker-up, docker-down) and tests/test_docke
   `daemon-up` started.
 - image: the base is the Debian trixie root of babysitter/devcluster/roots.py (debootstrapped
   once, cached as a zstd tarball) fed to `docker import` (no registry is reachable); on top,
-  docker/Dockerfile installs the project from its wheel. Both are tagged by content hash (root
-  tarball; wheel contents + docker files + base), so a second run builds nothing.
+  docker/Dockerfile installs the project from its wheel by running docs/deploy.md's own steps
+  (docker/guide.py writes them into the build context). Both are tagged by content hash (root
+  tarball; wheel contents + docker files + the guide's steps + base), so a second run builds
+  nothing.
 - compose: Debian's docker-compose 1.29 (see docker/README.md for why not the Python SDK).
 """
 
@@ -31,8 +33,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # babysitter.devcluster.roots from this checkout
+for _p in (REPO, HERE):  # babysitter.devcluster.roots from this checkout; guide.py beside us
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import guide  # noqa: E402 - after the path it is found on
 
 DATA_ROOT = Path(os.environ.get("BABYSITTER_DOCKER_DATA", "/var/lib/babysitter-docker"))
 RUN_DIR = Path("/run/babysitter-docker")
@@ -252,6 +257,8 @@ def image() -> tuple[str, bool]:
         h = hashlib.sha256(base.encode() + wheel_digest(whl).encode())
         for name in DOCKER_FILES:
             h.update((HERE / name).read_bytes())
+        for step in guide.write(ctx / "guide"):  # the guide's steps the image build runs
+            h.update(step.name.encode() + b"\0" + step.read_bytes())
         ref = f"{IMAGE}:{h.hexdigest()[:16]}"
         built = not _has_image(ref)
         if built:

@@ -1,9 +1,11 @@
 """docker/: the dockerized Slurm test cluster, built and run for real. The image comes from the
-debootstrapped Debian root (no registry) with the project installed from its wheel; compose
-starts slurmctld, three nodes (slurmd + agent over the fake NVML), the controller on Postgres
-and Alertmanager, all with host networking. An XID 79 written into node2's fake NVML state
-drains node2 and fires an alert; a reboot of node2 (container restart) resumes it. Whatever
-happens, teardown leaves no container, network or mount behind.
+debootstrapped Debian root (no registry) with the project installed from its wheel by
+docs/deploy.md's own steps (docker/guide.py); the containers set babysitter up with the guide's
+database, controller and node steps; compose starts slurmctld, three nodes (slurmd + agent over
+the fake NVML), the controller on Postgres and Alertmanager, all with host networking. The
+guide's verification and backup steps then run in the live cluster. An XID 79 written into
+node2's fake NVML state drains node2 and fires an alert; a reboot of node2 (container restart)
+resumes it. Whatever happens, teardown leaves no container, network or mount behind.
 
 Needs root and a Docker engine: `make setup` installs docker.io; the test starts its own dockerd
 (docker/cluster.py) when none runs and stops it again afterwards."""
@@ -13,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -98,6 +101,18 @@ def _alerts(node: str) -> list[dict[str, object]]:
     return [a for a in r.json() if a["labels"].get("node") == node]
 
 
+def _guide_step(service: str, step: str) -> str:
+    """Run one of docs/deploy.md's steps in a live container, with the cluster's site values."""
+    env = [f"{k}={v}" for k, v in container.site_values().items()]
+    args = [a for kv in env for a in ("-e", kv)]
+    return str(
+        tool.docker(
+            "exec", *args, tool.service(service), "bash", f"/opt/babysitter-guide/{step}.sh",
+            timeout=120,
+        )
+    )  # fmt: skip
+
+
 @pytest.mark.timeout(COLD_TIMEOUT_S)
 def test_second_image_build_builds_nothing(image: str):
     ref, built = tool.image()
@@ -110,6 +125,25 @@ def test_second_image_build_builds_nothing(image: str):
         "show", "-f", "babysitter",
     )  # fmt: skip
     assert "Location: /opt/babysitter/lib/" in out and "Editable project location" not in out
+    # the guide's install and plugin steps put the packaged units and the plugin in place
+    installed = tool.docker(
+        "run", "--rm", "--network=host", "--entrypoint", "cat", ref,
+        "/etc/systemd/system/babysitter-agent.service", "/usr/local/sbin/babysitter-healthcheck",
+        "/etc/slurm/job_submit.lua",
+    )  # fmt: skip
+    repo = DOCKER.parent
+    assert installed == "".join(
+        (repo / f).read_text()
+        for f in (
+            "systemd/babysitter-agent.service",
+            "systemd/babysitter-healthcheck",
+            "slurm-plugins/job_submit.lua",
+        )
+    )
+    tool.docker(
+        "run", "--rm", "--network=host", "--entrypoint", "test", ref,
+        "-s", "/usr/lib/x86_64-linux-gnu/slurm-wlm/babysit_spank.so",
+    )  # fmt: skip
 
 
 @pytest.mark.timeout(COLD_TIMEOUT_S)
@@ -122,6 +156,17 @@ def test_xid79_drains_node2_alerts_and_resumes(image: str):
             90,
             "3 healthy nodes",
         )
+        # the guide's checks after start-up, and its backup, in the live cluster
+        _guide_step("controller", "verify-controller")
+        _guide_step("node1", "verify-node")
+        _guide_step("controller", "backup")
+        dumps = tool.docker(
+            "exec", tool.service("controller"), "sh", "-c", "ls /var/backups/babysitter/*.dump"
+        ).split()
+        assert len(dumps) == 1
+        listing = tool.docker("exec", tool.service("controller"), "pg_restore", "-l", dumps[0])
+        assert "TABLE public nodes" in listing and "TABLE DATA public alembic_version" in listing
+
         tool.inject("node2", 3, 79)
         wait_for(lambda: _sinfo("node2")[0] in ("drain", "drng"), 60, "node2 drained")
         _, reason = _sinfo("node2")
@@ -195,7 +240,18 @@ def test_entrypoint_passes_shellcheck():
     assert r.returncode == 0, r.stdout
 
 
-def test_container_config_comes_from_the_devcluster_generator(tmp_path: Path):
+def _env_file(path: Path) -> dict[str, str]:
+    """KEY='value' lines, read as a shell (or systemd's EnvironmentFile) reads them."""
+    out = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition("=")
+        (out[key],) = shlex.split(value)
+    return out
+
+
+def test_container_config_comes_from_the_devcluster_generator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     container.render(tmp_path)
     spec = container.spec(tmp_path)
     slurm_conf = (tmp_path / "etc" / "slurm.conf").read_text()
@@ -205,15 +261,30 @@ def test_container_config_comes_from_the_devcluster_generator(tmp_path: Path):
         assert f"NodeName={node} NodeHostname={spec.node_host} NodeAddr=127.0.0.1 Port={port}" in (
             slurm_conf
         )
-        assert (tmp_path / f"agent-{node}.toml").exists()
     assert f"SlurmctldPort={container.PORTS['slurmctld']}" in slurm_conf
+    site = _env_file(tmp_path / "site.env")
+    assert site["CONTROLLER_URL"] == f"http://127.0.0.1:{container.PORTS['controller']}"
+    assert site["DB_PORT"] == str(container.PORTS["postgres"])
+    assert site["ALERTMANAGER_URL"] == f"http://127.0.0.1:{container.PORTS['alertmanager']}"
+    # no secret is made here: the guide's controller step makes them in the controller
+    assert not list(tmp_path.glob("*.token")) and not (tmp_path / "cluster.secret").exists()
+
     from babysitter.config import load_config
 
-    cfg = load_config(tmp_path / "controller.toml")  # valid against the real models
-    assert cfg.alerts.alertmanager_url == f"http://127.0.0.1:{container.PORTS['alertmanager']}"
-    assert f":{container.PORTS['postgres']}/" in cfg.controller.database_url
-    agent = load_config(tmp_path / "agent-node2.toml")
-    assert agent.agent.node_name == "node2"
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    # the simulation's settings are valid BABYSITTER_* overrides of the real models
+    for name in ("controller.env", "agent-node2.env"):
+        with monkeypatch.context() as m:
+            for k, v in _env_file(tmp_path / name).items():
+                m.setenv(k, v)
+            cfg = load_config(empty)
+        assert cfg.slurm.slurm_conf == tmp_path / "etc" / "slurm.conf"
+        if name == "controller.env":
+            assert cfg.controller.loop_interval_s == 0.5
+        else:
+            assert cfg.agent.sysfs_root == Path("/var/lib/babysitter/node2/sysfs")
+            assert cfg.checks.host.paths == [Path("/var/lib/babysitter/node2")]
 
 
 def test_ports_stay_clear_of_devclusters_and_host_services():
