@@ -116,3 +116,39 @@ def test_healthcheck_wrapper_turns_a_hang_into_unknown(tmp_path):
     r = _run_wrapper(fake, timeout="1")
     assert r.returncode == 3
     assert "did not finish" in r.stderr
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda u: u.name)
+def test_every_command_a_unit_runs_is_one_the_cli_takes(unit: Path, tmp_path: Path):
+    """ExecStartPre/ExecStart as written: `babysitter agent --config F` must parse (systemd
+    would start a daemon that exits with a usage error at once, in a restart loop)."""
+    lines = [
+        ln.split("=", 1)[1]
+        for ln in unit.read_text().splitlines()
+        if ln.startswith(("ExecStart=", "ExecStartPre="))
+    ]
+    assert lines
+    config = tmp_path / "babysitter.toml"
+    config.write_text(f'[controller]\ndatabase_url = "sqlite:///{tmp_path}/b.db"\n')
+    for line in lines:
+        argv = line.split()
+        assert argv[0] == str(INSTALLED)
+        args = [str(config) if a == "/etc/babysitter/babysitter.toml" else a for a in argv[1:]]
+        # --help after the options: click parses them all, then prints the help
+        r = subprocess.run(
+            [sys.executable, "-m", "babysitter.cli.main", *args, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, f"{line}: {r.stderr}"
+    # and the migration the controller unit runs first reads that file
+    if unit.name == "babysitter-controller.service":
+        pre = next(
+            ln.split("=", 1)[1] for ln in unit.read_text().splitlines() if "db upgrade" in ln
+        )
+        args = [str(config) if a.endswith(".toml") else a for a in pre.split()[1:]]
+        subprocess.run(
+            [sys.executable, "-m", "babysitter.cli.main", *args], check=True, timeout=120
+        )
+        assert (tmp_path / "b.db").exists()

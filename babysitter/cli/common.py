@@ -29,6 +29,24 @@ class State:
 pass_state = click.make_pass_decorator(State)
 
 
+def _set_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        state = ctx.ensure_object(State)
+        state.config_path, state._config = value, None
+
+
+def config_option(f: Any) -> Any:
+    """`--config FILE` after the command as well (`babysitter agent --config F`, the form the
+    systemd units and the design use); the group's `babysitter --config F agent` still works."""
+    return click.option(
+        "--config",
+        type=click.Path(dir_okay=False),
+        expose_value=False,
+        callback=_set_config,
+        help="TOML config (default /etc/babysitter/babysitter.toml).",
+    )(f)
+
+
 def echo_json(data: Any) -> None:
     """Machine output: one JSON document on stdout."""
     from babysitter.cli.check_run import json_text

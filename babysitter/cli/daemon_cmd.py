@@ -6,10 +6,11 @@ from pathlib import Path
 
 import click
 
-from babysitter.cli.common import State, pass_state
+from babysitter.cli.common import State, config_option, pass_state
 
 
 @click.command("controller")
+@config_option
 @pass_state
 def controller(state: State) -> None:
     """API + store + policy/remediation loop + alerts."""
@@ -19,6 +20,7 @@ def controller(state: State) -> None:
 
 
 @click.command("agent")
+@config_option
 @pass_state
 def agent(state: State) -> None:
     """Node daemon: checks on schedule and on events, reports, spool."""
@@ -55,6 +57,7 @@ def db() -> None:
 
 
 @db.command("upgrade")
+@config_option
 @pass_state
 def db_upgrade(state: State) -> None:
     """Apply migrations (Alembic, sql/)."""
