@@ -780,6 +780,15 @@ def main(argv: list[str] | None = None) -> int:
             "sensitivity": sens,
             "inputs": str(INPUTS.relative_to(BENCH_DIR.parent)),
         },
+        settings={
+            "replicas": args.replicas,
+            "sensitivity_replicas": args.sensitivity_replicas,
+            "seed": args.seed,
+            "inputs": str(INPUTS.relative_to(BENCH_DIR.parent)),
+            "babysitter_false_drains_per_node_day": next(
+                a.false_drains_per_node_day for a in arms if a.name == "babysitter"
+            ),
+        },
         duration_s=round(time.monotonic() - t0, 1),
     )
     print(md)
