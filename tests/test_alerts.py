@@ -123,3 +123,31 @@ def test_a_dead_sink_does_not_block_the_others(receiver):
     )
     sent = r.process([unhealthy("node2")], [], NOW)
     assert len(sent) == 1 and len(receiver.bodies("/hook")) == 1
+
+
+def test_a_delivery_whose_record_cannot_be_written_is_counted_and_logged(receiver, caplog):
+    from babysitter.controller.alerts.sender import AlertSender
+
+    class RecordFails(MemoryState):
+        def upsert_alert(self, key: str, **values: Any) -> None:
+            if set(values) == {"sink_results"}:  # the write after the delivery
+                raise OSError("database is locked")
+            super().upsert_alert(key, **values)
+
+    counted: list[int] = []
+    sender = AlertSender(10)
+    cfg = parse_config({"alerts": {"webhook_url": receiver.url + "/hook"}})
+    r = AlertRouter(
+        sinks_from_config(cfg),
+        RecordFails(),
+        sender=sender,
+        on_record_error=lambda: counted.append(1),
+    )
+    with caplog.at_level("ERROR", logger="babysitter.controller.alerts.router"):
+        r.process([unhealthy("node2")], [], NOW)
+        assert sender.flush()
+    sender.close()
+    assert len(receiver.bodies("/hook")) == 1  # delivered
+    assert counted == [1] and r.record_errors == 1
+    assert "node2|node_unhealthy" in r.last_record_error
+    assert "could not record the delivery of alert node2|node_unhealthy" in caplog.text

@@ -392,3 +392,19 @@ def test_sdc_check_never_runs_when_nvml_cannot_say_the_gpus_are_idle(
     findings = json.loads(r.stdout)
     assert [f["code"] for f in findings] == ["sdc.skipped_unknown"], findings
     assert not list(tmp_path.glob("sdc-*"))  # no matmul ran, no reference stored
+
+
+@pytest.mark.parametrize("content", [b"{truncated", b"[1, 2]", b"\xff\xfe garbage"])
+def test_an_unreadable_golden_file_is_reported_and_never_re_baselined(tmp_path, content):
+    """The stored digests could not be read: the run says so (a warning to inspect) instead of
+    storing this run's result as the new golden one over the file."""
+    golden = tmp_path / "sdc-golden.json"
+    golden.write_bytes(content)
+    res = run_sdc("numpy", 64, "float32", 3, state_dir=tmp_path)
+    [f] = res.findings
+    assert (f.code, f.severity) == ("sdc.golden_unreadable", "warning"), f
+    assert "sdc-golden.json" in f.message and res.golden is None
+    assert golden.read_bytes() == content  # left for a human, not overwritten
+    # a later run still does not adopt its own digest as the reference
+    again = run_sdc("numpy", 64, "float32", 3, state_dir=tmp_path)
+    assert [f.code for f in again.findings] == ["sdc.golden_unreadable"]

@@ -44,6 +44,11 @@ class ControllerMetrics:
             "Alert deliveries dropped because the sender's queue was full.",
             registry=r,
         )
+        self.alert_record_errors = Counter(
+            "babysitter_alert_record_errors_total",
+            "Alert deliveries whose result could not be written to the database.",
+            registry=r,
+        )
         self.loop_errors = Counter(
             "babysitter_loop_item_errors_total",
             "Decisions, actions, jobs or alerts whose handling raised (recorded on the item).",

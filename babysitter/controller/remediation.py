@@ -97,6 +97,7 @@ class RemediationEngine:
             repeat_interval=timedelta(seconds=cfg.alerts.repeat_interval_s),
             group_threshold=cfg.alerts.group_threshold,
             sender=self.sender,
+            on_record_error=metrics.alert_record_errors.inc,
         )
         self._workers = 4
         self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="bounded-item")

@@ -72,6 +72,10 @@ class SdcCheck(Check):
         res = run_sdc(
             cfg.backend, cfg.size, cfg.dtype, cfg.seed, state_dir=state, check_name=self.name
         )
+        unreadable = [f for f in res.findings if f.code == "sdc.golden_unreadable"]
+        if unreadable:  # counted in the node's reports beside the warning finding
+            n = self.metrics.get("sdc_golden_unreadable_total", 0)
+            self.metrics["sdc_golden_unreadable_total"] = int(n) + len(unreadable)  # type: ignore[call-overload]
         if res.devices:
             # throughput for the controller's straggler policy; kept in every report until the
             # next run, since the test itself runs rarely (hourly, on idle GPUs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -16,6 +17,8 @@ import xxhash
 from babysitter.checks.sdc import abft, fingerprint
 from babysitter.checks.sdc.backends import Device, devices
 from babysitter.finding import Action, Finding, Severity
+
+log = logging.getLogger(__name__)
 
 NP_DTYPES = {"float64": np.float64, "float32": np.float32, "float16": np.float16}
 
@@ -33,6 +36,7 @@ class DeviceResult:
     verify_s: float
     gflops: float
     digest_algo: str  # part of the golden key (DIGEST_ALGO or fingerprint.ALGO)
+    golden_error: str = ""  # the stored golden digests could not be read: not compared
 
 
 @dataclass
@@ -311,9 +315,18 @@ def _compare_golden(
     key = "|".join([r0.digest_algo, library, dtype, str(size), str(seed), r0.model])
     path = _golden_path(state_dir)
     try:
-        golden = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError):
+        golden = json.loads(path.read_text())
+    except FileNotFoundError:
         golden = {}
+    except (OSError, ValueError) as exc:
+        golden = exc
+    if not isinstance(golden, dict):
+        # never re-baselined from here: that would overwrite the digests it holds with this
+        # run's (possibly corrupt) result, and hide whatever damaged the file
+        why = golden if isinstance(golden, Exception) else "not a JSON object"
+        r0.golden_error = f"cannot read {path}: {why}"[:300]
+        log.warning("SDC golden digests unreadable, not compared: %s", r0.golden_error)
+        return None
     if key in golden:
         r0.matches_peers = golden[key] == r0.digest
         return str(golden[key])
@@ -344,6 +357,12 @@ def _finding(
         message = (
             f"{r.label} ({r.model}): matmul checksums off by "
             f"{r.abft_worst_ratio:.3g}x the rounding bound: silent data corruption"
+        )
+    elif r.golden_error:
+        severity, code, action = Severity.WARNING, "sdc.golden_unreadable", Action.INSPECT
+        message = (
+            f"{r.label}: checksums verified, but not compared with the stored golden digest "
+            f"({r.golden_error}); fix or remove the file to re-baseline"
         )
     elif r.matches_peers is False:
         if majority is None:

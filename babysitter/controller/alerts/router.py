@@ -6,7 +6,9 @@ not expire there. With a sender, delivery happens on its thread; without one, in
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -20,6 +22,8 @@ from babysitter.controller.alerts.sinks import (
     WebhookSink,
 )
 from babysitter.finding import Severity
+
+log = logging.getLogger(__name__)
 
 
 class AlertState(Protocol):
@@ -58,12 +62,17 @@ class AlertRouter:
         group_threshold: int = 3,
         on_sent: Any = None,
         sender: AlertSender | None = None,
+        on_record_error: Callable[[], None] | None = None,
     ) -> None:
         self.sinks = sinks
         self.state = state
         self.repeat_interval = repeat_interval
         self.group_threshold = group_threshold
         self.on_sent = on_sent  # callback(sink_name, state) for metrics
+        # a delivery whose result could not be written: counted (metrics), logged, kept here
+        self.on_record_error = on_record_error
+        self.record_errors = 0
+        self.last_record_error = ""
         self.sender = sender
         self.sent: list[Alert] = []  # what went out (for the demo and tests)
         self._refreshed: dict[str, datetime] = {}  # key -> last post to refreshing sinks
@@ -95,8 +104,12 @@ class AlertRouter:
             if record:
                 try:
                     self.state.upsert_alert(alert.key, sink_results=results)
-                except Exception:  # the delivery happened; only its record is lost
-                    pass
+                except Exception as exc:  # the delivery happened; its record did not
+                    self.record_errors += 1
+                    self.last_record_error = f"{alert.key}: {type(exc).__name__}: {exc}"[:500]
+                    log.exception("could not record the delivery of alert %s", alert.key)
+                    if self.on_record_error:
+                        self.on_record_error()
 
         # submitted at the end of the round, after the alert's row is written
         self._outbox.append(Delivery(alert, targets, done))
