@@ -371,6 +371,64 @@ class BlastRadiusConfig(Section):
     cluster_count: Annotated[_Count | None, Meta(description="nodes cluster-wide")] = None
 
 
+# the rungs of the remediation ladder (controller/ladder.py `Rung` has exactly these)
+RungName = Literal["reset_gpu", "reboot", "inspect", "rma"]
+
+
+class RemediationConfig(Section):
+    """Self-healing (docs/self-healing.md): a node babysitter drained for a reboot- or
+    reset-class fault climbs the remediation ladder (reset the GPU, reboot through Slurm), is
+    validated on its GPUs and resumed; a failed rung goes to the next one, a node remediated too
+    often is a lemon and stays drained for an admin."""
+
+    enabled: Annotated[
+        bool,
+        Meta(
+            description="climb the ladder automatically (a reboot also needs a RebootProgram in "
+            "slurm.conf; without one the node escalates to inspect, saying why)"
+        ),
+    ] = True
+    ladder: Annotated[
+        dict[str, list[RungName]],
+        Meta(
+            description="site overrides, one fault class each: finding code or `xid.<N>` -> "
+            'rungs in order, e.g. {"xid.79" = ["reboot", "rma"]}'
+        ),
+    ] = field(default_factory=dict)
+    max_concurrent_reboots: Annotated[
+        int, Meta(ge=1, description="nodes in reboot at once, at least (K)")
+    ] = 2
+    max_concurrent_fraction: Annotated[
+        float,
+        Meta(ge=0, le=1, description="... or this fraction of the node's partition, if more (P)"),
+    ] = 0.05
+    reboot_timeout_s: Annotated[
+        float, Meta(gt=0, description="a node not back this long after its reboot pages")
+    ] = 1800.0
+    lemon_remediations: Annotated[
+        int, Meta(ge=1, description="remediations within lemon_window_days that make a lemon")
+    ] = 3
+    lemon_window_days: Annotated[float, Meta(gt=0, description="the lemon ledger's window")] = 7.0
+    nextstate: Annotated[
+        Literal["DOWN", "RESUME"],
+        Meta(
+            description="`scontrol reboot nextstate=`; either way a maintenance reservation "
+            "keeps jobs off the node until its validation passes"
+        ),
+    ] = "DOWN"
+    reset_command: Annotated[
+        list[str],
+        Meta(description="the agent's GPU reset command ({bus_id} is replaced)"),
+    ] = field(default_factory=lambda: ["nvidia-smi", "--gpu-reset", "-i", "{bus_id}"])
+    stuck_drain_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="alert on a babysitter drain older than this with no remediation running",
+        ),
+    ] = 6 * 3600.0
+
+
 # the lowest severity a sink receives: Severity's own order decides (no second order here)
 ROUTES = ("route_alertmanager", "route_slack", "route_pagerduty", "route_webhook")
 
@@ -595,6 +653,7 @@ class Config(Section):
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
     blast_radius: BlastRadiusConfig = field(default_factory=BlastRadiusConfig)
+    remediation: RemediationConfig = field(default_factory=RemediationConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
 
 

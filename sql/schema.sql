@@ -112,6 +112,29 @@ CREATE TABLE nodes (
 	PRIMARY KEY (name)
 );
 
+CREATE TABLE remediations (
+	id BIGSERIAL NOT NULL, 
+	node VARCHAR(64) NOT NULL, 
+	rung VARCHAR(16) NOT NULL, 
+	fault_class VARCHAR(128) NOT NULL, 
+	fault TEXT NOT NULL, 
+	gpu_uuid VARCHAR(96), 
+	gpu_serial VARCHAR(64), 
+	state VARCHAR(16) NOT NULL, 
+	open BOOLEAN NOT NULL, 
+	requested_by VARCHAR(64) NOT NULL, 
+	outcome TEXT, 
+	evidence JSON NOT NULL, 
+	created_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	updated_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	done_at TIMESTAMP WITH TIME ZONE, 
+	cleared_at TIMESTAMP WITH TIME ZONE, 
+	PRIMARY KEY (id)
+);
+CREATE INDEX ix_remediations_gpu ON remediations (gpu_uuid);
+CREATE INDEX ix_remediations_node_created ON remediations (node, created_at);
+CREATE INDEX ix_remediations_open ON remediations (open);
+
 CREATE TABLE reports (
 	id BIGSERIAL NOT NULL, 
 	report_id VARCHAR(36) NOT NULL, 

@@ -99,6 +99,8 @@ class Agent:
             "spool_dropped": self.spool.counter("dropped"),
             "spool_replayed_total": self.spool.counter("replayed"),
             "reports_refused": self.spool.counter("refused"),
+            # a new one after a reboot: the controller's proof the node really came back
+            "boot_id": self.sticky.boot_id,
             **extra,
         }
         return Report.new(self.node, findings, metrics, kind).to_json_dict()

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from babysitter import __version__
 from babysitter.controller.api_admin import admin_router
 from babysitter.controller.api_health import health_router
+from babysitter.controller.api_ledger import ledger_router
 from babysitter.controller.api_read import read_router
 from babysitter.controller.audit_api import audit_router
 from babysitter.controller.auth import NODE_HEADER, Authenticator, Principal
@@ -135,6 +136,7 @@ def create_app(
     app.include_router(report_router(ingest))
     app.include_router(read_router(store, runtime_state, reader))
     app.include_router(admin_router(store, admin))
+    app.include_router(ledger_router(store, reader, admin))
     app.include_router(guard_router(store, reader))
     app.include_router(audit_router(store, reader))
     app.include_router(health_router(store, metrics, runtime_state))

@@ -9,9 +9,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from babysitter.controller.auth import Principal
+from babysitter.controller.ledger import Ledger
 from babysitter.controller.policy import node_verdict, rule_description
 from babysitter.controller.store import Store, now
 from babysitter.finding import Finding, Severity
+
+LEDGER_IN_NODE_VIEW = 20
 
 
 def read_router(
@@ -28,7 +31,9 @@ def read_router(
         n = store.node(name)
         if n is None:
             raise HTTPException(404, f"unknown node {name}")
-        return node_view(n, runtime_state)
+        # the node's remediations, newest first (docs/self-healing.md)
+        history = [r.to_json() for r in Ledger(store).history(name, LEDGER_IN_NODE_VIEW)]
+        return {**node_view(n, runtime_state), "ledger": history}
 
     @router.get("/findings")
     def list_findings(

@@ -16,7 +16,7 @@ from babysitter.controller.alerts import Alert
 from babysitter.controller.guard_api import GUARD_KEY
 from babysitter.controller.jobs import REQUEUE_RULE, JobTracker
 from babysitter.controller.metrics import ControllerMetrics
-from babysitter.controller.policy import Decision
+from babysitter.controller.policy import MANUAL_MARK, Decision
 from babysitter.controller.snapshot import SlurmSnapshot
 from babysitter.controller.store import Store, aware
 from babysitter.controller.tickstore import Settled, settle
@@ -298,9 +298,12 @@ class ActionExecutor:
             self.snapshot.stale = True
         try:
             if kind == "drain" and node:
+                manual = a.get("rule") == "manual"
+                if manual:
+                    reason = f"{MANUAL_MARK} {reason}"  # the admin's: never resumed by policy
                 self.slurm.drain(node, reason)
                 self.store.set_node(
-                    node, babysitter_drained=True, drain_reason=reason, drained_at=now
+                    node, babysitter_drained=not manual, drain_reason=reason, drained_at=now
                 )
                 self.metrics.drains.labels("done").inc()
                 # the drain's follow-up is an action of its own, retried like any other

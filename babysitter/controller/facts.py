@@ -16,6 +16,7 @@ from babysitter.controller.alerts import AlertRouter
 from babysitter.controller.guard_api import GUARD_KEY
 from babysitter.controller.policy import (
     HEALTHCHECK_MARK,
+    MANUAL_MARK,
     ClusterFacts,
     Decision,
     NodeFacts,
@@ -146,7 +147,9 @@ class FactGatherer:
         xids = xids or {}
         validations = validations or {}
         prefix = self.cfg.slurm.reason_prefix
-        own_check_mark = f"{prefix} {HEALTHCHECK_MARK}"
+        # a HealthCheckProgram drain (`check --slurm-drain`) is the check's to resume, an
+        # admin's drain (rule manual) the admin's
+        not_policy = (f"{prefix} {HEALTHCHECK_MARK}", f"{prefix} {MANUAL_MARK}")
         facts: list[NodeFacts] = []
         for r in rows:
             sn = self.snapshot.nodes.get(r["name"])
@@ -156,9 +159,8 @@ class FactGatherer:
             if sn is not None:
                 drained = sn.drained_or_draining or sn.down
                 reason = sn.reason
-                # a HealthCheckProgram drain (`check --slurm-drain`) is the check's to resume
                 ours = (
-                    reason.startswith(prefix) and not reason.startswith(own_check_mark)
+                    reason.startswith(prefix) and not reason.startswith(not_policy)
                 ) or dry_drained
                 parts = sn.partitions or ("default",)
             else:  # Slurm unreadable: last known state

@@ -143,6 +143,37 @@ jobs = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
 
+# The lemon ledger: one row per rung babysitter climbed (or decided not to) for a node's fault,
+# with the GPU it concerned (UUID and serial travel with the hardware: a node renamed keeps its
+# history through them). Rows of the node's current episode are `open`; an admin's clear sets
+# cleared_at and the rows stop counting towards a lemon (controller/ledger.py).
+remediations = Table(
+    "remediations",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("node", String(64), nullable=False),
+    Column("rung", String(16), nullable=False),  # reset_gpu reboot inspect rma
+    Column("fault_class", String(128), nullable=False),  # finding code or xid.<N>
+    Column("fault", Text, nullable=False),  # what was wrong, as the drain said it
+    Column("gpu_uuid", String(96), nullable=True),
+    Column("gpu_serial", String(64), nullable=True),
+    # waiting rebooting validating passed failed timed_out inspect lemon dry_run cleared
+    Column("state", String(16), nullable=False),
+    Column("open", Boolean, nullable=False, default=True),
+    Column("requested_by", String(64), nullable=False),  # policy | admin:<who>
+    Column("outcome", Text, nullable=True),  # the last thing that happened, for people
+    Column("evidence", JSON, nullable=False, default=dict),  # boot ids/times, job, timings
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("done_at", DateTime(timezone=True), nullable=True),
+    Column("cleared_at", DateTime(timezone=True), nullable=True),
+    Index("ix_remediations_node_created", "node", "created_at"),
+    Index("ix_remediations_open", "open"),
+    Index("ix_remediations_gpu", "gpu_uuid"),
+)
+
 kv = Table(
     "kv",
     metadata,

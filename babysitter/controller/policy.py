@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 # reason `<prefix> [healthcheck] <check>: <message>`. The check resumes only drains carrying
 # it; the controller resumes only its own (no mark). Each mode owns what it drained.
 HEALTHCHECK_MARK = "[healthcheck]"
+# Marks an admin's drain through the controller (API/CLI, rule `manual`): reason
+# `<prefix> [manual] <reason>`. It belongs to the admin: the policy never resumes it and no
+# remediation rung runs on it; `babysitter resume` returns it.
+MANUAL_MARK = "[manual]"
 
 # Actions that mean "this node must not run jobs"
 DRAIN_ACTIONS = frozenset({Action.DRAIN, Action.RESET_GPU, Action.REBOOT})
@@ -54,6 +58,7 @@ RuleName = Literal[
     "switch_suspected",
     "switch_recovered",
     "blast_radius_cap",
+    "remediation",
 ]
 NoRule = Literal[""]  # a resolve_alert: nothing fired
 
@@ -124,6 +129,10 @@ RULES: dict[RuleName, Rule] = {
         "blast_radius_cap",
         "a switch/partition/cluster node-drain cap ([blast_radius]) is reached: no new node "
         "drain in that scope",
+    ),
+    "remediation": Rule(
+        "remediation",
+        "a rung of the remediation ladder (reset, reboot, inspect) or the lemon ledger's verdict",
     ),
 }
 

@@ -38,6 +38,7 @@ from babysitter.controller.executor import ActionExecutor, node_alert
 from babysitter.controller.fabric_loop import FabricStep
 from babysitter.controller.facts import FactGatherer
 from babysitter.controller.guard_api import GUARD_KEY
+from babysitter.controller.healer import Healer
 from babysitter.controller.jobs import JobTracker
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.outcome import OutcomeWriter
@@ -124,6 +125,9 @@ class RemediationEngine:
         self.validator = Validator(cfg, store, self.slurm)
         self.fabric = FabricStep(
             cfg, store, self.slurm, self.snapshot, self.jobs, metrics, self.settings, self._isolated
+        )
+        self.healer = Healer(
+            cfg, store, self.slurm, self.snapshot, self.validator, self.settings.dry_run
         )
 
     # ---- error boundaries
@@ -212,6 +216,7 @@ class RemediationEngine:
         result = decide(facts, cluster, self.settings, now, admit)
         if hooked is not None:
             self._isolated("fabric", lambda: self.fabric.true_verdicts(result))
+        result.decisions = self.healer.hold(result.decisions)  # open remediations own theirs
         return facts, cluster, result, slow[1] if slow is not None else []
 
     @staticmethod
@@ -270,8 +275,9 @@ class RemediationEngine:
         self._isolated("batch", lambda: self.executor.execute_batch(now, firing, clearing))
         self._isolated("fabric", lambda: self.fabric.act(now, firing, clearing))
         self.executor.run_pending(pending, now)
-        if self.validator.enabled:
+        if self.validator.enabled or self.healer.enabled:
             self._isolated("validation", lambda: self.validator.poll(now, firing, clearing))
+        self._isolated("healer", lambda: self.healer.step(now, firing, clearing))
 
     def _publish(
         self,

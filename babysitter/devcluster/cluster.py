@@ -119,9 +119,15 @@ class DevCluster:
         slurm: str | None = None,
         extra_nodes: int = 0,
         topology_leafs: int = 0,
+        reboot_hook: list[str] | None = None,
+        resume_timeout_s: int = 120,
     ) -> None:
         self.base = Path(base).resolve()
         self.topology_leafs = topology_leafs
+        # None: no RebootProgram (`scontrol reboot` cannot complete); a list: the simulated
+        # power cycle runs `reboot_hook NODE` (devcluster/reboot.py), [] runs no hook
+        self.reboot_hook = reboot_hook
+        self.resume_timeout_s = resume_timeout_s
         self.n_nodes = nodes
         self.extra_nodes = extra_nodes
         self.extra_conf = list(extra_conf or [])
@@ -188,7 +194,7 @@ class DevCluster:
             node_host=host,
             munge_socket=self._p("munge", "munge.socket"),
             slurm_version=self.install.version,
-            extra_lines=self.extra_conf + self._source_conf_lines(),
+            extra_lines=self.extra_conf + self._source_conf_lines() + self._reboot_lines(),
             extra_nodes=self.extra_nodes,
             extra_port=ports[-1] if self.extra_nodes else None,
             topology_leafs=self.topology_leafs,
@@ -224,6 +230,32 @@ class DevCluster:
             self.down()
             raise
         return info
+
+    def _reboot_lines(self) -> list[str]:
+        """RebootProgram (the simulated power cycle) and its plan, when a hook was given."""
+        if self.reboot_hook is None:
+            return []
+        if self.install.root is not None:
+            # a chrooted slurmd would run the program inside the Debian root, without this
+            # Python: only the host's Slurm and a source build take a reboot hook
+            raise DevClusterError("--reboot-hook needs the host's Slurm or a source build")
+        from babysitter.devcluster import reboot
+
+        etc = self._p("etc")
+        etc.mkdir(parents=True, exist_ok=True)
+        plan = {
+            "marker": self.marker,
+            "hook": self.reboot_hook,
+            "pid_file": str(self._p("run", "slurmd-%n.pid")),
+            "slurmd": self.install.argv(
+                "slurmd", "-b", "-f", str(self._p("etc", "slurm.conf")), "-N", "%n"
+            ),
+        }
+        (etc / reboot.PLAN).write_text(json.dumps(plan, indent=2))
+        prog = etc / "reboot-program"
+        prog.write_text(reboot.program_text(self.base))
+        prog.chmod(0o755)
+        return [f"RebootProgram={prog}", f"ResumeTimeout={self.resume_timeout_s}"]
 
     def _resume_fake_nodes(self, info: ClusterInfo) -> None:
         """DOWN -> IDLE (not responding) with no reason, in one scontrol call: a DOWN node is

@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -99,6 +100,12 @@ class SimCluster:
     extra_config: dict[str, dict[str, Any]] = field(default_factory=dict)  # more sections
     slurm_version: str | None = None  # 24.11 / 26.05 run from Debian roots, 25.11 from source
     slurm_backend: str = "cli"  # slurm.backend of the controller and agents
+    # `scontrol reboot` works (RebootProgram = a simulated power cycle done by this object)
+    reboot_hook: bool = False
+    reboots: dict[str, int] = field(default_factory=dict)  # power cycles per node, by the hook
+    reboot_times: list[tuple[str, float, float]] = field(default_factory=list)  # node, t0, t1
+    _watcher: threading.Thread | None = None
+    _stop_watch: threading.Event = field(default_factory=threading.Event)
     cluster: DevCluster | None = None
     info: ClusterInfo | None = None
     nodes: dict[str, SimNode] = field(default_factory=dict)
@@ -114,6 +121,11 @@ class SimCluster:
             extra_conf=self.extra_slurm_conf,
             slurm=self.slurm_version,
             topology_leafs=self.topology_leafs,
+            reboot_hook=(
+                [sys.executable, "-m", "babysitter.devcluster.simreboot", str(self.reboot_dir)]
+                if self.reboot_hook
+                else None
+            ),
         )
         self.info = self.cluster.up()
         etc = self.base / "etc"
@@ -131,6 +143,12 @@ class SimCluster:
             lib = build()
             for node in self.info.nodes:
                 self._start_agent(node, lib)
+            if self.reboot_hook:
+                self._stop_watch.clear()
+                self._watcher = threading.Thread(
+                    target=self._watch_reboots, name="sim-reboots", daemon=True
+                )
+                self._watcher.start()
         except Exception:
             self.down()
             raise
@@ -253,6 +271,22 @@ class SimCluster:
             simib.make_tree(sim.config.parent / "sysfs", devices=self.ib_ports)
         self.start_agent(node)
 
+    @property
+    def reboot_dir(self) -> Path:
+        return Path(self.base).resolve() / "reboots"
+
+    def _watch_reboots(self) -> None:
+        """Carry out the power cycles the RebootProgram asks for (devcluster/simreboot.py)."""
+        while not self._stop_watch.wait(0.1):
+            for req in sorted(self.reboot_dir.glob("*.req")):
+                node = req.stem
+                t0 = time.monotonic()
+                if node in self.nodes:
+                    self.reboot(node)
+                    self.reboots[node] = self.reboots.get(node, 0) + 1
+                self.reboot_times.append((node, t0, time.monotonic()))
+                req.unlink(missing_ok=True)
+
     def inject_xid(self, node: str, gpu: int, xid: int, via: str = "nvml") -> None:
         sim = self.nodes[node]
         if via == "nvml":
@@ -276,6 +310,9 @@ class SimCluster:
         return r.json()
 
     def down(self) -> None:
+        self._stop_watch.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=30)
         for node in list(self.nodes):
             self.stop_agent(node)
         _stop(self.controller)

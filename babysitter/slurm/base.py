@@ -169,7 +169,11 @@ class Scontrol:
         self.run("scontrol", "release", str(job_id), what=f"release {job_id}")
 
     # validation jobs: a MAINT reservation on one node, a job inside it, its outcome
-    def create_reservation(self, name: str, node: str, user: str, minutes: int) -> None:
+    def create_reservation(
+        self, name: str, node: str, user: str, minutes: int, exist_ok: bool = False
+    ) -> None:
+        if exist_ok and self.has_reservation(name):
+            return
         self.run(
             "scontrol",
             "create",
@@ -183,11 +187,38 @@ class Scontrol:
             what=f"reserve {node}",
         )
 
+    def has_reservation(self, name: str) -> bool:
+        try:
+            self.run("scontrol", "show", "reservation", name, what=f"show reservation {name}")
+        except (SlurmNotFound, SlurmRejected) as exc:
+            if "not found" in exc.slurm_message.lower() or isinstance(exc, SlurmNotFound):
+                return False
+            raise
+        return True
+
     def delete_reservation(self, name: str) -> None:
         try:
             self.run("scontrol", "delete", f"ReservationName={name}", what=f"unreserve {name}")
         except SlurmNotFound:
             pass  # already gone (expired, or deleted by an admin)
+
+    def reboot(self, node: str, reason: str, nextstate: str) -> None:
+        self.run(
+            "scontrol",
+            "reboot",
+            "ASAP",
+            f"nextstate={nextstate}",
+            f"reason={reason}",
+            node,
+            what=f"reboot {node}",
+        )
+
+    def config_value(self, key: str) -> str:
+        """One `scontrol show config` value ("" for `(null)` or absent)."""
+        out = self.run("scontrol", "show", "config", what="show config")
+        m = re.search(rf"^{re.escape(key)}\s*=\s*(.*)$", out, flags=re.M)
+        value = m.group(1).strip() if m else ""
+        return "" if value in ("(null)", "") else value
 
     def sbatch(self, args: list[str]) -> int:
         out = self.run("sbatch", "--parsable", *args, what="sbatch")
@@ -395,7 +426,8 @@ class OwnedClient(SlurmClient):
         Slurm inside the reservation and submit the job. The reservation exists before the
         node is resumed, so no user job can slip in."""
         validate_node(node)
-        self.sc.create_reservation(reservation, node, user, minutes)
+        # a reboot made it already (hold_for_validation): the job runs in that one
+        self.sc.create_reservation(reservation, node, user, minutes, exist_ok=True)
         try:
             self.resume(node)
             return self.sc.sbatch(
@@ -410,3 +442,20 @@ class OwnedClient(SlurmClient):
 
     def end_validation(self, reservation: str) -> None:
         self.sc.delete_reservation(reservation)
+
+    def reboot(self, node: str, reason: str, nextstate: str) -> None:
+        validate_node(node)
+        cur = self.node(node)
+        if cur.reason and not self.owns(cur):
+            raise SlurmNotOwned(
+                f"refusing to reboot {node}: its reason {cur.reason!r} is not babysitter's",
+                cur.reason,
+            )
+        # every backend through scontrol: no REST version has a reboot endpoint
+        self.sc.reboot(node, self.full_reason(reason), nextstate)
+
+    def reboot_program(self) -> str:
+        return self.sc.config_value("RebootProgram")
+
+    def hold_for_validation(self, node: str, reservation: str, user: str, minutes: int) -> None:
+        self.sc.create_reservation(reservation, validate_node(node), user, minutes, exist_ok=True)

@@ -56,6 +56,7 @@ def node_line(line: str) -> SlurmNode:
         reason_user=user,
         partitions=tuple(p for p in parts.split(",") if p and p != "(null)"),
         gres=_value(head, " Gres=") or "",
+        boot_time=_value(head, " BootTime=") or "",
     )
 
 

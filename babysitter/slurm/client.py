@@ -48,6 +48,9 @@ class SlurmNode:
     partitions: tuple[str, ...] = ()
     gres: str = ""
     jobs: tuple[int, ...] = ()  # running jobs on this node (filled by the client when cheap)
+    # when slurmd last reported a boot, as the backend prints it (compared, never parsed): a
+    # new value after `scontrol reboot` is how the controller sees the node came back
+    boot_time: str = ""
 
     @property
     def drained_or_draining(self) -> bool:
@@ -172,6 +175,21 @@ class SlurmClient:
 
     def validation_outcome(self, job_id: int) -> tuple[str, str]:
         """(state, exit code) of a validation job."""
+        raise NotImplementedError
+
+    def reboot(self, node: str, reason: str, nextstate: str) -> None:
+        """`scontrol reboot ASAP nextstate=... reason="<prefix> <reason>" NODE` on a node we
+        drained: Slurm waits until it is empty, runs the RebootProgram and sees it boot.
+        SlurmNotOwned if the node's reason is someone else's."""
+        raise NotImplementedError
+
+    def reboot_program(self) -> str:
+        """slurm.conf's RebootProgram ("" when none: `scontrol reboot` cannot complete)."""
+        raise NotImplementedError
+
+    def hold_for_validation(self, node: str, reservation: str, user: str, minutes: int) -> None:
+        """A MAINT reservation on NODE so that, whatever state it comes back in from a
+        reboot, no job but the validation job can start there."""
         raise NotImplementedError
 
     def end_validation(self, reservation: str) -> None:

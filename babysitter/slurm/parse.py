@@ -78,6 +78,13 @@ def node_state(raw: dict[str, Any]) -> tuple[str, frozenset[str]]:
     return base, flags
 
 
+def _boot_time(v: Any) -> str:
+    """boot_time: epoch seconds (22.05) or {"set", "number"} (newer); "" when unknown."""
+    if isinstance(v, dict):
+        v = v.get("number") if v.get("set", True) else None
+    return str(int(v)) if isinstance(v, int | float) and v > 0 else ""
+
+
 def node_from_json(raw: dict[str, Any]) -> SlurmNode:
     base, flags = node_state(raw)
     parts = raw.get("partitions") or []
@@ -92,6 +99,7 @@ def node_from_json(raw: dict[str, Any]) -> SlurmNode:
         reason_user=text(reason_user),
         partitions=tuple(str(p) for p in parts),
         gres=text(raw.get("gres")),
+        boot_time=_boot_time(raw.get("boot_time")),
     )
 
 
@@ -216,6 +224,7 @@ def node_from_scontrol(line: str) -> SlurmNode:
         reason_user=user,
         partitions=tuple(p for p in parts.split(",") if p and p != "(null)"),
         gres=kv.get("Gres", ""),
+        boot_time=kv.get("BootTime", ""),
     )
 
 

@@ -76,6 +76,7 @@ def node_from_pyslurm(n: Any) -> SlurmNode:
         reason_user=n.reason_user or "",
         partitions=tuple(n.partitions or ()),
         gres=_gres(n.configured_gres),
+        boot_time=str(n.boot_time or ""),
     )
 
 

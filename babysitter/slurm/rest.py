@@ -51,6 +51,7 @@ class _NodeFields(msgspec.Struct):
     reason_set_by_user: Any = None
     partitions: Any = None
     gres: Any = None
+    boot_time: Any = None
 
 
 class _NodesDoc(msgspec.Struct):

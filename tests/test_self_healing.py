@@ -1,0 +1,233 @@
+"""Self-healing end to end on a real slurmctld with simulated GPUs: XID 79 -> drain ->
+`scontrol reboot` (the devcluster's RebootProgram power-cycles the simulated node and restarts
+its slurmd with -b) -> validation job on the node -> back in service; a failing validation
+keeps the node drained; the fourth fault in the window makes a lemon."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from babysitter.devcluster.receiver import Receiver
+from babysitter.devcluster.sim import SimCluster
+from tests.fixtures.slurm import node_state, slurm, wait_for
+
+pytestmark = pytest.mark.slurm
+
+
+def _validation(base: Path) -> dict[str, Any]:
+    """The validation job: fails on a node whose flag file exists (a GPU that still
+    miscomputes after the reboot), passes otherwise; its verdict line is what
+    `babysitter validate --json` prints."""
+    script = (
+        f"if [ -e {base}/fail-{{node}} ]; then "
+        'echo \'{"ok": false, "failures": ["gpu3: matmul mismatch"]}\'; exit 1; fi; '
+        "echo '{\"ok\": true}'"
+    )
+    return {
+        "command": ["/bin/sh", "-c", script],
+        "output_dir": str(base / "validation"),
+        "time_limit_min": 5,
+    }
+
+
+@pytest.fixture
+def healing(tmp_path: Path, receiver: Receiver) -> Iterator[SimCluster]:
+    base = tmp_path / "sim"
+    s = SimCluster(
+        base,
+        n_nodes=2,
+        webhook_url=receiver.url + "/hook",
+        reboot_hook=True,
+        validation=_validation(base.resolve()),
+        policy={"max_drained_fraction": 1.0},
+    )
+    s.up()
+    try:
+        yield s
+    finally:
+        s.down()
+
+
+def _in_service(sim: SimCluster, node: str) -> bool:
+    """idle with no reason at all (sinfo prints `none`)."""
+    assert sim.info is not None
+    return node_state(sim.info, node) == ("idle", "none")
+
+
+def _healthy(sim: SimCluster) -> bool:
+    verdicts = [n["verdict"] for n in sim.api("/api/v1/nodes")]
+    return verdicts == ["healthy"] * len(sim.nodes) and all(
+        _in_service(sim, n) for n in sim.nodes
+    )
+
+
+def _post(sim: SimCluster, path: str, body: dict[str, Any] | None = None) -> Any:
+    r = httpx.post(
+        sim.url + path,
+        json=body,
+        timeout=5,
+        headers={"Authorization": f"Bearer {sim.admin_token()}"},
+    )
+    r.raise_for_status()
+    return r.json()
+
+
+def _validation_jobs(sim: SimCluster, node: str) -> list[str]:
+    """Validation jobs that ran on NODE, from Slurm's job completion log (`sacct -c`)."""
+    assert sim.info is not None
+    out = slurm(
+        sim.info, "sacct", "-c", "-n", "-P", "-o", "jobid,jobname,nodelist,state", check=False
+    ).stdout
+    return [
+        line
+        for line in out.splitlines()
+        if "|babysitter-validate|" in line and line.split("|")[2] == node
+    ]
+
+
+def _fault_and_heal(sim: SimCluster, node: str, n: int) -> float:
+    """XID 79 on NODE, then wait until babysitter brought it back; returns the seconds."""
+    assert sim.info is not None
+    t0 = time.monotonic()
+    sim.inject_xid(node, 3, 79, via="kmsg")
+    wait_for(lambda: sim.reboots.get(node, 0) == n, 120, f"reboot {n} of {node}")
+    wait_for(lambda: _in_service(sim, node), 120, f"{node} back in service")
+    return time.monotonic() - t0
+
+
+def test_reboot_validate_resume_then_lemon(healing: SimCluster, receiver: Receiver):
+    sim = healing
+    assert sim.info is not None
+    wait_for(lambda: _healthy(sim), 60, "2 healthy nodes")
+
+    t0 = time.monotonic()
+    sim.inject_xid("node1", 3, 79, via="kmsg")
+    # drained, then babysitter asks Slurm for the reboot: the hook runs once
+    wait_for(lambda: sim.reboots.get("node1", 0) == 1, 120, "the reboot hook")
+    wait_for(lambda: _in_service(sim, "node1"), 180, "node1 in service")
+    took = time.monotonic() - t0
+    print(f"fault -> back in service {took:.1f} s")
+    assert took < 180  # the issue's bar at default settings: 3 minutes
+    assert sim.reboots == {"node1": 1}
+    assert len(_validation_jobs(sim, "node1")) == 1
+    acts = sim.api("/api/v1/actions")
+    drains = [a for a in acts if a["kind"] == "drain" and a["node"] == "node1"]
+    assert len(drains) == 1 and "XID 79" in drains[0]["reason"]
+    reboot = [a for a in acts if a["kind"] == "reboot" and a["node"] == "node1"]
+    assert len(reboot) == 1 and reboot[0]["reason"].startswith("reboot: xid.")
+    assert "XID 79" in reboot[0]["reason"] and reboot[0]["rule"] == "remediation"
+    ledger = sim.api("/api/v1/ledger?node=node1")
+    assert [(r["rung"], r["state"]) for r in ledger] == [("reboot", "passed")]
+    assert ledger[0]["evidence"]["boot_id_before"] != ledger[0]["evidence"]["boot_id"]
+    assert _in_service(sim, "node2")
+
+    # the second and third faults are healed the same way
+    for n in (2, 3):
+        _fault_and_heal(sim, "node1", n)
+    # the fourth: no reboot, a lemon that stays drained, one alert with the history
+    sim.inject_xid("node1", 3, 79, via="kmsg")
+    wait_for(lambda: "lemon" in node_state(sim.info, "node1")[1], 60, "lemon reason")
+    state, reason = node_state(sim.info, "node1")
+    assert state == "drain" and reason.startswith("babysitter: lemon: 3 remediations")
+    assert sim.reboots["node1"] == 3
+    ledger = sim.api("/api/v1/ledger?node=node1")
+    assert [r["state"] for r in ledger] == ["lemon", "passed", "passed", "passed"]
+    assert len(ledger[0]["evidence"]["history"]) == 3
+    node = sim.api("/api/v1/nodes/node1")
+    assert node["ledger"][0]["state"] == "lemon"
+    wait_for(lambda: _lemon_alerts(receiver), 30, "the lemon alert")
+    (alert,) = _lemon_alerts(receiver)
+    assert alert["node"] == "node1" and len(alert["details"]["history"]) == 3
+
+    # the admin repairs the node (a power cycle by hand clears the XID) and clears the
+    # ledger (recorded): babysitter owns the node again and returns it, the fault being gone
+    sim.reboot("node1")
+    wait_for(
+        lambda: not sim.api("/api/v1/nodes/node1")["open_findings"], 30, "a clean report"
+    )
+    _post(sim, "/api/v1/nodes/node1/ledger/clear", {"reason": "GPU 3 reseated"})
+    wait_for(lambda: _in_service(sim, "node1"), 60, "node1 back after the clear")
+    ledger = sim.api("/api/v1/ledger?node=node1")
+    assert ledger[0]["state"] == "cleared" and ledger[0]["requested_by"].startswith("admin")
+    assert ledger[0]["fault"] == "GPU 3 reseated"
+    assert sim.reboots["node1"] == 3  # no reboot babysitter asked for
+
+
+def _lemon_alerts(receiver: Receiver) -> list[dict[str, Any]]:
+    return [
+        b
+        for b in receiver.bodies("/hook")
+        if b.get("condition") == "lemon_node" and b["state"] == "firing"
+    ]
+
+
+def test_failed_validation_after_reboot_keeps_node_drained(healing: SimCluster):
+    sim = healing
+    assert sim.info is not None
+    wait_for(lambda: _healthy(sim), 60, "2 healthy nodes")
+    (sim.base / "fail-node2").touch()
+    sim.inject_xid("node2", 5, 79, via="kmsg")
+    wait_for(lambda: sim.reboots.get("node2", 0) == 1, 120, "the reboot hook")
+    wait_for(
+        lambda: "validation failed" in node_state(sim.info, "node2")[1], 120, "validation failed"
+    )
+    state, reason = node_state(sim.info, "node2")
+    assert state == "drain" and reason.startswith("babysitter: validation failed")
+    assert "matmul mismatch" in reason
+    # the next rung of a reboot-class fault is a human: no second reboot, the node stays out
+    wait_for(
+        lambda: [r["state"] for r in sim.api("/api/v1/ledger?node=node2")] == ["inspect", "failed"],
+        30,
+        "escalated to inspect",
+    )
+    assert sim.reboots == {"node2": 1}
+    assert node_state(sim.info, "node2")[0] == "drain"
+
+
+def test_admin_drain_stays_until_admin_resume(tmp_path: Path):
+    sim = SimCluster(tmp_path / "sim", n_nodes=1)
+    sim.up()
+    try:
+        assert sim.info is not None
+        wait_for(lambda: _healthy(sim), 60, "healthy")
+        _post(sim, "/api/v1/nodes/node1/drain", {"reason": "swap the fan"})
+        wait_for(lambda: node_state(sim.info, "node1")[0] == "drain", 30, "admin drain")
+        # the node reports clean all along; ten reports later it is still the admin's
+        reports = sim.api("/api/v1/nodes/node1")["consecutive_clean"]
+        wait_for(
+            lambda: sim.api("/api/v1/nodes/node1")["consecutive_clean"] >= reports + 10,
+            60,
+            "ten clean reports",
+        )
+        state, reason = node_state(sim.info, "node1")
+        assert state == "drain" and reason == "babysitter: [manual] swap the fan"
+        _post(sim, "/api/v1/nodes/node1/resume")
+        wait_for(lambda: _in_service(sim, "node1"), 30, "resumed")
+    finally:
+        sim.down()
+
+
+def test_no_reboot_program_escalates_to_inspect(tmp_path: Path):
+    sim = SimCluster(tmp_path / "sim", n_nodes=1, policy={"max_drained_fraction": 1.0})
+    sim.up()
+    try:
+        assert sim.info is not None
+        wait_for(lambda: _healthy(sim), 60, "healthy")
+        sim.inject_xid("node1", 0, 79, via="kmsg")
+        wait_for(
+            lambda: [r["state"] for r in sim.api("/api/v1/ledger?node=node1")] == ["inspect"],
+            60,
+            "inspect",
+        )
+        row = sim.api("/api/v1/ledger?node=node1")[0]
+        assert "no RebootProgram" in row["outcome"]
+        assert node_state(sim.info, "node1")[0] == "drain"
+        assert not [a for a in sim.api("/api/v1/actions") if a["kind"] == "reboot"]
+    finally:
+        sim.down()
