@@ -62,9 +62,7 @@ def _in_service(sim: SimCluster, node: str) -> bool:
 
 def _healthy(sim: SimCluster) -> bool:
     verdicts = [n["verdict"] for n in sim.api("/api/v1/nodes")]
-    return verdicts == ["healthy"] * len(sim.nodes) and all(
-        _in_service(sim, n) for n in sim.nodes
-    )
+    return verdicts == ["healthy"] * len(sim.nodes) and all(_in_service(sim, n) for n in sim.nodes)
 
 
 def _post(sim: SimCluster, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -148,9 +146,7 @@ def test_reboot_validate_resume_then_lemon(healing: SimCluster, receiver: Receiv
     # the admin repairs the node (a power cycle by hand clears the XID) and clears the
     # ledger (recorded): babysitter owns the node again and returns it, the fault being gone
     sim.reboot("node1")
-    wait_for(
-        lambda: not sim.api("/api/v1/nodes/node1")["open_findings"], 30, "a clean report"
-    )
+    wait_for(lambda: not sim.api("/api/v1/nodes/node1")["open_findings"], 30, "a clean report")
     _post(sim, "/api/v1/nodes/node1/ledger/clear", {"reason": "GPU 3 reseated"})
     wait_for(lambda: _in_service(sim, "node1"), 60, "node1 back after the clear")
     ledger = sim.api("/api/v1/ledger?node=node1")
@@ -229,5 +225,8 @@ def test_no_reboot_program_escalates_to_inspect(tmp_path: Path):
         assert "no RebootProgram" in row["outcome"]
         assert node_state(sim.info, "node1")[0] == "drain"
         assert not [a for a in sim.api("/api/v1/actions") if a["kind"] == "reboot"]
+        # not held for it: a human's power cycle that clears the fault returns the node
+        sim.reboot("node1")
+        wait_for(lambda: _in_service(sim, "node1"), 60, "node1 back after a human reboot")
     finally:
         sim.down()

@@ -116,6 +116,8 @@ class Healer:
         out = []
         for d in decisions:
             rem = self.open.get(d.node or "")
+            if rem is not None and not rem.evidence.get("hold", True):
+                rem = None  # escalated only because this cluster cannot act: not held
             if rem is not None and d.kind in ("resume", "validate"):
                 continue
             if rem is not None and rem.state in ACTIVE and d.kind == "drain":
@@ -211,7 +213,13 @@ class Healer:
             )
             return
         if not rung.automatic:
-            why = common["evidence"].get("skipped") or f"the {fault.klass} ladder says {rung.value}"
+            skipped = common["evidence"].get("skipped")
+            why = skipped or f"the {fault.klass} ladder says {rung.value}"
+            # a rung this cluster cannot run leaves the node as babysitter without
+            # self-healing would (drained, paged by its node_unhealthy alert; a human's
+            # reboot that clears the fault returns it); an inspect/rma the ladder chose, or
+            # one after a failed rung, holds it for an admin and pages on its own
+            common["evidence"]["hold"] = not skipped
             rid = self.ledger.add(
                 node,
                 rung,
@@ -223,6 +231,9 @@ class Healer:
                 **common,
             )
             self._record("inspect", node, f"{rung.value}: {fault.summary}", why, rid)
+            if skipped:
+                log.warning("%s: no automatic %s: %s", node, fault.klass, why)
+                return
             firing.append(
                 Alert(
                     node,
