@@ -9,6 +9,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from babysitter.controller import audit
+from babysitter.controller.api_admin import who
 from babysitter.controller.auth import Principal
 from babysitter.controller.ledger import Ledger
 from babysitter.controller.store import Store, now
@@ -39,6 +41,7 @@ def ledger_router(
 
     @router.post("/nodes/{name}/ledger/clear")
     def clear(
+        request: Request,
         body: ClearIn | None = None,
         name: str = Path(pattern=NODE_NAME),
         p: Principal = Depends(admin),
@@ -46,7 +49,8 @@ def ledger_router(
         """The way back for a lemon: its remediations stop counting and its episode closes
         (the node stays drained until `resume`)."""
         why = (body.reason if body else "") or "ledger cleared by an admin"
-        n = ledger.clear(name, f"admin:{p.role}", now(), why)
+        person = who(request)
+        n = ledger.clear(name, f"admin ({person})" if person else "admin", now(), why)
         aid = store.record_action(
             "ledger_clear",
             node=name,
@@ -56,6 +60,7 @@ def ledger_router(
             status="done",
             outcome=f"cleared {n} remediation(s)",
         )
+        audit.record_actions(store, [aid])
         return {"action_id": aid, "cleared": n}
 
     return router

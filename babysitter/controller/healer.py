@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from babysitter.config import Config
+from babysitter.controller import audit
 from babysitter.controller.alerts import Alert
 from babysitter.controller.ladder import LadderTable, Rung, remediable
 from babysitter.controller.ledger import ACTIVE, Ledger, Phase, Remediation
@@ -532,8 +533,9 @@ class Healer:
     def _record(
         self, kind: str, node: str, reason: str, outcome: str, rid: int, status: str = "done"
     ) -> None:
-        """Every healer action in the actions log too (who, why, what became of it)."""
-        self.store.record_action(
+        """Every healer action in the actions log and the audit log too (who, why, on what
+        evidence, what became of it)."""
+        aid = self.store.record_action(
             kind,
             node=node,
             reason=reason[:1000],
@@ -542,3 +544,4 @@ class Healer:
             status=status,
             outcome=f"{outcome} (ledger row {rid})"[:1000],
         )
+        audit.record_actions(self.store, [aid])
