@@ -99,6 +99,7 @@ class FabricStep:
         self.incidents: list[Incident] = self._load()
         self.view = FabricView(open=tuple(self.incidents))
         self.gate: BlastGate | None = None
+        self._decided = False  # before_policy decided a view this tick
         self._bad: set[str] = set()  # nodes with a drain-worthy finding that is not fabric
         self._returning: frozenset[str] = frozenset()  # nodes of incidents resolved this tick
         self._verdicts: dict[str, str] = {}  # real verdicts of the nodes hidden this tick
@@ -186,6 +187,7 @@ class FabricStep:
             self.view = correlate(
                 self.topology, self._evidence, self.incidents, clean, self.settings, now
             )
+            self._decided = True
             self._bad = {
                 n.name
                 for n in facts
@@ -281,8 +283,13 @@ class FabricStep:
         """Carry out the incidents, then publish the incidents and the caps."""
         self._settled = []
         try:
-            if self.enabled:
+            # only a view decided this tick is acted on (a failed correlation acts on nothing
+            # twice); the open incidents' alerts are kept alive either way
+            if self.enabled and self._decided:
                 self._incidents(now, firing, clearing)
+            elif self.enabled:
+                firing.extend(self._alert(inc, now) for inc in self.incidents)
+            self._decided = False
             self._caps(now, firing, clearing)
             self._publish()
         finally:
