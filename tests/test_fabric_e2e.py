@@ -379,3 +379,30 @@ def test_whole_installation_one_leaf_losing_its_ports(tmp_path, receiver):
         assert {a["rule"] for a in resumes} == {"switch_recovered"}
     finally:
         sim.down()
+
+
+def test_a_failing_correlation_leaves_node_faults_to_the_node_policy(
+    cluster, store, receiver, monkeypatch
+):
+    """Fault isolation: when the fabric step raises, the tick goes on as if there were no
+    correlation (an IB fault is a node fault again), and the error is counted."""
+    import babysitter.controller.fabric_loop as fabric_loop
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise RuntimeError("correlation bug")
+
+    monkeypatch.setattr(fabric_loop, "correlate", broken)
+    eng = engine(store, cluster, receiver)
+    try:
+        for n in cluster.nodes:
+            send(store, n)
+        send(store, "node3", port_down("node3"))
+        tick(eng)
+        state, reason = node_state(cluster, "node3")
+        assert state == "drain" and reason.startswith("babysitter: ib.ports: ")
+        errors = eng.metrics.registry.get_sample_value(
+            "babysitter_loop_item_errors_total", {"item": "fabric"}
+        )
+        assert errors is not None and errors >= 1
+    finally:
+        eng.close()

@@ -30,7 +30,12 @@ DATA = Path(__file__).parent / "data" / "slurm"
 
 @pytest.fixture(scope="session", params=VERSIONS)
 def versioned(request, tmp_path_factory) -> Iterator[tuple[DevCluster, ClusterInfo]]:
-    c = DevCluster(tmp_path_factory.mktemp(f"slurm{request.param}"), nodes=4, slurm=request.param)
+    c = DevCluster(
+        tmp_path_factory.mktemp(f"slurm{request.param}"),
+        nodes=4,
+        slurm=request.param,
+        topology_leafs=2,  # topology/tree: node[1-2] under leaf1, node[3-4] under leaf2
+    )
     info = c.up()
     assert info.slurm_version == request.param
     try:
@@ -335,3 +340,12 @@ def test_2511_up_json_and_down_leave_no_process(tmp_path):
         assert not Path(info["restd_socket"]).parent.exists()
     finally:
         c.down()
+
+
+def test_topology_is_read_from_scontrol(versioned):
+    """`scontrol show topology` of this version places every node under its leaf and the
+    spine (controller/fabric.py correlates by it)."""
+    _, info = versioned
+    t = client(info).topology()
+    assert t.kind == "tree" and not t.skipped
+    assert [t.chain(n) for n in info.nodes] == [("leaf1", "spine")] * 2 + [("leaf2", "spine")] * 2
