@@ -406,3 +406,49 @@ def test_a_failing_correlation_leaves_node_faults_to_the_node_policy(
         assert errors is not None and errors >= 1
     finally:
         eng.close()
+
+
+def test_a_fault_of_its_own_on_a_node_under_a_suspected_switch_stays_a_node_fault(
+    cluster, store, receiver
+):
+    """leaf2 fails; node6 also has a GPU fault. node6's own fault pages for node6; when the
+    switch is back, node5/7/8 return together without waiting for node6, which stays drained
+    until its own fault clears and then returns on its own."""
+    eng = engine(store, cluster, receiver)
+    try:
+        for n in cluster.nodes:
+            send(store, n)
+        for n in LEAF2:
+            send(store, n, port_down(n))
+        tick(eng)
+        assert {node_state(cluster, n)[1] for n in LEAF2} == {"babysitter: switch leaf2 suspected"}
+        send(store, "node6", port_down("node6"), XID79)
+        tick(eng)
+        assert (
+            "node6",
+            "node_unhealthy",
+            "firing",
+        ) in bodies(receiver)  # its own fault: its own page
+        assert store.node("node6")["verdict"] == "unhealthy"
+        for _ in range(2):
+            for n in ("node5", "node7", "node8"):
+                send(store, n)
+            send(store, "node6", XID79)  # ports back, the GPU fault stays
+            tick(eng)
+        wait_for(
+            lambda: (
+                [node_state(cluster, n)[0] for n in ("node5", "node7", "node8")] == ["idle"] * 3
+            ),
+            15,
+            "node5, node7, node8 resumed",
+        )
+        assert node_state(cluster, "node6")[0] == "drain"
+        assert (None, "switch_suspected_leaf2", "resolved") in bodies(receiver)
+        for _ in range(2):
+            send(store, "node6")
+            tick(eng)
+        wait_for(lambda: node_state(cluster, "node6")[0] == "idle", 15, "node6 resumed")
+        [own] = [a for a in store.actions() if a["kind"] == "resume" and a["node"] == "node6"]
+        assert own["rule"] == "fault_cleared"
+    finally:
+        eng.close()

@@ -183,16 +183,21 @@ class FabricStep:
                 n.name: n.open_findings for n in facts if any(map(is_fabric, n.open_findings))
             }
             self._evidence = onsets(fabric, self._evidence, now)
-            clean = {n.name: n.consecutive_clean for n in facts}
-            self.view = correlate(
-                self.topology, self._evidence, self.incidents, clean, self.settings, now
-            )
-            self._decided = True
             self._bad = {
                 n.name
                 for n in facts
                 if any(drain_worthy(f) and not is_fabric(f) for f in n.open_findings)
             }
+            # a node with a fault of its own does not hold its switch's incident open: the
+            # others return without it, and it stays the node policy's
+            clean = {
+                n.name: self.settings.clean_reports if n.name in self._bad else n.consecutive_clean
+                for n in facts
+            }
+            self.view = correlate(
+                self.topology, self._evidence, self.incidents, clean, self.settings, now
+            )
+            self._decided = True
             # the nodes of an incident resolved now return together in act(), not one by one
             self._returning = frozenset(n for inc in self.view.resolved for n in inc.nodes)
             hidden = self.view.held | self.view.covered | self._returning
