@@ -254,7 +254,10 @@ def test_ib_down_on_one_node_alone_is_an_ordinary_node_drain(cluster, store, rec
         eng.close()
 
 
-def test_keep_in_service_alerts_once_and_drains_nothing(cluster, store, receiver):
+def test_keep_in_service_alerts_once_drains_nothing_and_moves_the_jobs(cluster, store, receiver):
+    cl = CliSlurmClient(slurm_conf=Path(cluster.slurm_conf))
+    job = submit(cluster, "-p", "b", "-N", "2", "--comment=babysit=max_requeues=3")
+    wait_for(lambda: cl.job(job).running, 30, "job running")
     eng = engine(store, cluster, receiver, fabric={"on_switch": "keep"})
     try:
         for n in cluster.nodes:
@@ -263,9 +266,11 @@ def test_keep_in_service_alerts_once_and_drains_nothing(cluster, store, receiver
             send(store, n, port_down(n))
         tick(eng)
         tick(eng, later_s=30)
-        assert [node_state(cluster, n)[0] for n in cluster.nodes] == ["idle"] * 8
+        assert {node_state(cluster, n)[1] for n in cluster.nodes} == {""}  # nothing drained
         assert bodies(receiver) == [(None, "switch_suspected_leaf2", "firing")]
         assert "left 4 node(s) in service" in receiver.bodies("/hook")[0]["action_taken"]
+        [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
+        assert rq["job_id"] == job and rq["node"] == ",".join(LEAF2)
     finally:
         eng.close()
 
