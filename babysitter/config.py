@@ -156,6 +156,16 @@ class ControllerConfig(Section):
         float,
         Meta(gt=0, description="audit log entries (every action, its evidence) older are pruned"),
     ] = 400.0
+    ui_refresh_s: Annotated[
+        float, Meta(ge=1, le=3600, description="the status page (/ui) reloads itself this often")
+    ] = 5.0
+    maintenance_reservation_user: Annotated[
+        str,
+        Meta(
+            pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+            description="Slurm user a maintenance window's MAINT reservation is made for",
+        ),
+    ] = "root"
     retention_interval_s: Annotated[
         float, Meta(gt=0, description="how often the retention thread looks for rows to prune")
     ] = 10.0

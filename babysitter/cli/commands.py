@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "sdc-test": "babysitter.cli.sdc_cmd",
     "validate": "babysitter.cli.validate_cmd",
     "audit": "babysitter.cli.audit_cmd",
+    "maintenance": "babysitter.cli.maintenance_cmd",
 }
 
 COMMAND_MODULES: list[str] = [
@@ -40,4 +41,5 @@ COMMAND_MODULES: list[str] = [
     "babysitter.cli.sdc_cmd",
     "babysitter.cli.validate_cmd",
     "babysitter.cli.audit_cmd",
+    "babysitter.cli.maintenance_cmd",
 ]

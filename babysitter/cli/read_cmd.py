@@ -23,6 +23,7 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
         nodes = call(c, "GET", "/api/v1/nodes")
         pending = call(c, "GET", "/api/v1/actions", params={"status": "pending"})
         guard = call(c, "GET", "/api/v1/guard")
+        windows = call(c, "GET", "/api/v1/maintenance")
     by: dict[str, int] = {}
     for n in nodes:
         by[n["verdict"]] = by.get(n["verdict"], 0) + 1
@@ -35,6 +36,7 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
                 "problem_nodes": bad,
                 "pending_actions": pending,
                 "guard": guard,
+                "maintenance": windows,
             }
         )
         return
@@ -59,7 +61,13 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
                 ],
             )
         )
-    show(*lines, f"{len(pending)} pending actions", _guard_line(guard))
+    lines += [f"{len(pending)} pending actions", _guard_line(guard)]
+    lines += [
+        f"maintenance: {w['hostlist']} until {w['ends_at']} ({w['reason']}, by "
+        f"{w['created_by']}): not drained or paged by babysitter"
+        for w in windows
+    ]
+    show(*lines)
 
 
 def _guard_line(g: dict[str, Any]) -> str:

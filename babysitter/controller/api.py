@@ -34,6 +34,7 @@ from babysitter.controller.ingest import (
 )
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.store import Store
+from babysitter.controller.ui.routes import LOGIN_PATH, MAX_LOGIN_BODY
 from babysitter.report import Report
 
 REPORTS_PATH = "/api/v1/reports"
@@ -42,6 +43,9 @@ MAX_ECHO_CHARS = 200
 MAX_ERRORS = 20
 # bodies of the admin endpoints (drain reason, ...) are tiny
 MAX_ADMIN_BODY = 64 * 1024
+
+
+Dependency = Callable[[Request], Principal]  # the reader / admin checks routes depend on
 
 
 class Accepted(BaseModel):
@@ -118,9 +122,14 @@ def create_app(
     metrics: ControllerMetrics,
     ingest: Ingest,
     state: dict[str, Any] | None = None,
+    extra: Sequence[
+        Callable[[Callable[[Request], Principal], Callable[[Request], Principal]], APIRouter]
+    ] = (),
 ) -> FastAPI:
     """The API: the report route (served by `ingest`, which the fast path in front of the
-    app shares), the read, admin and health routers, and the error shapes they answer with."""
+    app shares), the read, admin and health routers, and the error shapes they answer with.
+    `extra`: more routers (the status page, maintenance), each made from the reader and admin
+    dependencies."""
     app = FastAPI(title="babysitter controller", version=__version__)
     runtime_state = state if state is not None else {}
     app.add_middleware(AdminBodyGuard, auth=auth)
@@ -140,6 +149,8 @@ def create_app(
     app.include_router(guard_router(store, reader))
     app.include_router(audit_router(store, reader))
     app.include_router(health_router(store, metrics, runtime_state))
+    for make in extra:
+        app.include_router(make(reader, admin))
     return app
 
 
@@ -253,6 +264,11 @@ class AdminBodyGuard:
             or scope["path"] == REPORTS_PATH
         ):
             await self.app(scope, receive, send)
+            return
+        if scope["path"] == LOGIN_PATH:
+            # the status page's login form: the token is in the form, not a header; it sets a
+            # viewing cookie and writes nothing (ui/routes.py)
+            await self.app(scope, _bounded(receive, MAX_LOGIN_BODY), send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         token = bearer_token(headers.get("authorization", ""))

@@ -40,6 +40,7 @@ from babysitter.controller.facts import FactGatherer
 from babysitter.controller.guard_api import GUARD_KEY
 from babysitter.controller.healer import Healer
 from babysitter.controller.jobs import JobTracker
+from babysitter.controller.maintenance import Alertmanager, Maintenance, nodes_in_maintenance
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.outcome import OutcomeWriter
 from babysitter.controller.policy import (
@@ -129,6 +130,14 @@ class RemediationEngine:
         self.healer = Healer(
             cfg, store, self.slurm, self.snapshot, self.validator, self.settings.dry_run
         )
+        am = cfg.alerts.alertmanager_url
+        self.maintenance = Maintenance(
+            store,
+            self.slurm,
+            Alertmanager(am) if am else None,
+            cfg.controller.maintenance_reservation_user,
+        )
+        self._quiet: set[str] = set()  # nodes in an open maintenance window, this tick
 
     # ---- error boundaries
     def bounded(self, fn: Callable[[], T], timeout_s: float, key: str | None = None) -> T:
@@ -173,6 +182,11 @@ class RemediationEngine:
         self.snapshot.close()
         self.fabric.close()
 
+    def _maintenance(self, now: datetime) -> set[str]:
+        """Close the windows past their deadline; the nodes still in one."""
+        self.maintenance.expire(now)
+        return set(nodes_in_maintenance(self.store))
+
     # ---- the collaborators' state, under the names the rest of the code knows
     @property
     def slurm_nodes(self) -> dict[str, SlurmNode]:
@@ -192,6 +206,7 @@ class RemediationEngine:
     def tick(self, now: datetime | None = None) -> list[Decision]:
         now = now or datetime.now(UTC)
         read = self._read_slurm()
+        self._quiet = self._isolated("maintenance", lambda: self._maintenance(now)) or set()
         facts, cluster, result, noticed = self._decide(now)
         firing, clearing = self._straggler_alerts(noticed, now)
         self._act(result, cluster, now, firing, clearing, read)
@@ -205,6 +220,10 @@ class RemediationEngine:
         """The facts (stragglers folded in) and the policy's decisions on them; also the
         straggler decisions, which only alert."""
         facts, cluster = self.facts(now)
+        if self._quiet:
+            # nodes in maintenance are not the policy's: no drain, no page, and their faults
+            # do not count towards the blast-radius guard (an admin is working on them)
+            facts = [f for f in facts if f.name not in self._quiet]
         slow = self._isolated("stragglers", lambda: self.gatherer.with_stragglers(facts, now))
         if slow is not None:
             facts = slow[0]
@@ -401,6 +420,8 @@ class RemediationEngine:
     def _alert(
         self, firing: list[Alert], clearing: list[tuple[str | None, str]], now: datetime
     ) -> None:
+        # nodes in maintenance are not paged (nor anything about them: job alerts included)
+        firing = [a for a in firing if a.node is None or a.node not in self._quiet]
         # conditions the policy asserts every tick while they hold (job-owned findings,
         # escalations): resolve the ones not asserted this tick
         asserted = {a.key for a in firing}

@@ -11,13 +11,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fastapi import APIRouter, Request
 from sqlalchemy import text
 
 from babysitter.config import Config
 from babysitter.controller.api import create_app
-from babysitter.controller.auth import Authenticator
+from babysitter.controller.auth import Authenticator, Principal
 from babysitter.controller.fastpath import IngestFastPath
 from babysitter.controller.ingest import Ingest, ReportWriter
+from babysitter.controller.maintenance import Maintenance
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.remediation import RemediationEngine, make_engine
 from babysitter.controller.store import Store
@@ -27,6 +29,7 @@ from babysitter.sdnotify import notify, watchdog_interval_s
 from babysitter.secretfile import check_private, read_secret
 
 log = logging.getLogger(__name__)
+Dependency = Callable[[Request], Principal]  # the API's reader / admin checks
 LEADER_LOCK_KEY = 0x6261627973697474  # "babysitt"
 # least time between two policy ticks when new faults wake the loop early: a fault storm
 # (a rack going down report by report) batches into a few ticks instead of spinning
@@ -181,9 +184,57 @@ class Controller:
         return time.monotonic() - self.last_progress <= limit
 
     def app(self) -> IngestFastPath:
-        """The ASGI app to serve: the API behind the ingest fast path."""
-        api = create_app(self.store, self.auth, self.metrics, self.ingest, self.state)
+        """The ASGI app to serve: the API (with the status page and the maintenance routes)
+        behind the ingest fast path."""
+        api = create_app(
+            self.store,
+            self.auth,
+            self.metrics,
+            self.ingest,
+            self.state,
+            extra=[self._ui_router, self._maintenance_router],
+        )
         return IngestFastPath(api, self.ingest)
+
+    def _slurm_nodes(self) -> dict[str, Any]:
+        return dict(self.engine.snapshot.nodes) if self.engine is not None else {}
+
+    def _ui_router(self, reader: Dependency, admin: Dependency) -> APIRouter:
+        from babysitter.controller.ui.routes import layout_of, ui_router
+        from babysitter.controller.ui.session import Sessions
+
+        c = self.cfg.controller
+        return ui_router(
+            self.store,
+            self.auth,
+            Sessions(self.auth.secret, self.auth.admin_token, self.auth.read_token),
+            self.state,
+            layout_of(self._slurm_nodes),
+            c.ui_refresh_s,
+            secure_cookie=c.tls_cert_file is not None,
+        )
+
+    def _maintenance_router(self, reader: Dependency, admin: Dependency) -> APIRouter:
+        from babysitter.controller.maintenance_api import maintenance_router
+
+        return maintenance_router(self.maintenance(), reader, admin)
+
+    def maintenance(self) -> Maintenance:
+        """The maintenance windows service, with this controller's Slurm client (the
+        engine's, or one of its own on a replica) and Alertmanager when configured."""
+        from babysitter.controller.maintenance import Alertmanager
+        from babysitter.slurm.factory import make_client
+
+        if self.engine is not None:
+            return self.engine.maintenance
+        slurm = make_client(self.cfg)
+        am_url = self.cfg.alerts.alertmanager_url
+        return Maintenance(
+            self.store,
+            slurm,
+            Alertmanager(am_url) if am_url else None,
+            self.cfg.controller.maintenance_reservation_user,
+        )
 
     def serve(self) -> None:
         import uvicorn

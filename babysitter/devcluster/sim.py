@@ -92,6 +92,7 @@ class SimCluster:
     alertmanager_url: str | None = None
     policy: dict[str, Any] = field(default_factory=dict)
     validation: dict[str, Any] = field(default_factory=dict)  # the [validation] section
+    controller_extra: dict[str, Any] = field(default_factory=dict)  # more [controller] keys
     agent_interval_s: float = 1.0
     check_interval_s: float = 1.0
     extra_slurm_conf: list[str] = field(default_factory=list)
@@ -134,7 +135,9 @@ class SimCluster:
         if not secret.exists():
             secret.write_text(pysecrets.token_hex(32))
             (etc / "admin.token").write_text(pysecrets.token_hex(16))
-        for p in (secret, etc / "admin.token"):
+        if not (etc / "read.token").exists():
+            (etc / "read.token").write_text(pysecrets.token_hex(16))
+        for p in (secret, etc / "admin.token", etc / "read.token"):
             p.chmod(0o600)
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -169,8 +172,10 @@ class SimCluster:
                 "database_url": self.database_url or f"sqlite:///{self.base / 'babysitter.db'}",
                 "cluster_secret_file": str(etc / "cluster.secret"),
                 "admin_token_file": str(etc / "admin.token"),
+                "read_token_file": str(etc / "read.token"),
                 "loop_interval_s": 0.2,
                 "heartbeat_timeout_s": 30,
+                **self.controller_extra,
             },
             "slurm": self.slurm_section(),
             "policy": {"max_drained_fraction": 0.5, "resume_after_clean_checks": 2, **self.policy},
@@ -301,6 +306,9 @@ class SimCluster:
 
     def admin_token(self) -> str:
         return (self.base / "etc" / "admin.token").read_text().strip()
+
+    def read_token(self) -> str:
+        return (self.base / "etc" / "read.token").read_text().strip()
 
     def api(self, path: str) -> Any:
         r = httpx.get(

@@ -172,6 +172,7 @@ class Scontrol:
     def create_reservation(
         self, name: str, node: str, user: str, minutes: int, exist_ok: bool = False
     ) -> None:
+        """A MAINT reservation starting now; `node` may be a comma-separated list."""
         if exist_ok and self.has_reservation(name):
             return
         self.run(
@@ -459,3 +460,14 @@ class OwnedClient(SlurmClient):
 
     def hold_for_validation(self, node: str, reservation: str, user: str, minutes: int) -> None:
         self.sc.create_reservation(reservation, validate_node(node), user, minutes, exist_ok=True)
+
+    def reserve_maintenance(self, name: str, nodes: list[str], user: str, minutes: int) -> None:
+        for n in nodes:
+            validate_node(n)
+        word = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+        if not nodes or not word.fullmatch(name) or not word.fullmatch(user):
+            raise SlurmRejected(f"invalid maintenance reservation {name!r} for {user!r}")
+        self.sc.create_reservation(name, ",".join(nodes), user, minutes)
+
+    def end_maintenance(self, name: str) -> None:
+        self.sc.delete_reservation(name)

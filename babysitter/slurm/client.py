@@ -194,3 +194,11 @@ class SlurmClient:
 
     def end_validation(self, reservation: str) -> None:
         raise NotImplementedError
+
+    def reserve_maintenance(self, name: str, nodes: list[str], user: str, minutes: int) -> None:
+        """A MAINT reservation of `nodes` for `minutes` from now: no user job starts there."""
+        raise NotImplementedError
+
+    def end_maintenance(self, name: str) -> None:
+        """Delete a maintenance reservation (gone already is fine)."""
+        raise NotImplementedError

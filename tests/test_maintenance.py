@@ -1,0 +1,133 @@
+"""Maintenance windows end to end: a real devcluster, controller and agents, a real
+Alertmanager. A window on node2 (opened with the CLI) is a real Slurm MAINT reservation and a
+real Alertmanager silence; an XID 79 there neither drains nor pages, the same fault on node3
+does; the window ends on its deadline (reservation and silence gone, audited) and node2, still
+faulty, is drained then."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from babysitter.cli.when import parse_time
+from babysitter.controller.maintenance_api import nodes_of
+from babysitter.devcluster.receiver import Receiver
+from babysitter.devcluster.sim import SimCluster
+from tests.fixtures.slurm import node_state, slurm, wait_for
+
+WINDOW_S = 30
+
+
+@pytest.fixture
+def sim(tmp_path: Path, alertmanager: str) -> Iterator[SimCluster]:
+    # node2 and node3 both drained in the end: 2 of 3, above the default guard fraction
+    s = SimCluster(
+        tmp_path / "sim",
+        n_nodes=3,
+        alertmanager_url=alertmanager,
+        policy={"max_drained_fraction": 0.75},
+    )
+    s.up()
+    try:
+        yield s
+    finally:
+        s.down()
+
+
+def cli(sim: SimCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "babysitter.cli.main", *args, "--url", sim.url],
+        env={"BABYSITTER_TOKEN": sim.admin_token(), "PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def silences(am: str) -> list[dict]:
+    return [
+        s for s in httpx.get(am + "/api/v2/silences").json() if s["status"]["state"] == "active"
+    ]
+
+
+def reservation(sim: SimCluster, name: str) -> str:
+    return slurm(sim.info, "scontrol", "show", "reservation", name, check=False).stdout
+
+
+@pytest.mark.slurm
+def test_maintenance_window_holds_back_drain_and_page(sim, alertmanager, receiver: Receiver):
+    wait_for(
+        lambda: [n["verdict"] for n in sim.api("/api/v1/nodes")] == ["healthy"] * 3,
+        60,
+        "3 healthy nodes",
+    )
+    started = cli(
+        sim,
+        "maintenance",
+        "start",
+        "node2",
+        "--until",
+        f"{WINDOW_S}s",
+        "--reason",
+        "swap PSU",
+        "--json",
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    window = json.loads(started.stdout)
+    assert window["nodes"] == ["node2"] and window["notes"] == []
+    res = reservation(sim, window["reservation"])
+    assert "Nodes=node2 " in res and "MAINT" in res
+    [silence] = silences(alertmanager)
+    assert silence["matchers"][0]["name"] == "node" and silence["matchers"][0]["value"] == "node2"
+    status = cli(sim, "status")
+    assert "maintenance: node2 until" in status.stdout and "swap PSU" in status.stdout
+
+    sim.inject_xid("node2", 3, 79)
+    sim.inject_xid("node3", 3, 79)
+    wait_for(lambda: node_state(sim.info, "node3")[0] in ("drain", "drng"), 30, "node3 drained")
+    wait_for(
+        lambda: any(
+            a["labels"].get("node") == "node3" for b in receiver.bodies("/am") for a in b["alerts"]
+        ),
+        30,
+        "node3 paged through Alertmanager",
+    )
+    node2 = sim.api("/api/v1/nodes/node2")
+    assert node2["verdict"] == "unhealthy"  # seen and shown ...
+    assert not node2["babysitter_drained"]  # ... but not drained
+    assert "drain" not in node_state(sim.info, "node2")[0]
+    assert not [a for a in sim.api("/api/v1/actions") if a["node"] == "node2"]
+    paged = {a["labels"].get("node") for b in receiver.bodies("/am") for a in b["alerts"]}
+    assert "node2" not in paged
+    am_alerts = httpx.get(alertmanager + "/api/v2/alerts", params={"filter": 'node="node2"'}).json()
+    assert am_alerts == []
+
+    # the deadline ends the window by itself: reservation and silence gone, node2 drained
+    wait_for(lambda: sim.api("/api/v1/maintenance") == [], WINDOW_S + 15, "the window ended")
+    [ended] = sim.api("/api/v1/maintenance?all=true")
+    end_at = datetime.fromisoformat(ended["ended_at"])
+    deadline = datetime.fromisoformat(ended["ends_at"])
+    assert deadline <= end_at and (end_at - deadline).total_seconds() < 5, (deadline, end_at)
+    assert "ReservationName" not in reservation(sim, window["reservation"])
+    assert silences(alertmanager) == []
+    wait_for(lambda: node_state(sim.info, "node2")[0] in ("drain", "drng"), 30, "node2 drained")
+    audit = sim.api("/api/v1/audit?node=node2")
+    kinds = [(e["kind"], e["actor"], e["result"]) for e in audit]
+    assert ("maintenance_end", "maintenance", "done") in kinds
+    assert any(k[0] == "maintenance_start" and k[1].startswith("admin") for k in kinds)
+
+
+def test_hostlists_and_deadlines_on_the_command_line():
+    assert nodes_of("node[2-3],gpu01") == ["gpu01", "node2", "node3"]
+    for bad in ("node[3-1]", "node[1-2", "../etc", ""):
+        with pytest.raises(ValueError):
+            nodes_of(bad)
+    now = datetime(2026, 11, 26, 4, 0, tzinfo=UTC)
+    assert parse_time("90m", now, past=False) == datetime(2026, 11, 26, 5, 30, tzinfo=UTC)

@@ -1,0 +1,135 @@
+"""The status page (/ui) in-process: who may see it (read or admin token as a bearer header,
+or the login form's cookie), what it shows, and that nothing on it — nor any other non-GET
+route — lets a viewer change anything."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from babysitter.controller import audit
+from babysitter.controller.runtime import Controller
+from babysitter.controller.ui.session import COOKIE, Sessions
+from tests.fixtures.controller import Secrets, controller_config
+from tests.fixtures.reports import DBE, wire_report
+
+
+@pytest.fixture
+def ctl(secrets: Secrets, tmp_path: Path) -> Iterator[Controller]:
+    c = Controller(controller_config(secrets, f"sqlite:///{tmp_path / 'ui.db'}"))
+    c.setup()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def api(ctl: Controller) -> TestClient:
+    return TestClient(ctl.app(), follow_redirects=False)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_a_browser_without_a_session_is_sent_to_the_login_form(api):
+    for path in ("/ui", "/ui/nodes/node1", "/ui/audit"):
+        r = api.get(path)
+        assert r.status_code == 303 and r.headers["location"] == "/ui/login", path
+    assert api.get("/ui", headers=bearer("wrong")).status_code == 401
+
+
+def test_login_form_sets_a_viewing_cookie(api, secrets, ctl):
+    r = api.post("/ui/login", data={"token": "not-a-token"})
+    assert r.status_code == 403 and "not a valid" in r.text
+    assert COOKIE not in r.cookies
+    r = api.post("/ui/login", data={"token": secrets.read})
+    assert r.status_code == 303 and r.headers["location"] == "/ui"
+    cookie = r.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and secrets.read not in cookie
+    page = api.get("/ui")
+    assert page.status_code == 200 and "read view" in page.text
+    # a forged or tampered cookie is not a session
+    _, expiry, sig = api.cookies[COOKIE].split(".")
+    api.cookies.set(COOKIE, f"admin.{expiry}.{sig}", path="/ui")
+    assert api.get("/ui").status_code == 303
+    assert api.get("/ui/logout").headers["location"] == "/ui/login"
+    # logging in wrote nothing
+    assert ctl.store.count("actions") == 0 and audit.entries(ctl.store) == []
+
+
+def test_sessions_expire_and_die_with_a_token_change(secrets):
+    s = Sessions(secrets.secret, secrets.admin, secrets.read)
+    cookie = s.issue("read", now=1000.0)
+    assert s.role(cookie, now=1001.0) == "read"
+    assert s.role(cookie, now=1000.0 + 13 * 3600) is None
+    assert Sessions(secrets.secret, "new-admin-token", secrets.read).role(cookie, 1001.0) is None
+    assert s.role("read.99999999999.00", now=1001.0) is None
+    assert s.role("x" * 1000) is None
+
+
+def test_fleet_and_node_pages_show_a_fault_and_its_drain_with_evidence(api, secrets, ctl):
+    api.post("/api/v1/reports", json=wire_report("node1", [DBE]), headers=secrets.headers("node1"))
+    api.post("/api/v1/reports", json=wire_report("node2"), headers=secrets.headers("node2"))
+    aid = ctl.store.record_action(
+        "drain",
+        node="node1",
+        reason="babysitter: ecc",
+        rule="critical_finding",
+        status="done",
+        outcome="ok",
+    )
+    audit.record_actions(ctl.store, [aid])
+    page = api.get("/ui", headers=bearer(secrets.read))
+    assert page.status_code == 200
+    assert re.search(r'id="node-node1" data-verdict="unhealthy"', page.text)
+    assert re.search(r'id="node-node2" data-verdict="healthy"', page.text)
+    assert '<meta http-equiv="refresh" content="5">' in page.text
+    assert (
+        "<script" not in page.text and "script-src" not in page.headers["content-security-policy"]
+    )
+    node = api.get("/ui/nodes/node1", headers=bearer(secrets.admin))
+    assert node.status_code == 200 and 'data-verdict="unhealthy"' in node.text
+    actions = node.text.split('id="actions"', 1)[1].split("</section>", 1)[0]
+    assert "drain" in actions and "ecc.dbe.volatile" in actions and "policy" in actions
+    assert api.get("/ui/nodes/node9", headers=bearer(secrets.read)).status_code == 404
+    assert api.get("/ui/nodes/..%2Fx", headers=bearer(secrets.read)).status_code in (404, 422)
+
+
+def test_hostile_text_is_escaped(api, secrets):
+    report = wire_report("node3", [{**DBE, "message": "<script>alert(1)</script>"}])
+    assert (
+        api.post("/api/v1/reports", json=report, headers=secrets.headers("node3")).status_code
+        == 202
+    )
+    page = api.get("/ui/nodes/node3", headers=bearer(secrets.read)).text
+    assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)" in page
+
+
+def api_routes(routes: list) -> Iterator[APIRoute]:
+    """Every APIRoute, also inside included routers (FastAPI nests them)."""
+    for r in routes:
+        if isinstance(r, APIRoute):
+            yield r
+        inner = getattr(r, "original_router", None)
+        if inner is not None:
+            yield from api_routes(inner.routes)
+
+
+def test_the_read_token_cannot_change_anything(ctl, secrets):
+    app = ctl.app()
+    api = TestClient(app, follow_redirects=False)
+    routes = list(api_routes(app.app.routes))
+    writers = [(r.path, m) for r in routes for m in r.methods if m not in ("GET", "HEAD")]
+    assert len(writers) >= 7  # reports, drain, resume, requeue, guard reset, maintenance x2
+    for path, method in writers:
+        if path == "/ui/login":
+            continue  # checks a token and sets a cookie; asserted to write nothing above
+        url = re.sub(r"\{[^}]+\}", "1", path).replace("/nodes/1/", "/nodes/node1/")
+        r = api.request(method, url, headers=bearer(secrets.read), json={})
+        assert r.status_code in (401, 403), (method, path, r.status_code)
+    assert ctl.store.count("actions") == 0 and audit.entries(ctl.store) == []
