@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 import click
+
 from babysitter.cli.api_client import call, client, token_opt, url_opt
 from babysitter.cli.common import State, echo_json, pass_state
 from babysitter.cli.tables import show, table
