@@ -71,12 +71,13 @@ def test_automatic_drain_and_admin_resume_are_audited(clean_cluster, ctl, secret
     assert got.status_code == 200
     seen = [(e["kind"], e["result"]) for e in got.json()]
     assert seen[-1] == ("drain", "done")  # oldest last
-    assert sorted(seen) == [
+    # (other steps, e.g. the healer's, may add entries of their own)
+    assert {
         ("drain", "done"),
         ("requeue_jobs", "done"),  # the drain's follow-up (no babysat job here)
         ("resume", "done"),
         ("resume", "requested"),
-    ]
+    } <= set(seen)
 
 
 def test_admin_requests_are_audited_with_who_asked(ctl, secrets):
