@@ -79,6 +79,7 @@ def test_dashboard_shows_what_on_call_needs():
         "alert notifications",
         "loop tick",
         "ingest latency",
+        "per leaf switch",
     ):
         assert topic in titles, topic
 

@@ -133,3 +133,30 @@ def test_the_read_token_cannot_change_anything(ctl, secrets):
         r = api.request(method, url, headers=bearer(secrets.read), json={})
         assert r.status_code in (401, 403), (method, path, r.status_code)
     assert ctl.store.count("actions") == 0 and audit.entries(ctl.store) == []
+
+
+def test_fleet_is_grouped_by_partition_and_leaf_switch(ctl, secrets):
+    from types import SimpleNamespace
+
+    from babysitter.controller.ui.routes import layout_of
+
+    slurm_nodes = {
+        "node1": SimpleNamespace(partitions=("batch",)),
+        "node2": SimpleNamespace(partitions=("batch",)),
+        "node3": SimpleNamespace(partitions=()),
+    }
+    leaves = {"node1": "leaf1", "node2": "leaf2"}
+    layout = layout_of(lambda: slurm_nodes, leaves.get)
+    assert layout() == {
+        "node1": ("batch · switch leaf1",),
+        "node2": ("batch · switch leaf2",),
+        "node3": ("(no Slurm partition known)",),
+    }
+    # the same leaves on /metrics, per verdict (the dashboard's per-switch panels)
+    ctl.state["leaf_of"] = leaves.get
+    api = TestClient(ctl.app())
+    api.post("/api/v1/reports", json=wire_report("node1", [DBE]), headers=secrets.headers("node1"))
+    api.post("/api/v1/reports", json=wire_report("node2"), headers=secrets.headers("node2"))
+    text = api.get("/metrics").text
+    assert 'babysitter_switch_nodes{switch="leaf1",verdict="unhealthy"} 1.0' in text
+    assert 'babysitter_switch_nodes{switch="leaf2",verdict="healthy"} 1.0' in text

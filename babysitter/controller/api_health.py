@@ -43,9 +43,15 @@ def health_router(
         metrics.is_leader.set(1 if runtime_state.get("leader") else 0)
         try:
             verdicts: dict[str, int] = {"healthy": 0, "suspect": 0, "unhealthy": 0, "unknown": 0}
+            # leaf switch of a node, where Slurm has a topology (the leader's snapshot)
+            leaf_of = runtime_state.get("leaf_of") or (lambda name: None)
+            per_switch: dict[tuple[str, str], int] = {}
             for n in store.node_rows():
                 v = node_view(n, runtime_state)["verdict"]
                 verdicts[v] = verdicts.get(v, 0) + 1
+                leaf = leaf_of(n["name"])
+                if leaf:
+                    per_switch[(leaf, v)] = per_switch.get((leaf, v), 0) + 1
             cockpit_metrics.refresh(store, metrics, runtime_state, now())
         except Exception:
             # a healthy zero ("0 unhealthy nodes") must never stand in for "cannot tell":
@@ -58,6 +64,9 @@ def health_router(
             metrics.store_up.set(1)
             for v, c in verdicts.items():
                 metrics.nodes.labels(v).set(c)
+            metrics.switch_nodes.clear()  # switches and verdicts that are gone leave no series
+            for (leaf, v), c in per_switch.items():
+                metrics.switch_nodes.labels(leaf, v).set(c)
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return router

@@ -115,12 +115,19 @@ class ControllerMetrics:
             "Scrapes of /metrics that could not read the database.",
             registry=r,
         )
+        self.switch_nodes = Gauge(
+            "babysitter_switch_nodes",
+            "Nodes by leaf switch (Slurm topology, where there is one) and verdict.",
+            ["switch", "verdict"],
+            registry=r,
+        )
         r.register(AuditCollector())
 
     def forget_store_values(self) -> None:
         """The database cannot be read: withdraw every value read from it. Labelled series
         disappear; an unlabelled gauge becomes NaN (no value) rather than a stale or zero one."""
         self.nodes.clear()
+        self.switch_nodes.clear()
         self.firing.clear()
         for g in (self.guard_tripped, self.oldest_drain_age, self.drained, self.silent):
             g.set(float("nan"))

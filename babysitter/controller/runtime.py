@@ -125,6 +125,7 @@ class Controller:
         self.auth.learn({n["name"] for n in self.store.node_rows()})
         if self.cfg.controller.remediation:
             self.engine = make_engine(self.cfg, self.store, self.metrics)
+            self.state["leaf_of"] = self._leaf_of
             self.add_loop("remediation", self.engine.tick)
         # its own thread: a prune never delays a policy tick
         from babysitter.controller.retention import Retention
@@ -199,6 +200,10 @@ class Controller:
     def _slurm_nodes(self) -> dict[str, Any]:
         return dict(self.engine.snapshot.nodes) if self.engine is not None else {}
 
+    def _leaf_of(self, node: str) -> str | None:
+        """The node's leaf switch in Slurm's topology (None without one)."""
+        return self.engine.snapshot.topology.leaf(node) if self.engine is not None else None
+
     def _ui_router(self, reader: Dependency, admin: Dependency) -> APIRouter:
         from babysitter.controller.ui.routes import layout_of, ui_router
         from babysitter.controller.ui.session import Sessions
@@ -209,7 +214,7 @@ class Controller:
             self.auth,
             Sessions(self.auth.secret, self.auth.admin_token, self.auth.read_token),
             self.state,
-            layout_of(self._slurm_nodes),
+            layout_of(self._slurm_nodes, self._leaf_of),
             c.ui_refresh_s,
             secure_cookie=c.tls_cert_file is not None,
         )

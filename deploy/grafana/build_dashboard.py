@@ -100,6 +100,24 @@ def build() -> dash.Dashboard:
                 stacked=True,
             )
         )
+        .with_panel(
+            series(
+                "Nodes not healthy per leaf switch (Slurm topology)",
+                "none",
+                query(
+                    'sum by (switch, verdict) (babysitter_switch_nodes{verdict!="healthy"})',
+                    "{{switch}} {{verdict}}",
+                ),
+                stacked=True,
+            )
+        )
+        .with_panel(
+            series(
+                "Nodes per leaf switch",
+                "none",
+                query("sum by (switch) (babysitter_switch_nodes)", "{{switch}}"),
+            )
+        )
         .with_row(dash.Row("Drains"))
         .with_panel(
             series(

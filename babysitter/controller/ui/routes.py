@@ -170,10 +170,18 @@ def _login(env: Environment, error: str | None, status: int = 200) -> Response:
     return HTMLResponse(html, status_code=status, headers=_headers())
 
 
-def layout_of(engine_nodes: Callable[[], dict[str, Any]]) -> views.Layout:
-    """The partitions of each node, from the remediation engine's Slurm snapshot."""
+def layout_of(
+    engine_nodes: Callable[[], dict[str, Any]], leaf_of: Callable[[str], str | None]
+) -> views.Layout:
+    """The groups of each node on the fleet page: its Slurm partitions (the remediation
+    engine's snapshot), each split by leaf switch where Slurm has a topology."""
 
     def layout() -> dict[str, tuple[str, ...]]:
-        return {name: tuple(n.partitions) for name, n in engine_nodes().items()}
+        out = {}
+        for name, n in engine_nodes().items():
+            leaf = leaf_of(name)
+            parts = tuple(n.partitions) or (views.NO_PARTITION,)
+            out[name] = tuple(f"{p} · switch {leaf}" if leaf else p for p in parts)
+        return out
 
     return layout

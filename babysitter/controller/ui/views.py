@@ -1,6 +1,7 @@
 """What each status page shows, gathered from the store (read only): the fleet grouped by
-partition, a node's findings, timeline and actions with their evidence, the babysat jobs, the
-audit log, the guard and the maintenance windows. Verdicts are the API's own (node_view)."""
+partition (and leaf switch where Slurm has a topology), a node's findings, timeline and
+actions with their evidence, the babysat jobs, the audit log, the guard and the maintenance
+windows. Verdicts are the API's own (node_view)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from babysitter.controller.store import JobRow, Store, now
 VERDICTS = ("unhealthy", "suspect", "unknown", "validating", "healthy")
 NO_PARTITION = "(no Slurm partition known)"
 LEMON_CONDITIONS = ("lemon_node", "validation_lemon")
-# node name -> its Slurm partitions (the leader's snapshot; empty on a replica)
+# node name -> the groups it is shown in: its Slurm partitions, split by leaf switch where
+# there is a topology (the leader's snapshot; empty on a replica)
 Layout = Callable[[], Mapping[str, tuple[str, ...]]]
 
 
