@@ -266,3 +266,34 @@ def test_two_checks_ending_together_never_leave_the_older_snapshot_as_the_node_s
     assert len(sent) == 2
     last = max(sent, key=lambda r: r["sent_at"])
     assert {f["severity"] for f in last["findings"]} >= {"critical", "warning"}, last["findings"]
+
+
+def test_an_event_source_that_cannot_start_is_a_degraded_agent_in_every_report(secrets, tmp_path):
+    """The source's state is reported like a check's: a degradation ships at once and stays in
+    every full report until the source runs; then it is gone (not kept like an event)."""
+    from babysitter.agent.daemon import Agent
+    from babysitter.checks.base import EventSource
+    from babysitter.finding import Finding, Severity
+
+    agent = Agent(offline_agent_config(secrets, tmp_path))
+    sent: list[dict] = []
+    agent.shipper.submit = sent.append  # type: ignore[method-assign]
+
+    def state(sev: Severity, code: str) -> list[Finding]:
+        return [
+            Finding(check="nvml.events", component="host", severity=sev, code=code, message=".")
+        ]
+
+    class CannotStart(EventSource):
+        name = "nvml.events"
+
+        def start(self, emit):
+            self.set_health(state(Severity.WARNING, "agent.degraded"))
+
+    src = CannotStart(agent.ctx)
+    agent._sources = [src]
+    agent.start_sources()
+    assert [f["code"] for f in sent[-1]["findings"]] == ["agent.degraded"]  # shipped at once
+    assert "agent.degraded" in [f["code"] for f in agent.full_report()["findings"]]
+    src.set_health(state(Severity.OK, "events.running"))
+    assert [f["code"] for f in agent.full_report()["findings"]] == ["events.running"]

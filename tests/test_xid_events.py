@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from babysitter.checks.xid import parse_kmsg_line
+from babysitter.devcluster import fakenvml
 from babysitter.hardware.xids import classify
 from tests.fixtures.gpu import babysitter_env, run_babysitter
 
@@ -176,3 +177,62 @@ def test_kmsg_xid_numbers_are_ascii_and_bounded():
     assert parse_kmsg_line("NVRM: Xid (PCI:0000:3b:00): \u0667\u0669, x") is None
     assert parse_kmsg_line("NVRM: Xid (PCI:0000:3b:00): 1234567, x") is None
     assert parse_kmsg_line("NVRM: Xid (PCI:0000:3b:00): 154, x") == ("0000:3b:00", 154, "x")
+
+
+HEALTH_SCRIPT = """
+import json, sys, threading
+from babysitter.config import load_config
+from babysitter.checks.base import CheckContext
+from babysitter.checks.xid import NvmlEvents
+src = NvmlEvents(CheckContext(load_config(), "n1"))
+out = threading.Lock()
+def say(kind, fs):
+    with out:
+        for f in fs:
+            print(kind, json.dumps(f.to_json_dict()), flush=True)
+print("supported", src.supported(), flush=True)
+src.on_health = lambda s, fs: say("health", fs)
+src.start(lambda fs: say("event", fs))
+sys.stdin.readline()  # the test closes stdin when done
+src.stop()
+"""
+
+
+def test_an_event_source_that_cannot_start_says_so_and_retries_until_it_runs(
+    gpus, fakenvml_lib, tmp_path
+):
+    """The driver does not answer when the agent starts (not loaded yet): the event source is
+    started anyway, reports a degraded agent, retries with backoff, and once NVML answers it
+    runs and delivers XIDs."""
+    gpus.set(init_error=fakenvml.DRIVER_NOT_LOADED)
+    env = babysitter_env(gpus, fakenvml_lib, tmp_path)
+    p = subprocess.Popen(
+        [sys.executable, "-c", HEALTH_SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+    def line() -> tuple[str, dict]:
+        assert p.stdout is not None
+        kind, _, body = p.stdout.readline().partition(" ")
+        return kind, json.loads(body)
+
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline().split() == ["supported", "True"]
+        kind, degraded = line()
+        assert kind == "health" and degraded["code"] == "agent.degraded", degraded
+        assert degraded["severity"] == "warning" and "NVML" in degraded["message"]
+        gpus.set(init_error=None)  # the driver is loaded now
+        while (got := line())[1]["code"] == "agent.degraded":
+            pass  # more attempts may fail before the next retry sees the driver
+        assert got[0] == "health" and got[1]["code"] == "events.running"
+        assert got[1]["severity"] == "ok"
+        gpus.xid(3, 79)
+        kind, xid = line()
+        assert kind == "event" and xid["code"] == "xid.79" and xid["component"] == "gpu3"
+    finally:
+        p.kill()
+        p.wait(timeout=10)

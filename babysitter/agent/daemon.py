@@ -130,16 +130,20 @@ class Agent:
 
     # ---- checks
     def _store(self, check: Check, res: CheckResult) -> None:
+        self._store_findings(check.name, res.findings, res.duration_s)
+
+    def _store_findings(self, name: str, findings: list[Finding], duration_s: float | None) -> None:
         with self._lock:
-            before = {f.key: f.severity for f in self.latest.get(check.name, [])}
-            self.latest[check.name] = res.findings
-            self.durations[check.name] = round(res.duration_s, 4)
+            before = {f.key: f.severity for f in self.latest.get(name, [])}
+            self.latest[name] = findings
+            if duration_s is not None:  # a check's run (an event source has none)
+                self.durations[name] = round(duration_s, 4)
         # A polled signal that just got worse (GPU lost, DBE, IB port down; a PCIe link trained
         # down) is reported now, not at the next report cycle: the node should stop taking jobs
         # at once, and a degradation should not wait another interval to be seen.
         if any(
             f.severity >= Severity.WARNING and f.severity > before.get(f.key, Severity.OK)
-            for f in res.findings
+            for f in findings
         ):
             self.shipper.submit(self.full_report())
 
@@ -239,8 +243,14 @@ class Agent:
             except Exception:
                 ok = False
             if ok:
+                src.on_health = self._source_health
                 src.start(self.emit_event)
                 self.sources.append(src)
+
+    def _source_health(self, src: EventSource, findings: list[Finding]) -> None:
+        """An event source started, or cannot start: its state is reported like a check's
+        (replaced each time, never kept like an event), and at once when it got worse."""
+        self._store_findings(src.name, findings, None)
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop())

@@ -181,12 +181,29 @@ class Check:
 
 
 class EventSource:
-    """Pushes findings as events happen (a thread per source, not per poll)."""
+    """Pushes findings as events happen (a thread per source, not per poll).
+
+    Its own state (running, or degraded and why) is `health()`: findings the agent puts in
+    every report, replaced (not kept like events) whenever the source calls `set_health`;
+    `on_health` is told at once."""
 
     name: ClassVar[str]
 
     def __init__(self, ctx: CheckContext) -> None:
         self.ctx = ctx
+        self.on_health: Callable[[EventSource, list[Finding]], None] | None = None
+        self._health: list[Finding] = []
+        self._health_lock = threading.Lock()
+
+    def health(self) -> list[Finding]:
+        with self._health_lock:
+            return list(self._health)
+
+    def set_health(self, findings: list[Finding]) -> None:
+        with self._health_lock:
+            self._health = list(findings)
+        if self.on_health is not None:
+            self.on_health(self, findings)
 
     def supported(self) -> bool:
         return True

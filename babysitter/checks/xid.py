@@ -12,6 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pynvml
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_when_event_set,
+    wait_exponential,
+)
 
 from babysitter.checks import nvml
 from babysitter.checks.base import Check, EventSource
@@ -247,10 +254,21 @@ _RECOVERY = {1: Action.RESET_GPU, 2: Action.REBOOT, 3: Action.DRAIN, 4: Action.R
 SBE_WINDOW_S = 3600.0
 
 
+# Starting the event source again after a failure (driver not loaded yet at boot, a version
+# mismatch during a driver upgrade): first retry after RETRY_FIRST_S, doubling up to RETRY_MAX_S.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 300.0
+
+
+class _NoGpus(Exception):
+    pass
+
+
 class NvmlEvents(EventSource):
     """One thread blocked in nvmlEventSetWait_v2, registered on every GPU for every fault event
     type that GPU supports (NOT_SUPPORTED on a board is normal: the fast tier still polls the
-    same signal). Each event becomes findings at once."""
+    same signal). Each event becomes findings at once. When the source cannot start, it says so
+    (a degraded-agent warning in every report) and retries with backoff until it runs."""
 
     name = "nvml.events"
 
@@ -262,11 +280,13 @@ class NvmlEvents(EventSource):
         self._sbe: dict[int, list[float]] = {}
 
     def supported(self) -> bool:
+        """False only where there is no NVML library at all (a CPU node); a driver that does
+        not answer yet is a reason to start and retry, not to never listen."""
         try:
-            devs, _ = nvml.devices()
-        except Exception:
-            return False
-        return bool(devs)
+            nvml.init()
+        except nvml.NvmlUnavailable as exc:
+            return exc.code is not None
+        return True
 
     def start(self, emit: Callable[[list[Finding]], None]) -> None:
         self._thread = threading.Thread(
@@ -341,20 +361,80 @@ class NvmlEvents(EventSource):
             details={"event_type": hex(ev_type), "event_data": data, "source": "nvml-event", **ids},
         )
 
-    def _loop(self, emit: Callable[[list[Finding]], None]) -> None:
+    def _open(self) -> tuple[Any, dict[int, nvml.Device]]:
+        """The event set, registered on every GPU; raises when NVML cannot give one."""
+        devs, _ = nvml.devices()
+        if not devs:
+            raise _NoGpus("NVML lists no GPU")
+        es = pynvml.nvmlEventSetCreate()
+        by_index = {}
+        for d in devs:
+            try:
+                self.registered[d.index] = self._register(es, d)
+                by_index[d.index] = d
+            except pynvml.NVMLError as exc:
+                log.warning("cannot register NVML events on %s: %s", d.label, exc)
+        return es, by_index
+
+    def _degraded(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0.0
+        log.warning(
+            "NVML event source not started (attempt %d), retrying in %.0f s: %s",
+            state.attempt_number,
+            wait,
+            exc,
+        )
+        self.set_health(
+            [
+                Finding(
+                    check=self.name,
+                    component="host",
+                    severity=Severity.WARNING,
+                    code="agent.degraded",
+                    message=(
+                        f"NVML event source not running (attempt {state.attempt_number}, next "
+                        f"in {wait:.0f} s): {exc}; XIDs and ECC events are seen only by polling"
+                    )[:2000],
+                    action=Action.INSPECT,
+                    details={"attempt": state.attempt_number, "error": str(exc)[:500]},
+                )
+            ]
+        )
+
+    def _pause(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    def _start_with_retry(self) -> tuple[Any, dict[int, nvml.Device]] | None:
+        retrying = Retrying(
+            retry=retry_if_exception_type((pynvml.NVMLError, nvml.NvmlUnavailable, _NoGpus)),
+            wait=wait_exponential(multiplier=RETRY_FIRST_S, max=RETRY_MAX_S),
+            stop=stop_when_event_set(self._stop),
+            sleep=self._pause,  # stop() interrupts the backoff
+            before_sleep=self._degraded,
+            reraise=True,
+        )
         try:
-            devs, _ = nvml.devices()
-            es = pynvml.nvmlEventSetCreate()
-            by_index = {}
-            for d in devs:
-                try:
-                    self.registered[d.index] = self._register(es, d)
-                    by_index[d.index] = d
-                except pynvml.NVMLError as exc:
-                    log.warning("cannot register NVML events on %s: %s", d.label, exc)
-        except (pynvml.NVMLError, nvml.NvmlUnavailable) as exc:
-            log.warning("NVML events unavailable: %s", exc)
+            return retrying(self._open)
+        except (pynvml.NVMLError, nvml.NvmlUnavailable, _NoGpus):
+            return None  # stopped while retrying
+
+    def _loop(self, emit: Callable[[list[Finding]], None]) -> None:
+        opened = self._start_with_retry()
+        if opened is None:
             return
+        es, by_index = opened
+        self.set_health(
+            [
+                Finding(
+                    check=self.name,
+                    component="host",
+                    severity=Severity.OK,
+                    code="events.running",
+                    message=f"NVML events registered on {len(by_index)} GPUs",
+                )
+            ]
+        )
         while not self._stop.is_set():
             try:
                 # the thread costs nothing while blocked (a daemon thread: stop() does not
