@@ -40,6 +40,7 @@ class Actor(StrEnum):
     POLICY = "policy"  # the remediation loop on its own
     ADMIN = "admin"  # an admin token (API or CLI)
     MAINTENANCE = "maintenance"  # a maintenance window ending on its deadline
+    FABRIC = "fabric"  # a switch incident (controller/fabric_loop.py)
 
 
 _RESULTS = {str(r): r for r in AuditResult}

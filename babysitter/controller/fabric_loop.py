@@ -496,7 +496,7 @@ class FabricStep:
             node=node,
             reason=reason,
             rule=rule,
-            requested_by="fabric",
+            requested_by=str(audit.Actor.FABRIC),
             status=status,
             outcome=outcome[:1000],
             dry_run=dry_run,
