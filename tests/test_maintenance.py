@@ -131,3 +131,26 @@ def test_hostlists_and_deadlines_on_the_command_line():
             nodes_of(bad)
     now = datetime(2026, 11, 26, 4, 0, tzinfo=UTC)
     assert parse_time("90m", now, past=False) == datetime(2026, 11, 26, 5, 30, tzinfo=UTC)
+
+
+def test_self_healing_leaves_nodes_in_maintenance_alone(tmp_path, monkeypatch):
+    """A node babysitter drained before an admin opened a window on it: no remediation rung
+    (GPU reset, reboot) starts there while the window is open; the other held node's does."""
+    from types import SimpleNamespace
+
+    from babysitter.config import parse_config
+    from babysitter.controller.healer import Healer
+    from babysitter.controller.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'h.db'}")
+    store.upgrade()
+    snapshot = SimpleNamespace(ok=True, held={"node1", "node2"}, nodes={})
+    healer = Healer(
+        parse_config({"remediation": {"enabled": True}}), store, None, snapshot, None, False
+    )
+    started: list[str] = []
+    monkeypatch.setattr(healer, "_maybe_start", lambda node, now, firing: started.append(node))
+    healer.quiet = {"node2"}
+    healer.step(datetime.now(UTC), [], [])
+    assert started == ["node1"]
+    store.close()

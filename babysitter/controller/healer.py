@@ -104,6 +104,9 @@ class Healer:
         self._program: tuple[float, str] | None = None
         self.open: dict[str, Remediation] = {}  # node -> its open episode (this tick)
         self._dry_drains: set[str] = set()  # dry-run drains of this tick: Slurm shows none
+        # nodes in an open maintenance window (set by the engine each tick): an admin is on
+        # them, so no rung starts or is issued there until the window ends
+        self.quiet: set[str] = set()
 
     # ---- the policy's side
     def hold(self, decisions: list[Decision]) -> list[Decision]:
@@ -141,12 +144,18 @@ class Healer:
         if not self.enabled or not self.snapshot.ok:
             return
         self.open = self._open_by_node()
-        for rem in list(self.open.values()):
-            self._advance(rem, now, firing, clearing)
-        for node in sorted((self.snapshot.held | self._dry_drains) - self.open.keys()):
+        for node, rem in list(self.open.items()):
+            if node not in self.quiet:
+                self._advance(rem, now, firing, clearing)
+        for node in sorted((self.snapshot.held | self._dry_drains) - self.open.keys() - self.quiet):
             self._maybe_start(node, now, firing)
         waiting = sorted(
-            (r for r in self.open.values() if r.state is Phase.WAITING), key=lambda r: r.id
+            (
+                r
+                for node, r in self.open.items()
+                if r.state is Phase.WAITING and node not in self.quiet
+            ),
+            key=lambda r: r.id,
         )
         for rem in waiting:
             self._issue(rem, now, firing)

@@ -224,13 +224,16 @@ class Maintenance:
         return out
 
     def expire(self, at: datetime | None = None) -> list[Window]:
-        """Close the windows whose deadline has passed (called every tick)."""
+        """Close the windows whose deadline has passed (called every tick, one read when
+        none has); returns the windows still open."""
         at = at or now()
-        return [
-            self._close(w, audit.Actor.MAINTENANCE, "deadline reached")
-            for w in windows(self.store)
-            if w.ends_at <= at
-        ]
+        still = []
+        for w in windows(self.store):
+            if w.ends_at <= at:
+                self._close(w, audit.Actor.MAINTENANCE, "deadline reached")
+            else:
+                still.append(w)
+        return still
 
     def _close(self, w: Window, by: str, why: str) -> Window:
         notes: list[str] = []

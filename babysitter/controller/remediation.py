@@ -40,7 +40,7 @@ from babysitter.controller.facts import FactGatherer
 from babysitter.controller.guard_api import GUARD_KEY
 from babysitter.controller.healer import Healer
 from babysitter.controller.jobs import JobTracker
-from babysitter.controller.maintenance import Alertmanager, Maintenance, nodes_in_maintenance
+from babysitter.controller.maintenance import Alertmanager, Maintenance
 from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.outcome import OutcomeWriter
 from babysitter.controller.policy import (
@@ -184,8 +184,7 @@ class RemediationEngine:
 
     def _maintenance(self, now: datetime) -> set[str]:
         """Close the windows past their deadline; the nodes still in one."""
-        self.maintenance.expire(now)
-        return set(nodes_in_maintenance(self.store))
+        return {n for w in self.maintenance.expire(now) for n in w.nodes}
 
     # ---- the collaborators' state, under the names the rest of the code knows
     @property
@@ -296,6 +295,7 @@ class RemediationEngine:
         self.executor.run_pending(pending, now)
         if self.validator.enabled or self.healer.enabled:
             self._isolated("validation", lambda: self.validator.poll(now, firing, clearing))
+        self.healer.quiet = self._quiet
         self._isolated("healer", lambda: self.healer.step(now, firing, clearing))
 
     def _publish(
