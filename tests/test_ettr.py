@@ -86,8 +86,12 @@ def test_equal_latencies_give_equal_ettr(model, arms):
 
 
 def test_arms_differ_where_their_parameters_do(model, arms):
+    """With few wrong drains (1e-4 per node-day, not whatever soak.json holds today) the arm
+    that sees more and acts sooner keeps more of the run."""
     names = ["babysitter", "NHC every 300 s", "no health tool", ettr.IDEAL]
-    res = ettr.run_arms(model, [arms[n] for n in names], [1800.0], REPLICAS, SEED)
+    chosen = {n: arms[n] for n in names}
+    chosen["babysitter"] = dataclasses.replace(arms["babysitter"], false_drains_per_node_day=1e-4)
+    res = ettr.run_arms(model, list(chosen.values()), [1800.0], REPLICAS, SEED)
     e = {n: res["arms"][n][0]["ettr"] for n in names}
     print("\n" + ", ".join(f"{n}: {v:.4f}" for n, v in e.items()))
     assert e[ettr.IDEAL] > e["babysitter"] > e["NHC every 300 s"] > e["no health tool"]
