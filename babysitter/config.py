@@ -189,6 +189,26 @@ class ControllerConfig(Section):
     max_open_findings_per_node: Annotated[
         int, Meta(ge=8, description="open findings kept per node; the rest fold into a count")
     ] = 256
+    header_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="a connection with no request in flight (headers never finished, or "
+            "idle) is closed after this long",
+        ),
+    ] = 10.0
+    keep_alive_s: Annotated[
+        float, Meta(gt=0, description="idle keep-alive connections are closed after this long")
+    ] = 5.0
+    max_connections: Annotated[
+        int,
+        Meta(
+            ge=16,
+            description="open HTTP connections at most (also kept 128 below the file-descriptor "
+            "limit); past it the oldest idle ones are closed, so idle connections never "
+            "lock out a report",
+        ),
+    ] = 4096
     tls_cert_file: Annotated[
         Path | None, Meta(description="serve HTTPS with this certificate (PEM, chain included)")
     ] = None

@@ -63,6 +63,7 @@ def test_units_are_notify_with_watchdog_and_hardening(unit):
         "PrivateTmp=yes",
         "NoNewPrivileges=yes",
         "CapabilityBoundingSet=",
+        "LimitNOFILE=",
     ):
         assert line in text, f"{unit} lacks {line}"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -16,6 +17,10 @@ from babysitter.controller.metrics import ControllerMetrics
 from babysitter.controller.store import Store, now
 
 log = logging.getLogger(__name__)
+
+
+def _age(at: float | None) -> float | None:
+    return None if at is None else round(max(0.0, time.time() - at), 1)
 
 
 def health_router(
@@ -35,6 +40,8 @@ def health_router(
             # leader: this controller holds the lock AND runs the remediation loop
             "leader": bool(runtime_state.get("leader", False)),
             "remediation": bool(runtime_state.get("remediation", False)),
+            # seconds since the loops last finished a tick without error (None: not yet)
+            "loop_progress_age_s": _age(runtime_state.get("loop_progress_at")),
         }
         return JSONResponse(body, status_code=200 if ok else 503)
 

@@ -17,6 +17,7 @@ from sqlalchemy import text
 from babysitter.config import Config
 from babysitter.controller.api import create_app
 from babysitter.controller.auth import Authenticator, Principal
+from babysitter.controller.connguard import connection_cap, guarded_protocol
 from babysitter.controller.fastpath import IngestFastPath
 from babysitter.controller.ingest import Ingest, ReportWriter
 from babysitter.controller.maintenance import Maintenance
@@ -145,24 +146,33 @@ class Controller:
         interval = self.cfg.controller.loop_interval_s
         while not self._stop.is_set():
             started = time.monotonic()
-            self.state["leader"] = self.leadership.refresh()
-            # an ingest-only replica on SQLite still prunes its own database
-            owner = self.state["leader"] or not (
-                self.leadership.compete or self.leadership.is_postgres
-            )
-            if owner:
-                for name, fn in self.loops:
-                    if name != "retention" and not self.state["leader"]:
-                        continue
-                    began = time.perf_counter()
-                    try:
-                        fn()
-                    except Exception:
-                        log.exception("loop %s failed", name)
-                    self.metrics.tick_duration.labels(name).observe(time.perf_counter() - began)
+            self.tick()
+            self._wait_next_tick(started, interval)
+
+    def tick(self) -> bool:
+        """One iteration of the loops. Only a tick whose every loop succeeded counts as
+        progress: the systemd watchdog is fed on progress, so a loop that fails on every tick
+        (database gone, no file descriptor left) gets the service restarted instead of
+        looking alive."""
+        self.state["leader"] = self.leadership.refresh()
+        # an ingest-only replica on SQLite still prunes its own database
+        owner = self.state["leader"] or not (self.leadership.compete or self.leadership.is_postgres)
+        ok = True
+        if owner:
+            for name, fn in self.loops:
+                if name != "retention" and not self.state["leader"]:
+                    continue
+                began = time.perf_counter()
+                try:
+                    fn()
+                except Exception:
+                    ok = False
+                    log.exception("loop %s failed", name)
+                self.metrics.tick_duration.labels(name).observe(time.perf_counter() - began)
+        if ok:
             self.last_progress = time.monotonic()
             self.state["loop_progress_at"] = time.time()
-            self._wait_next_tick(started, interval)
+        return ok
 
     def _wait_next_tick(self, started: float, interval: float) -> None:
         """Sleep until the next tick is due, or until ingest stores a new drain-worthy
@@ -247,6 +257,8 @@ class Controller:
         host, _, port = self.cfg.controller.listen.rpartition(":")
         self.setup()
         threading.Thread(target=self.loop_forever, name="policy-loop", daemon=True).start()
+        c = self.cfg.controller
+        cap = connection_cap(c.max_connections)
         server = uvicorn.Server(
             uvicorn.Config(
                 self.app(),
@@ -254,6 +266,10 @@ class Controller:
                 port=int(port),
                 log_level="warning",
                 access_log=False,
+                http=guarded_protocol(c.header_timeout_s, cap),
+                timeout_keep_alive=max(1, round(c.keep_alive_s)),
+                # requests in flight: the guard bounds connections, this bounds tasks (503 past it)
+                limit_concurrency=2 * cap,
                 ssl_certfile=self.cfg.controller.tls_cert_file,
                 ssl_keyfile=self.cfg.controller.tls_key_file,
             )
