@@ -79,7 +79,7 @@ slurmctld)
     # a fresh cluster on every start: no state of an earlier run
     # (and no babysitter secrets of one: the controller's guide steps make new ones)
     rm -rf "$CLUSTER/state" "$CLUSTER/spool" "$CLUSTER/etc/slurm.conf" "$CLUSTER/node-tokens" \
-        "$CLUSTER/admin.token"
+        "$CLUSTER/admin.token" "$CLUSTER/ca.pem"
     mkdir -p "$CLUSTER/state" "$CLUSTER/log" "$CLUSTER/run" "$CLUSTER/spool" "$CLUSTER/dev"
     python -m babysitter.devcluster.container render "$CLUSTER"
     for i in 0 1 2 3 4 5 6 7; do
@@ -105,10 +105,11 @@ node)
 FakeGpus(Path('$FAKE_NVML_STATE'))"
     rm -f "$CLUSTER/run/slurmd-$NODE.pid"
     slurmd -f "$SLURM_CONF" -N "$NODE"  # daemonizes; the agent checks that it runs
-    # the guide's scp of the node's token from the controller host (it waited for the
-    # controller to be healthy, so the token is there)
+    # the guide's scp of the node's token and the CA from the controller host (it waited for
+    # the controller to be healthy, so they are there)
     install -d -m 0755 /etc/babysitter
     install -m 0600 "$CLUSTER/node-tokens/$NODE.token" /etc/babysitter/node.token
+    install -m 0644 "$CLUSTER/ca.pem" /etc/babysitter/ca.pem
     NODE_NAME=$NODE guide node
     # simulated GPUs: the agent loads the fake libnvidia-ml through the real pynvml
     LIB=$(find /opt/fakenvml -mindepth 1 -maxdepth 1 -type d | head -n 1)
@@ -127,9 +128,11 @@ controller)
     guide controller
     guide enforce  # the test cluster skips the dry-run week
     add_env "$CLUSTER/controller.env"
-    # the guide's copy of each node's token to its node, and the admin token for the tests
+    # the guide's copy of each node's token and the CA to the nodes; the admin token and the
+    # CA for the tests
     install -d -m 0700 "$CLUSTER/node-tokens"
     cp -p /etc/babysitter/node-tokens/*.token "$CLUSTER/node-tokens/"
+    install -m 0644 /etc/babysitter/ca.pem "$CLUSTER/ca.pem"
     install -m 0600 /etc/babysitter/admin.token "$CLUSTER/admin.token"
     run_unit babysitter-controller
     ;;

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import shlex
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -86,10 +87,13 @@ def _sinfo(node: str) -> tuple[str, str]:
 
 
 def _api(path: str) -> object:
+    """The controller's API over HTTPS, verified with the CA the guide's TLS step made."""
     token = (tool.STATE_DIR / "admin.token").read_text().strip()
-    port = container.PORTS["controller"]
     r = httpx.get(
-        f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {token}"}, timeout=5
+        f"{container.site_values()['CONTROLLER_URL']}{path}",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=5,
+        verify=ssl.create_default_context(cafile=str(tool.STATE_DIR / "ca.pem")),
     )
     r.raise_for_status()
     return r.json()
@@ -263,7 +267,7 @@ def test_container_config_comes_from_the_devcluster_generator(
         )
     assert f"SlurmctldPort={container.PORTS['slurmctld']}" in slurm_conf
     site = _env_file(tmp_path / "site.env")
-    assert site["CONTROLLER_URL"] == f"http://127.0.0.1:{container.PORTS['controller']}"
+    assert site["CONTROLLER_URL"] == f"https://localhost:{container.PORTS['controller']}"
     assert site["DB_PORT"] == str(container.PORTS["postgres"])
     assert site["ALERTMANAGER_URL"] == f"http://127.0.0.1:{container.PORTS['alertmanager']}"
     # no secret is made here: the guide's controller step makes them in the controller

@@ -59,7 +59,10 @@ def site_values() -> dict[str, str]:
     """The site values of docs/deploy.md ("Site values") for this cluster. NODE_NAME comes from
     each node's container, WHEEL from the image build, DB_PASSWORD from the database role."""
     return {
-        "CONTROLLER_URL": f"http://127.0.0.1:{PORTS['controller']}",
+        # the name in the controller's certificate (the guide's TLS step); it resolves to
+        # 127.0.0.1, where the controller listens
+        "CONTROLLER_HOST": "localhost",
+        "CONTROLLER_URL": f"https://localhost:{PORTS['controller']}",
         "CONTROLLER_LISTEN": f"127.0.0.1:{PORTS['controller']}",
         "DB_HOST": "127.0.0.1",
         "DB_PORT": str(PORTS["postgres"]),
