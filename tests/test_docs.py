@@ -40,19 +40,9 @@ def test_readme_is_short_and_links_every_docs_page():
         assert f"(docs/{page.name})" in text, f"README does not link docs/{page.name}"
 
 
-# the user documentation this test keeps (pages of other features check their own links)
-CHECKED = [
-    README,
-    *(
-        REPO / "docs" / f"{n}.md"
-        for n in ("deploy", "operations", "jobs", "architecture", "policy", "checks", "slurm")
-    ),
-    REPO / "docs" / "config.md",
-    REPO / "bench" / "history.md",
-]
-
-
-@pytest.mark.parametrize("page", CHECKED, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "page", [README, *DOCS, REPO / "bench" / "history.md"], ids=lambda p: p.name
+)
 def test_relative_links_and_anchors_resolve(page: Path):
     text = FENCE.sub("", page.read_text())
     links = LINK.findall(text)
