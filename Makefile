@@ -1,66 +1,94 @@
-# Every target does its own set-up and is idempotent: `make test` on a fresh Debian machine
-# (as root) installs the system packages and the venv it needs.
+# Every target does its own set-up, only the set-up it needs, and is idempotent: on a fresh
+# Debian machine (as root) `make demo` installs what the demo runs on, `make test` what the
+# whole suite needs, `make test-unit` only the venv.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# Debian packages the tests need (real Slurm, munge, Alertmanager, promtool, shellcheck, ...)
-DEB_PACKAGES := slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin \
-	slurm-wlm-basic-plugins munge libslurm-dev gcc libc6-dev make lua5.3 \
-	prometheus-alertmanager prometheus shellcheck systemd debootstrap zstd \
-	postgresql util-linux procps docker.io docker-compose \
-	libmunge-dev libjson-c-dev libhttp-parser-dev libyaml-dev libjwt-dev liblua5.3-dev \
-	pkg-config python3-dev
-# ^ the last two lines: build deps of Slurm 25.11 from source (devcluster --slurm 25.11, pyslurm)
+# pytest-xdist workers for `make test` (1: one process, as before). The suite mostly waits on
+# daemons, so e.g. TEST_WORKERS=4 pays off on 2 cores; tests sharing one cluster fixture stay
+# on one worker. Not the default yet: a whole parallel run has not passed on a quiet machine.
+TEST_WORKERS ?= 1
+
+# Debian packages, per target. The demo runs on the host's Slurm 22.05 (devcluster): daemons,
+# munge, the compiler and Slurm headers for the SPANK plugin and the fake NVML library, and Lua
+# for job_submit.lua.
+DEB_DEMO := slurmctld slurmd slurm-client slurmrestd slurm-wlm-basic-plugins munge \
+	libslurm-dev gcc libc6-dev lua5.3 procps util-linux
+# The suite on top: other Slurm versions (debootstrap roots, zstd cache), Alertmanager and
+# promtool, shellcheck and systemd-analyze, PostgreSQL, and the docker test cluster.
+DEB_TEST := $(DEB_DEMO) slurm-wlm-jwt-plugin make prometheus-alertmanager prometheus \
+	shellcheck systemd debootstrap zstd postgresql docker.io docker-compose
+# Build deps of Slurm 25.11 from source (devcluster --slurm 25.11) and of pyslurm against it.
+DEB_SLURM_BUILD := make libmunge-dev libjson-c-dev libhttp-parser-dev libyaml-dev libjwt-dev \
+	liblua5.3-dev pkg-config python3-dev
 # torch CPU build: this exact version is on local disk here; an unpinned torch pulls CUDA (GBs).
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup system-packages venv pyslurm test lint fmt demo bench reliability clean \
+.PHONY: setup venv venv-demo slurm2511 test test-unit lint fmt demo bench reliability clean \
 	docker-engine docker-image docker-up docker-down
 
-setup: system-packages venv pyslurm docker-engine
+# Everything `make test` needs, installed up front (the test target builds the slow parts in
+# the background itself).
+setup: .make/deb-test .make/deb-slurm-build venv slurm2511 docker-engine
+
+# Installs the missing packages of a list (as root with apt), or says which to install.
+define deb_install
+	@mkdir -p .make
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing Debian packages:" $$missing; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get update -q >/dev/null && \
+	    apt-get install -y -q --no-install-recommends --no-upgrade $$missing >/dev/null; \
+	  fi; \
+	else echo "not root on Debian: install these yourself: $(1)"; fi
+	@touch $@
+endef
+
+.make/deb-demo: Makefile
+	$(call deb_install,$(DEB_DEMO))
+.make/deb-test: Makefile
+	$(call deb_install,$(DEB_TEST))
+.make/deb-slurm-build: Makefile
+	$(call deb_install,$(DEB_SLURM_BUILD))
+
+# The demo's venv: the package and its runtime dependencies only (no torch, no pyslurm).
+venv-demo: $(VENV)/.installed-demo
+$(VENV)/.installed-demo: pyproject.toml setup.py
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -e .
+	@touch $@
+
+# The developer's venv: dev tools, the Postgres driver, and torch's CPU build (the SDC check's
+# torch backend is tested; a failed install fails here, it never turns into skipped tests).
+venv: $(VENV)/.installed
+$(VENV)/.installed: $(VENV)/.installed-demo
+	$(PY) -m pip install -q -e '.[dev,postgres]'
+	$(PY) -m pip install -q '$(TORCH_CPU)'
+	@touch $@
+
+# Slurm 25.11 built from ../shared/vendor's source (once per machine, cached by its sha256) and
+# the real pyslurm built against it into the venv (cached wheel). A missing source or a failed
+# build fails this target with the line that says why.
+slurm2511: .make/deb-test .make/deb-slurm-build venv
+	$(PY) -m babysitter.devcluster.source --pyslurm
 
 # The docker test cluster (docker/README.md). docker-engine starts our own dockerd when none
 # answers (data root /var/lib/babysitter-docker); docker-down stops only what it started.
-docker-engine: system-packages
-	@if [ "$$(id -u)" = 0 ] && command -v dockerd >/dev/null; then python3 docker/cluster.py daemon-up; \
-	else echo "not root or no dockerd: the docker test cluster cannot run here"; fi
+docker-engine: .make/deb-test venv
+	@if [ "$$(id -u)" = 0 ] && command -v dockerd >/dev/null; then $(PY) docker/cluster.py daemon-up; \
+	else echo "not root or no dockerd: the docker test cluster cannot run here"; exit 1; fi
 
-docker-image: setup
+docker-image: docker-engine
 	$(PY) docker/cluster.py image
 
-docker-up: setup
+docker-up: docker-engine
 	$(PY) docker/cluster.py up
 
 docker-down:
 	python3 docker/cluster.py daemon-down
-
-system-packages: .make/system-packages
-.make/system-packages: Makefile
-	@mkdir -p .make
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
-	  if [ -n "$$missing" ]; then \
-	    echo "installing Debian packages: $$missing"; \
-	    export DEBIAN_FRONTEND=noninteractive; \
-	    apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends --no-upgrade $$missing >/dev/null; \
-	  fi; \
-	else echo "not root on Debian: install these yourself: $(DEB_PACKAGES)"; fi
-	@touch $@
-
-venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,postgres]'
-	$(PY) -m pip install -q '$(TORCH_CPU)' || echo "warning: torch CPU build not installed; SDC torch backend untested"
-	@touch $@
-
-# Slurm 25.11 built from ../shared/vendor's source (once per machine, cached by its sha256) and
-# the real pyslurm built against it into the venv (cached wheel). Without the source: one line
-# saying where to put it, and the 25.11 tests skip with that line.
-pyslurm: system-packages venv
-	@$(PY) -m babysitter.devcluster.source --pyslurm || true
 
 lint: venv
 	$(VENV)/bin/ruff check babysitter tests bench
@@ -72,10 +100,16 @@ fmt: venv
 	$(VENV)/bin/ruff format babysitter tests bench
 	$(VENV)/bin/ruff check --fix babysitter tests bench
 
-test: setup lint
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+# The whole suite, none skipped (tests/run-suite.sh: background builds, lint, the suite on
+# xdist workers, then the docker cluster's tests alone).
+test: .make/deb-test .make/deb-slurm-build venv
+	VENV=$(VENV) TEST_WORKERS=$(TEST_WORKERS) tests/run-suite.sh $(PYTEST_ARGS)
 
-demo: setup
+# Tests with no Slurm, no Postgres and no docker (their tier comes from their fixtures).
+test-unit: venv
+	$(VENV)/bin/pytest -m unit -n 2 -q $(PYTEST_ARGS)
+
+demo: .make/deb-demo venv-demo
 	$(VENV)/bin/babysitter demo
 
 reliability: setup

@@ -22,7 +22,7 @@ N = 10_000
 
 
 @pytest.fixture(scope="module")
-def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
+def big(tmp_path_factory: pytest.TempPathFactory, slurm_daemons: str) -> Iterator[ClusterInfo]:
     """Brought up the way a user does: `babysitter devcluster up --extra-nodes N`."""
     base = tmp_path_factory.mktemp("big")
     cli = [sys.executable, "-m", "babysitter.cli.main", "devcluster"]

@@ -51,7 +51,7 @@ tool = _load_tool()
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[None]:
+def docker_engine() -> Iterator[None]:
     """A Docker engine; the one this fixture starts, it stops (with a check for mounts)."""
     if os.geteuid() != 0:
         pytest.fail("the docker test cluster needs root (dockerd, debootstrap)")
@@ -65,7 +65,7 @@ def engine() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def image(engine: None) -> str:
+def image(docker_engine: None) -> str:
     ref, _ = tool.image()
     return str(ref)
 

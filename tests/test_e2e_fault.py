@@ -16,7 +16,7 @@ from tests.fixtures.slurm import node_state, wait_for
 
 
 @pytest.fixture
-def sim(tmp_path: Path, receiver: Receiver) -> Iterator[SimCluster]:
+def sim(tmp_path: Path, receiver: Receiver, slurm_daemons: str) -> Iterator[SimCluster]:
     s = SimCluster(tmp_path / "sim", n_nodes=4, webhook_url=receiver.url + "/hook")
     s.up()
     try:
@@ -62,7 +62,7 @@ def test_xid79_drains_alerts_and_recovers(sim: SimCluster, receiver: Receiver):
     assert all(node_state(sim.info, n)[0] == "idle" for n in ("node1", "node3", "node4"))
 
 
-def test_polled_check_turning_critical_is_reported_at_once(tmp_path: Path):
+def test_polled_check_turning_critical_is_reported_at_once(tmp_path: Path, slurm_daemons: str):
     """GPU lost is found by a polled check (every 0.3 s here); the agent must not hold it until
     its next report, 120 s away: the node is drained within seconds."""
     sim = SimCluster(tmp_path / "sim", n_nodes=2, agent_interval_s=120, check_interval_s=0.3)

@@ -42,7 +42,7 @@ for step in range(first, first + 1000):
 
 
 @pytest.fixture
-def sim(tmp_path: Path, receiver: Receiver) -> Iterator[SimCluster]:
+def sim(tmp_path: Path, receiver: Receiver, slurm_daemons: str) -> Iterator[SimCluster]:
     s = SimCluster(tmp_path / "sim", n_nodes=4, webhook_url=receiver.url + "/hook")
     s.up()
     try:

@@ -19,28 +19,26 @@ from tests.fixtures.slurm import (
     wait_for,
 )
 
+# (the cluster fixture, the backend): the parameter names the fixture, so each target's tests
+# join that cluster's group and tier (tests/conftest.py) without starting the other cluster
 TARGETS = [
-    ("host", "cli"),
-    ("host", "rest"),
-    ("25.11", "cli"),
-    ("25.11", "rest"),
-    ("25.11", "pyslurm"),
+    ("devcluster", "cli"),
+    ("devcluster", "rest"),
+    ("devcluster2511", "cli"),
+    ("devcluster2511", "rest"),
+    ("devcluster2511_pyslurm", "pyslurm"),
 ]
+IDS = [f"{'host' if f == 'devcluster' else '25.11'}-{b}" for f, b in TARGETS]
 
 
-@pytest.fixture(params=TARGETS, ids=[f"{v}-{b}" for v, b in TARGETS])
+@pytest.fixture(params=TARGETS, ids=IDS)
 def contract(request: pytest.FixtureRequest) -> Iterator[tuple[SlurmClient, ClusterInfo]]:
     """(client, cluster) with idle nodes and no jobs."""
-    version, backend = request.param
-    if version == "host":
-        info = request.getfixturevalue("devcluster")
-    else:
-        info = request.getfixturevalue("devcluster2511_obj").info
-        if backend == "pyslurm":
-            request.getfixturevalue("pyslurm_module")
+    cluster_fixture, backend = request.param
+    info = request.getfixturevalue(cluster_fixture)
     reset_cluster(info)
     yield make_backend_for(backend, info), info
-    if version == "host":  # other tests use the host's cluster as they find it
+    if cluster_fixture == "devcluster":  # other tests use the host's cluster as they find it
         reset_cluster(info)
 
 
@@ -120,17 +118,13 @@ def test_unknown_node_and_job(slurm_client: SlurmClient, clean_cluster):
         slurm_client.job(999999)
 
 
+@pytest.mark.parametrize("target", TARGETS, ids=IDS)
 @pytest.mark.parametrize("bad", ["node1; rm -rf /", "", "-all", "node\n1", "a" * 100])
-def test_garbage_node_names_are_rejected_before_slurm(request, bad):
-    for version, backend in TARGETS:  # no cluster reset needed: nothing reaches Slurm
-        if version == "host":
-            info = request.getfixturevalue("devcluster")
-        else:
-            info = request.getfixturevalue("devcluster2511_obj").info
-            if backend == "pyslurm":
-                request.getfixturevalue("pyslurm_module")
-        with pytest.raises(SlurmRejected):
-            make_backend_for(backend, info).drain(bad, "x")
+def test_garbage_node_names_are_rejected_before_slurm(request, target, bad):
+    cluster_fixture, backend = target  # no cluster reset needed: nothing reaches Slurm
+    info = request.getfixturevalue(cluster_fixture)
+    with pytest.raises(SlurmRejected):
+        make_backend_for(backend, info).drain(bad, "x")
 
 
 def test_reason_is_one_line_and_bounded(slurm_client: SlurmClient, clean_cluster):

@@ -29,7 +29,7 @@ DATA = Path(__file__).parent / "data" / "slurm"
 
 
 @pytest.fixture(scope="session", params=VERSIONS)
-def versioned(request, tmp_path_factory) -> Iterator[tuple[DevCluster, ClusterInfo]]:
+def versioned(request, tmp_path_factory, slurm_daemons) -> Iterator[tuple[DevCluster, ClusterInfo]]:
     c = DevCluster(
         tmp_path_factory.mktemp(f"slurm{request.param}"),
         nodes=4,
@@ -205,7 +205,7 @@ def _babysat_requeue(tmp_path: Path, version: str, backend: str) -> None:
         sim.down()
 
 
-def test_up_json_and_down_leave_no_mount_or_process(tmp_path):
+def test_up_json_and_down_leave_no_mount_or_process(tmp_path, slurm_daemons):
     base = tmp_path / "c26"
     r = subprocess.run(
         [
@@ -293,12 +293,9 @@ def test_without_the_source_one_line_says_where_to_put_it(tmp_path):
     assert not (tmp_path / "c" / "cluster.json").exists()
 
 
-def test_2511_up_json_and_down_leave_no_process(tmp_path):
+def test_2511_up_json_and_down_leave_no_process(tmp_path, slurm2511_prefix):
     """25.11 runs in place (no chroot): `down` must find its job steps too (slurmstepd clears
     its env and runs in the slurmd log dir) and remove slurmrestd's socket dir."""
-    from tests.fixtures.slurm import source_built_or_skip
-
-    source_built_or_skip()
     base = tmp_path / "c25"
     up = ["devcluster", "up", "--slurm", "25.11", "--nodes", "2", "--base", str(base), "--json"]
     r = subprocess.run(

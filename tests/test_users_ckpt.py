@@ -69,7 +69,7 @@ def sim_for_users(base: Path, receiver: Receiver, nodes: int) -> SimCluster:
 
 @pytest.fixture
 def user_sim(
-    users_base: Path, receiver: Receiver, request: pytest.FixtureRequest
+    users_base: Path, receiver: Receiver, slurm_daemons: str, request: pytest.FixtureRequest
 ) -> Iterator[SimCluster]:
     """A whole installation under a directory the test users can traverse (they read
     slurm.conf and load the SPANK plugin in sbatch)."""

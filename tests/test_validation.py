@@ -82,7 +82,7 @@ def test_verdict_is_the_last_json_line_and_no_link_is_followed(tmp_path: Path):
 
 
 @pytest.fixture
-def sim(tmp_path: Path, receiver: Receiver) -> Iterator[SimCluster]:
+def sim(tmp_path: Path, receiver: Receiver, slurm_daemons: str) -> Iterator[SimCluster]:
     base = tmp_path / "sim"
     lib = build()
     node_dir = base / "nodes" / "{node}"

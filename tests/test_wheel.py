@@ -29,8 +29,6 @@ from tests.fixtures.controller import free_port
 REPO = Path(__file__).resolve().parents[1]
 VENV_CACHE = Path(os.environ.get("BABYSITTER_WHEEL_VENV_CACHE", "/tmp/babysitter-wheel-venv"))
 
-pytestmark = pytest.mark.slurm
-
 
 def _deps_key() -> str:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -209,7 +207,7 @@ def test_wheel_runs_controller_agent_and_check(wheel_venv: Path, outside: Path):
             p.wait(timeout=20)
 
 
-def test_wheel_runs_devcluster_and_demo(wheel_venv: Path, outside: Path):
+def test_wheel_runs_devcluster_and_demo(wheel_venv: Path, outside: Path, slurm_daemons: str):
     """`babysitter devcluster up/down` and the demo, installed, build the Slurm plugin and the
     fake NVML library from package data."""
     base = outside / "cluster"

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# `make test`: the whole suite, none skipped, in as little wall time as 2 cores allow.
+#
+#  1. In the background from the start (niced): Slurm 25.11 + pyslurm from source, and the
+#     docker engine + the docker cluster's image. Warm, both are cache hits in seconds.
+#  2. Lint, then every test but the docker ones, on TEST_WORKERS pytest-xdist workers when
+#     more than 1 (--dist loadgroup: tests sharing one cluster fixture stay on one worker,
+#     tests/conftest.py). The 25.11 tests wait on the build's lock inside their fixture.
+#  3. The docker cluster's tests alone: beside the parallel suite they were killed by it.
+#
+# A background build that fails is shown with its log's tail; the fixtures of the tests that
+# need it build it again and fail with the error, so a broken build is never a skipped test.
+# A failed test gets one rerun (pytest-rerunfailures); a pass on rerun is listed under
+# "FLAKY" at the end. A test that fails twice fails the run. Exit status: the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PY=$VENV/bin/python
+WORKERS=${TEST_WORKERS:-1}
+LOGS=.make/logs
+mkdir -p "$LOGS"
+
+pids=()
+# shellcheck disable=SC2317  # called by the EXIT trap
+cleanup() {
+    for p in "${pids[@]}"; do # only our own background builds (each its own process group)
+        kill -- "-$p" 2>/dev/null || true
+    done
+    if [ "${engine_started:-0}" = 1 ]; then
+        "$PY" docker/cluster.py daemon-down >/dev/null 2>&1 || echo "warning: dockerd not stopped"
+    fi
+}
+trap cleanup EXIT
+
+background() { # name, command...: run niced in the background, output to $LOGS/name.log
+    local name=$1
+    shift
+    setsid nice -n 5 "$@" >"$LOGS/$name.log" 2>&1 &
+    pids+=("$!")
+    echo "background: $name (log $LOGS/$name.log)"
+}
+
+warn_if_failed() { # pid name: a failed background build is shown, not hidden; the tests
+    # that need it build it again in the foreground (fixtures) and fail with its error
+    if ! wait "$1"; then
+        echo "WARNING: background $2 failed; last lines of $LOGS/$2.log:" >&2
+        tail -n 30 "$LOGS/$2.log" >&2
+    fi
+}
+
+engine_started=0
+if "$PY" -c 'import importlib.util as u, sys
+spec = u.spec_from_file_location("t", "docker/cluster.py"); m = u.module_from_spec(spec)
+spec.loader.exec_module(m); sys.exit(0 if m.engine_ok() else 1)' 2>/dev/null; then
+    echo "docker engine already running: used, left running"
+else
+    engine_started=1
+fi
+
+t0=$SECONDS
+background slurm2511 "$PY" -m babysitter.devcluster.source --pyslurm
+build_2511=${pids[-1]}
+background docker-image "$PY" docker/cluster.py image
+build_image=${pids[-1]}
+
+make --no-print-directory lint VENV="$VENV"
+echo "lint ok ($((SECONDS - t0)) s)"
+
+parallel=()
+[ "$WORKERS" -lt 2 ] || parallel=(-n "$WORKERS" --dist loadgroup)
+status=0
+"$VENV/bin/pytest" "${parallel[@]}" --reruns 1 --durations=20 -m "not docker" "$@" || status=$?
+echo "suite without docker: exit $status ($((SECONDS - t0)) s)"
+
+fail() { [ "$status" != 0 ] || status=$1; } # keep the first failure's status
+
+warn_if_failed "$build_2511" slurm2511
+warn_if_failed "$build_image" docker-image
+"$VENV/bin/pytest" --reruns 1 -m docker "$@" || fail $?
+echo "docker tests: done ($((SECONDS - t0)) s)"
+pids=()
+exit "$status"
