@@ -5,6 +5,8 @@ keeps the node drained; the fourth fault in the window makes a lemon."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from babysitter.devcluster.fakenvml import build
 from babysitter.devcluster.receiver import Receiver
 from babysitter.devcluster.sim import SimCluster
 from tests.fixtures.slurm import node_state, slurm, wait_for
@@ -21,18 +24,24 @@ pytestmark = pytest.mark.slurm
 
 
 def _validation(base: Path) -> dict[str, Any]:
-    """The validation job: fails on a node whose flag file exists (a GPU that still
-    miscomputes after the reboot), passes otherwise; its verdict line is what
-    `babysitter validate --json` prints."""
+    """The validation job: `babysitter validate` on the node's simulated GPUs (numpy asked
+    for explicitly: no GPU backend here). On a node whose flag file exists it flips a bit in
+    the matmul: a GPU that still miscomputes after its reboot."""
+    node_dir = base / "nodes" / "{node}"
+    validate = [sys.executable, "-m", "babysitter.cli.main", "validate", "--json"]
     script = (
-        f"if [ -e {base}/fail-{{node}} ]; then "
-        'echo \'{"ok": false, "failures": ["gpu3: matmul mismatch"]}\'; exit 1; fi; '
-        "echo '{\"ok\": true}'"
+        f"extra=; [ -e {base}/fail-{{node}} ] && extra='--inject 0,3,5,30'; "
+        f"exec {shlex.join(validate)} --stress-s 0 $extra"
     )
     return {
-        "command": ["/bin/sh", "-c", script],
+        "command": ["sh", "-c", script],
         "output_dir": str(base / "validation"),
         "time_limit_min": 5,
+        "sbatch_args": [
+            f"--export=ALL,FAKE_NVML_STATE={node_dir}/nvml-state,LD_LIBRARY_PATH={build()},"
+            f"BABYSITTER_AGENT__SPOOL_PATH={node_dir}/validate-state/spool.db,"
+            "BABYSITTER_CHECKS__SDC__BACKEND=numpy,BABYSITTER_CHECKS__SDC__SIZE=256"
+        ],
     }
 
 
@@ -175,7 +184,7 @@ def test_failed_validation_after_reboot_keeps_node_drained(healing: SimCluster):
     )
     state, reason = node_state(sim.info, "node2")
     assert state == "drain" and reason.startswith("babysitter: validation failed")
-    assert "matmul mismatch" in reason
+    assert "gpu0" in reason or "cpu" in reason  # the device whose matmul was wrong
     # the next rung of a reboot-class fault is a human: no second reboot, the node stays out
     wait_for(
         lambda: [r["state"] for r in sim.api("/api/v1/ledger?node=node2")] == ["inspect", "failed"],

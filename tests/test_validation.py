@@ -105,7 +105,9 @@ def sim(tmp_path: Path, receiver: Receiver, slurm_daemons: str) -> Iterator[SimC
             "max_attempts": 1,  # so node3 waits for an admin after its one failure
             "sbatch_args": [
                 f"--export=ALL,FAKE_NVML_STATE={node_dir}/nvml-state,LD_LIBRARY_PATH={lib},"
-                f"BABYSITTER_AGENT__SPOOL_PATH={node_dir}/validate-state/spool.db"
+                f"BABYSITTER_AGENT__SPOOL_PATH={node_dir}/validate-state/spool.db,"
+                # no GPU backend here: the CPU run must be asked for (auto fails closed)
+                "BABYSITTER_CHECKS__SDC__BACKEND=numpy"
             ],
         },
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -60,6 +61,14 @@ def _leafs(value: str | None) -> int:
     help="Write topology.conf with TopologyPlugin=topology/tree: the nodes split evenly over "
     "N leaf switches (leaf1..leafN) under one spine.",
 )
+@click.option(
+    "--reboot-hook",
+    default=None,
+    metavar="CMD",
+    help="Set RebootProgram so that `scontrol reboot` power-cycles a node for real to "
+    "slurmctld: slurmd stops, `CMD NODE` runs (the site's power cycle; '' for none), slurmd "
+    "starts again with -b and reports the boot (host Slurm or 25.11).",
+)
 def up(
     n_nodes: int,
     extra_nodes: int,
@@ -67,10 +76,16 @@ def up(
     as_json: bool,
     slurm_version: str | None,
     topology: int,
+    reboot_hook: str | None,
 ) -> None:
     """Start the cluster and wait until every node is idle."""
     info = DevCluster(
-        base, nodes=n_nodes, slurm=slurm_version, extra_nodes=extra_nodes, topology_leafs=topology
+        base,
+        nodes=n_nodes,
+        slurm=slurm_version,
+        extra_nodes=extra_nodes,
+        topology_leafs=topology,
+        reboot_hook=None if reboot_hook is None else shlex.split(reboot_hook),
     ).up()
     if as_json:
         echo_json(info.public())
@@ -85,6 +100,8 @@ def up(
             f"  plus {info.extra_nodes} nodes without a slurmd ({fake[0]}..{fake[-1]}, "
             "State=DOWN, drainable)"
         )
+    if reboot_hook is not None:
+        click.echo(f"  scontrol reboot runs: {reboot_hook or '(no hook)'} NODE, then slurmd -b")
     if topology:
         click.echo(f"  topology/tree: {topology} leaf switch(es) under one spine (topology.conf)")
     click.echo(f"  export SLURM_CONF={info.slurm_conf}")

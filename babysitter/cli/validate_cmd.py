@@ -119,6 +119,7 @@ def validate(
     dbe_before = nvml.dbe()
     gflops: list[float] = []
     throttled: set[str] = set()
+    tested: dict[str, Any] = {"backend": sdc.backend, "library": None, "devices": []}
 
     def one(inject_now: tuple[int, int, int, int] | None) -> None:
         res = run_sdc(
@@ -133,6 +134,8 @@ def validate(
         )
         if not gflops:
             gflops.extend(r.gflops for r in res.devices)
+            tested["library"] = res.library
+            tested["devices"] = [r.label for r in res.devices]
         for f in res.findings:
             if f.severity.value != "ok":
                 failures.append(f"{f.component}: {f.message}")
@@ -155,9 +158,13 @@ def validate(
         busbw, why = _nccl(val.nccl_command, val.min_busbw_gbps, timeout_s=600)
         if why:
             failures.append(why)
+    if tested["library"] and str(tested["library"]).startswith("numpy") and nvml.handles:
+        # an explicit numpy on a GPU node: a pass says nothing about the GPUs, and says so
+        tested["note"] = f"numpy: CPU only, the node's {len(nvml.handles)} GPU(s) were not tested"
     verdict = {
         "ok": not failures,
         "node": cfg.agent.node_name or socket.gethostname(),
+        **tested,
         "failures": failures,
         "gflops": [round(g, 1) for g in gflops],
         "busbw_gbps": busbw,
@@ -165,7 +172,8 @@ def validate(
     if as_json:
         click.echo(json.dumps(verdict))
     else:
-        click.echo("PASS" if not failures else "FAIL: " + "; ".join(failures))
+        what = f" ({tested['library'] or tested['backend']}: {len(tested['devices'])} device(s))"
+        click.echo(("PASS" if not failures else "FAIL: " + "; ".join(failures)) + what)
     return 0 if not failures else 1
 
 

@@ -222,7 +222,22 @@ def cupy_devices(replicas: int = 1) -> tuple[str, list[Device]]:
     return f"cupy-{cupy.__version__}", devs
 
 
+def nvml_gpu_count() -> int:
+    """GPUs NVML lists on this node, lost ones included (0 when there is no NVML at all)."""
+    from babysitter.checks import nvml
+
+    try:
+        ok, lost = nvml.devices()
+    except Exception:  # no driver, a broken one: nothing says this is a GPU node
+        return 0
+    return len(ok) + len(lost)
+
+
 def devices(backend: str, replicas: int = 1) -> tuple[str, list[Device]]:
+    """The backend's devices. `auto` takes the first GPU backend that sees a GPU and falls back
+    to numpy only where NVML shows no GPU: on a GPU node a CPU run would pass the node without
+    touching its GPUs, so it fails closed there (an explicit `numpy` still runs, for test
+    clusters, and the result names it)."""
     if backend == "numpy":
         return numpy_devices(replicas)
     if backend == "torch":
@@ -237,5 +252,12 @@ def devices(backend: str, replicas: int = 1) -> tuple[str, list[Device]]:
                     return lib, devs
             except BackendUnavailable:
                 continue
+        gpus = nvml_gpu_count()
+        if gpus:
+            raise BackendUnavailable(
+                f"NVML shows {gpus} GPU(s) but no GPU backend (torch or cupy with CUDA) works: "
+                'backend "auto" will not test a GPU node on the CPU (install one, or set '
+                '[checks.sdc] backend = "numpy" to test the CPU only)'
+            )
         return numpy_devices(replicas)
     raise BackendUnavailable(f"unknown backend {backend!r}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from babysitter.checks import nvml
 from babysitter.checks.base import Check
+from babysitter.checks.sdc.backends import BackendUnavailable
 from babysitter.checks.sdc.runner import run_sdc
 from babysitter.finding import Finding, Severity
 
@@ -70,9 +71,21 @@ class SdcCheck(Check):
             ]
         cfg = self.ctx.config.checks.sdc
         state = Path(self.ctx.config.agent.spool_path).parent
-        res = run_sdc(
-            cfg.backend, cfg.size, cfg.dtype, cfg.seed, state_dir=state, check_name=self.name
-        )
+        try:
+            res = run_sdc(
+                cfg.backend, cfg.size, cfg.dtype, cfg.seed, state_dir=state, check_name=self.name
+            )
+        except BackendUnavailable as exc:
+            # not a verdict on the GPUs either way: said, never read as a pass
+            return [
+                self.finding(
+                    "host",
+                    Severity.WARNING,
+                    "sdc.backend_unavailable",
+                    f"SDC test did not run: {exc}",
+                    backend=cfg.backend,
+                )
+            ]
         unreadable = sum(f.code == "sdc.golden_unreadable" for f in res.findings)
         if unreadable:  # counted in the node's reports beside the warning finding
             self.golden_unreadable += unreadable
