@@ -446,17 +446,6 @@ class RemediationConfig(Section):
             "keeps jobs off the node until its validation passes"
         ),
     ] = "DOWN"
-    reset_command: Annotated[
-        list[str],
-        Meta(description="the agent's GPU reset command ({bus_id} is replaced)"),
-    ] = field(default_factory=lambda: ["nvidia-smi", "--gpu-reset", "-i", "{bus_id}"])
-    stuck_drain_s: Annotated[
-        float,
-        Meta(
-            gt=0,
-            description="alert on a babysitter drain older than this with no remediation running",
-        ),
-    ] = 6 * 3600.0
 
 
 # the lowest severity a sink receives: Severity's own order decides (no second order here)

@@ -5,7 +5,9 @@ keeps the node drained; the fourth fault in the window makes a lemon."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -148,6 +150,11 @@ def test_reboot_validate_resume_then_lemon(healing: SimCluster, receiver: Receiv
     assert len(ledger[0]["evidence"]["history"]) == 3
     node = sim.api("/api/v1/nodes/node1")
     assert node["ledger"][0]["state"] == "lemon"
+    # the same ledger from the command line
+    shown = _cli(sim, "ledger", "node1").stdout
+    assert shown.count("passed") == 3 and "lemon" in shown
+    assert "lemon" in _cli(sim, "nodes", "node1").stdout
+    assert "node1 inspect lemon" in _cli(sim, "status").stdout
     wait_for(lambda: _lemon_alerts(receiver), 30, "the lemon alert")
     (alert,) = _lemon_alerts(receiver)
     assert alert["node"] == "node1" and len(alert["details"]["history"]) == 3
@@ -162,6 +169,20 @@ def test_reboot_validate_resume_then_lemon(healing: SimCluster, receiver: Receiv
     assert ledger[0]["state"] == "cleared" and ledger[0]["requested_by"].startswith("admin")
     assert ledger[0]["fault"] == "GPU 3 reseated"
     assert sim.reboots["node1"] == 3  # no reboot babysitter asked for
+
+
+def _cli(sim: SimCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, BABYSITTER_URL=sim.url, BABYSITTER_TOKEN=sim.admin_token())
+    env.pop("BABYSITTER_CONFIG", None)
+    r = subprocess.run(
+        [sys.executable, "-m", "babysitter.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    return r
 
 
 def _lemon_alerts(receiver: Receiver) -> list[dict[str, Any]]:
@@ -237,5 +258,46 @@ def test_no_reboot_program_escalates_to_inspect(tmp_path: Path):
         # not held for it: a human's power cycle that clears the fault returns the node
         sim.reboot("node1")
         wait_for(lambda: _in_service(sim, "node1"), 60, "node1 back after a human reboot")
+    finally:
+        sim.down()
+
+
+def test_six_faults_at_once_reboot_two_at_a_time(tmp_path: Path):
+    base = (tmp_path / "sim").resolve()
+    sim = SimCluster(
+        base,
+        n_nodes=6,
+        reboot_hook=True,
+        validation=_validation(base),
+        policy={"max_drained_fraction": 1.0},
+        agent_interval_s=2.0,
+        check_interval_s=2.0,
+    )
+    sim.up()
+    try:
+        assert sim.info is not None
+        wait_for(lambda: _healthy(sim), 120, "6 healthy nodes")
+        for node in sim.nodes:
+            sim.inject_xid(node, 1, 79, via="kmsg")
+        most = 0
+
+        def all_back() -> bool:
+            nonlocal most
+            rebooting = [
+                r for r in sim.api("/api/v1/ledger?open=true") if r["state"] == "rebooting"
+            ]
+            most = max(most, len(rebooting))
+            return all(sim.reboots.get(n) == 1 for n in sim.nodes) and all(
+                _in_service(sim, n) for n in sim.nodes
+            )
+
+        wait_for(all_back, 300, "all six rebooted and back")
+        assert most == 2  # the cap held, and was used
+        starts = sorted(t0 for _, t0, _ in sim.reboot_times)
+        ends = sorted(t1 for _, _, t1 in sim.reboot_times)
+        # never three power cycles at once
+        assert all(
+            sum(1 for s in starts if s <= t) - sum(1 for e in ends if e < t) <= 2 for t in starts
+        )
     finally:
         sim.down()

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "validate": "babysitter.cli.validate_cmd",
     "audit": "babysitter.cli.audit_cmd",
     "maintenance": "babysitter.cli.maintenance_cmd",
+    "ledger": "babysitter.cli.ledger_cmd",
 }
 
 COMMAND_MODULES: list[str] = [
@@ -42,4 +43,5 @@ COMMAND_MODULES: list[str] = [
     "babysitter.cli.validate_cmd",
     "babysitter.cli.audit_cmd",
     "babysitter.cli.maintenance_cmd",
+    "babysitter.cli.ledger_cmd",
 ]

@@ -24,6 +24,7 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
         pending = call(c, "GET", "/api/v1/actions", params={"status": "pending"})
         guard = call(c, "GET", "/api/v1/guard")
         windows = call(c, "GET", "/api/v1/maintenance")
+        healing = call(c, "GET", "/api/v1/ledger", params={"open": "true"})
     by: dict[str, int] = {}
     for n in nodes:
         by[n["verdict"]] = by.get(n["verdict"], 0) + 1
@@ -37,6 +38,7 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
                 "pending_actions": pending,
                 "guard": guard,
                 "maintenance": windows,
+                "remediations": healing,
             }
         )
         return
@@ -61,6 +63,11 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
                 ],
             )
         )
+    if healing:
+        lines.append(
+            f"{len(healing)} remediation(s) open (`babysitter ledger`): "
+            + ", ".join(f"{r['node']} {r['rung']} {r['state']}" for r in healing[:10])
+        )
     lines += [f"{len(pending)} pending actions", _guard_line(guard)]
     lines += [
         f"maintenance: {w['hostlist']} until {w['ends_at']} ({w['reason']}, by "
@@ -83,12 +90,19 @@ def _guard_line(g: dict[str, Any]) -> str:
 
 
 @click.command("nodes")
+@click.argument("node", required=False)
 @url_opt
 @token_opt
 @click.option("--json", "as_json", is_flag=True)
 @pass_state
-def nodes(state: State, url: str | None, token: str | None, as_json: bool) -> None:
-    """Every node with verdict, heartbeat age and open findings."""
+def nodes(
+    state: State, node: str | None, url: str | None, token: str | None, as_json: bool
+) -> None:
+    """Every node with verdict, heartbeat age and open findings; NODE: that node in full,
+    with its remediation ledger."""
+    if node:
+        _one_node(state, node, url, token, as_json)
+        return
     with client(state, url, token) as c:
         rows = call(c, "GET", "/api/v1/nodes")
     if as_json:
@@ -105,6 +119,25 @@ def nodes(state: State, url: str | None, token: str | None, as_json: bool) -> No
         for n in rows
     ]
     show(table("node", "verdict", "heartbeat age s", "open findings", "slurm", rows=rows))
+
+
+def _one_node(state: State, node: str, url: str | None, token: str | None, as_json: bool) -> None:
+    from babysitter.cli.ledger_cmd import LEDGER_COLUMNS, ledger_rows
+
+    with client(state, url, token) as c:
+        n = call(c, "GET", f"/api/v1/nodes/{node}")
+    if as_json:
+        echo_json(n)
+        return
+    click.echo(f"{n['name']}: {n['verdict']} (slurm {n.get('slurm_state') or '?'})")
+    if n.get("slurm_reason"):
+        click.echo(f"  reason: {n['slurm_reason']}")
+    for f in n["open_findings"]:
+        click.echo(f"  {f['severity']:8} {f['check']}: {f['message']}")
+    ledger = n.get("ledger") or []
+    click.echo(f"remediation ledger ({len(ledger)} row(s), newest first):")
+    if ledger:
+        show(table(*LEDGER_COLUMNS, rows=ledger_rows(ledger)))
 
 
 @click.command("findings")

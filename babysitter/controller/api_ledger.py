@@ -34,9 +34,14 @@ def ledger_router(
     def list_ledger(
         node: str | None = Query(None, pattern=NODE_NAME),
         limit: int = Query(200, ge=1, le=5000),
+        open_only: bool = Query(False, alias="open"),
         _: Principal = Depends(reader),
     ) -> list[dict[str, Any]]:
-        """Remediations, newest first: rung, state, fault, GPU, evidence."""
+        """Remediations, newest first: rung, state, fault, GPU, evidence. `open=true`: only
+        the episodes in progress or holding a node (rebooting, validating, inspect, lemon)."""
+        if open_only:
+            rows = sorted(ledger.open_rows(), key=lambda r: r.id, reverse=True)
+            return [r.to_json() for r in rows if node is None or r.node == node][:limit]
         return [r.to_json() for r in ledger.history(node, limit)]
 
     @router.post("/nodes/{name}/ledger/clear")
