@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from babysitter.devcluster.receiver import Receiver
-from babysitter.devcluster.sim import SimCluster
+from babysitter.devcluster.sim import SimCluster, sim_validation
 from babysitter.slurm.cli import CliSlurmClient
 
 # The directory `babysitter` is imported from (the checkout, or site-packages for a wheel): the
@@ -89,6 +89,9 @@ def run(base: Path | None = None, keep: bool = False) -> int:
         n_nodes=4,
         webhook_url=receiver.url + "/alerts",
         policy={"resume_after_clean_checks": 2},
+        # `scontrol reboot` power-cycles a simulated node: babysitter heals it on its own
+        reboot_hook=True,
+        validation=sim_validation(base / "sim"),
     )
     tour = Tour(console)
     ok = False
@@ -180,16 +183,27 @@ def run(base: Path | None = None, keep: bool = False) -> int:
             new_node = slurm.job(job).nodes[0] if slurm.job(job).nodes else "?"
             tour.log("job restarted", f"on {new_node}: {resumed.split(' ', 1)[1]}")
 
-            sim.reboot(node)
-            tour.log("node rebooted", f"{node}: healthy GPUs, fresh agent")
+            _wait(live, tour, lambda: sim.reboots.get(node, 0) >= 1, 120, "self-healing: reboot")
+            tour.log(
+                "node rebooted by babysitter",
+                f"scontrol reboot ASAP {node}: RebootProgram ran, slurmd reported the boot",
+            )
+
+            def healed() -> bool:
+                rows = sim.api(f"/api/v1/ledger?node={node}&limit=1")
+                return bool(rows) and rows[0]["state"] == "passed"
+
+            _wait(live, tour, healed, 120, "validation job on the rebooted node")
+            row = sim.api(f"/api/v1/ledger?node={node}&limit=1")[0]
+            tour.log("validated", f"{node}: {row['outcome']}")
             _wait(
                 live,
                 tour,
-                lambda: not slurm.node(node).drained_or_draining,
+                lambda: not slurm.node(node).drained_or_draining and not slurm.node(node).reason,
                 60,
-                "resume after clean checks",
+                "back in service",
             )
-            tour.log("node resumed", f"{node} back in service after 2 clean reports")
+            tour.log("node back in service", f"{node}: no human step (babysitter ledger {node})")
             _wait(
                 live,
                 tour,

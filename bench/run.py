@@ -29,7 +29,9 @@ BENCHMARKS: list[tuple[str, int]] = [
     ("bench.slurm_load", 1200),
     ("bench.alert_blackhole", 300),
     ("bench.ingest", 300),
-    ("bench.fault_drain", 1800),  # ~25 min: 20 injections x 8 faults, defaults + reference
+    ("bench.fault_drain", 1800),
+    # fault -> back in service through reboot + validation, by phase (~3 min)
+    ("bench.self_heal", 900),  # ~25 min: 20 injections x 8 faults, defaults + reference
     # simulated fleet with benign noise at defaults: the false-drain rate (a few minutes)
     ("bench.soak", 900),
     # NHC 1.4.3 beside babysitter on one devcluster: ~4 rounds at 60 s, 2 at 300 s (~20 min)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets as pysecrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -48,6 +49,24 @@ def _toml(data: dict[str, dict[str, Any]]) -> str:
         out += [f"{k} = {val(v)}" for k, v in values.items()]
         out.append("")
     return "\n".join(out)
+
+
+def sim_validation(base: Path, extra: str = "") -> dict[str, Any]:
+    """A [validation] section whose job runs the real `babysitter validate` on the node's
+    simulated GPUs (numpy asked for explicitly: no GPU backend on a test machine; `auto` would
+    rightly refuse). `extra`: shell words added to its command line (e.g. a fault injection)."""
+    node_dir = Path(base).resolve() / "nodes" / "{node}"
+    validate = [sys.executable, "-m", "babysitter.cli.main", "validate", "--json"]
+    return {
+        "command": ["sh", "-c", f"{extra}exec {shlex.join(validate)} --stress-s 0 $extra"],
+        "output_dir": str(Path(base).resolve() / "validation"),
+        "time_limit_min": 5,
+        "sbatch_args": [
+            f"--export=ALL,FAKE_NVML_STATE={node_dir}/nvml-state,LD_LIBRARY_PATH={build()},"
+            f"BABYSITTER_AGENT__SPOOL_PATH={node_dir}/validate-state/spool.db,"
+            "BABYSITTER_CHECKS__SDC__BACKEND=numpy,BABYSITTER_CHECKS__SDC__SIZE=256"
+        ],
+    }
 
 
 def _spawn(command: str, config: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
