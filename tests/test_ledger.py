@@ -1,0 +1,68 @@
+"""The lemon ledger in a real store: counts by node and by GPU (a renamed node keeps its
+history), survives a new Store on the same database (a controller restart), and an admin's
+clear stops the rows counting and is itself recorded."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from babysitter.controller.ladder import Rung
+from babysitter.controller.ledger import Ledger, Phase
+from babysitter.controller.store import Store
+
+NOW = datetime(2026, 11, 26, 4, 0, tzinfo=UTC)
+WEEK = timedelta(days=7)
+
+
+def _store(path: Path) -> Store:
+    s = Store(f"sqlite:///{path}")
+    s.upgrade()
+    return s
+
+
+def test_counts_follow_the_gpu_across_a_rename_and_a_restart(tmp_path: Path):
+    db = tmp_path / "l.db"
+    s = _store(db)
+    led = Ledger(s)
+    for days in (1, 2, 3):
+        rid = led.add(
+            "gpu-a17",
+            Rung.REBOOT,
+            "xid.79",
+            "XID 79 on GPU 3",
+            Phase.REBOOTING,
+            NOW - timedelta(days=days),
+            gpu_uuid="GPU-3",
+            gpu_serial="1650922000123",
+        )
+        (row,) = [r for r in led.history("gpu-a17") if r.id == rid]
+        led.move(row, Phase.PASSED, NOW - timedelta(days=days), "validated")
+    led.add("gpu-a17", Rung.REBOOT, "xid.79", "old", Phase.PASSED, NOW - timedelta(days=9))
+    led.add("gpu-a17", Rung.INSPECT, "xid.74", "inspect", Phase.INSPECT, NOW)
+    s.close()
+
+    led = Ledger(_store(db))  # a controller restart: same database, new objects
+    assert len(led.counted("gpu-a17", set(), NOW - WEEK)) == 3  # not the 9-day-old one
+    # the node was renamed; its GPU (by UUID or by serial) still carries the history
+    assert len(led.counted("gpu-b02", {"GPU-3"}, NOW - WEEK)) == 3
+    assert len(led.counted("gpu-b02", {"1650922000123"}, NOW - WEEK)) == 3
+    assert led.counted("gpu-b02", {"GPU-9"}, NOW - WEEK) == []
+    assert [r.state for r in led.open_rows()] == [Phase.INSPECT]
+
+
+def test_clear_stops_counting_and_is_recorded(tmp_path: Path):
+    led = Ledger(_store(tmp_path / "l.db"))
+    led.add("n1", Rung.REBOOT, "xid.79", "f", Phase.PASSED, NOW - timedelta(hours=1))
+    led.add("n1", Rung.INSPECT, "xid.79", "f", Phase.LEMON, NOW)
+    led.add("n2", Rung.REBOOT, "xid.79", "f", Phase.PASSED, NOW - timedelta(hours=1))
+    assert led.clear("n1", "admin (alice@login1)", NOW, "GPU reseated") == 2
+    assert led.counted("n1", set(), NOW - WEEK) == []
+    assert len(led.counted("n2", set(), NOW - WEEK)) == 1
+    assert led.open_rows() == []
+    newest = led.history("n1")[0]
+    assert (newest.state, newest.requested_by, newest.fault) == (
+        Phase.CLEARED,
+        "admin (alice@login1)",
+        "GPU reseated",
+    )
