@@ -39,6 +39,7 @@ from babysitter.controller.ledger import ACTIVE, Ledger, Phase, Remediation
 from babysitter.controller.policy import HEALTHCHECK_MARK, MANUAL_MARK, Decision
 from babysitter.controller.snapshot import SlurmSnapshot
 from babysitter.controller.store import Store
+from babysitter.controller.tickstore import policy_rows
 from babysitter.controller.validation import KIND as VALIDATE_KIND
 from babysitter.controller.validation import Validator, reservation_name
 from babysitter.finding import Action, Finding, Severity
@@ -147,8 +148,14 @@ class Healer:
         for node, rem in list(self.open.items()):
             if node not in self.quiet:
                 self._advance(rem, now, firing, clearing)
-        for node in sorted((self.snapshot.held | self._dry_drains) - self.open.keys() - self.quiet):
-            self._maybe_start(node, now, firing)
+        candidates = [
+            n
+            for n in sorted((self.snapshot.held | self._dry_drains) - self.open.keys() - self.quiet)
+            if n in self._dry_drains or self._startable(self.snapshot.nodes.get(n))
+        ]
+        # one read for all of them: a cluster may hold many drained nodes
+        for row in policy_rows(self.store, names=candidates) if candidates else []:
+            self._maybe_start(row["name"], row["open_findings"], now, firing)
         waiting = sorted(
             (
                 r
@@ -170,16 +177,14 @@ class Healer:
         rest = sn.reason[len(self.prefix) :].lstrip()
         return not rest.startswith((MANUAL_MARK, HEALTHCHECK_MARK))
 
-    def _maybe_start(self, node: str, now: datetime, firing: list[Alert]) -> None:
-        sn = self.snapshot.nodes.get(node)
-        if node not in self._dry_drains and (
-            not self._ours(sn) or (sn is not None and sn.flags & REBOOT_FLAGS)
-        ):
-            return
-        row = self.store.node(node)
-        if row is None:
-            return
-        faults = [f for f in row["open_findings"] if remediable(f)]
+    def _startable(self, sn: SlurmNode | None) -> bool:
+        """Drained by the policy and not already in a reboot of Slurm's."""
+        return sn is not None and self._ours(sn) and not sn.flags & REBOOT_FLAGS
+
+    def _maybe_start(
+        self, node: str, findings: list[Finding], now: datetime, firing: list[Alert]
+    ) -> None:
+        faults = [f for f in findings if remediable(f)]
         if not faults:
             return
         # a reboot covers a reset-class fault too: the fault with the strongest first rung
