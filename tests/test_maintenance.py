@@ -149,7 +149,15 @@ def test_self_healing_leaves_nodes_in_maintenance_alone(tmp_path, monkeypatch):
         parse_config({"remediation": {"enabled": True}}), store, None, snapshot, None, False
     )
     started: list[str] = []
-    monkeypatch.setattr(healer, "_maybe_start", lambda node, now, firing: started.append(node))
+    # both held nodes are babysitter's drains with a fault (their findings in one read)
+    monkeypatch.setattr(healer, "_startable", lambda sn: True)
+    monkeypatch.setattr(
+        "babysitter.controller.healer.policy_rows",
+        lambda store, names: [{"name": n, "open_findings": []} for n in names],
+    )
+    monkeypatch.setattr(
+        healer, "_maybe_start", lambda node, findings, now, firing: started.append(node)
+    )
     healer.quiet = {"node2"}
     healer.step(datetime.now(UTC), [], [])
     assert started == ["node1"]
