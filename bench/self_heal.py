@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
     total = summary([s["total"] for s in samples])
     figs = [
         figure(
-            "XID 79 -> back in service (reboot + validation), p50 at defaults",
+            "XID 79 -> back in service (reboot + validation), p50, sim settings",
             total.get("p50", float("nan")),
             "s",
             goal="p99 <= 180 s (the issue's bar, devcluster reboot)",
