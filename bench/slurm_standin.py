@@ -11,6 +11,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from babysitter.slurm.client import (
+    SlurmBusy,
     SlurmClient,
     SlurmError,
     SlurmJob,
@@ -42,6 +43,7 @@ class InMemorySlurm(SlurmClient):
             for n in node_names
         }
         self._jobs: dict[int, SlurmJob] = {}
+        self._holds: dict[str, tuple[str, ...]] = {}  # reservation -> nodes
         self.calls: list[tuple[str, str]] = []  # (operation, target) in order, for assertions
 
     def _pause(self, op: str, target: str) -> None:
@@ -145,3 +147,29 @@ class InMemorySlurm(SlurmClient):
 
     def release(self, job_id: int) -> None:
         self._pause("release", str(job_id))
+
+    # holds (reservations) of the SDC schedule: refused when a job holds a node, like Slurm
+    def hold_idle(self, name: str, nodes: Sequence[str], user: str, minutes: int) -> None:
+        self._pause("hold_idle", name)
+        with self._lock:
+            busy = {n for j in self._jobs.values() if j.running for n in j.nodes}
+            if busy & set(nodes):
+                raise SlurmBusy("Error creating the reservation: Requested nodes are busy")
+            self._holds[name] = tuple(nodes)
+
+    def shrink_hold(self, name: str, nodes: Sequence[str]) -> None:
+        self._pause("shrink_hold", name)
+        with self._lock:
+            if name not in self._holds:
+                raise SlurmNotFound("Requested reservation is invalid")
+            self._holds[name] = tuple(nodes)
+
+    def release_hold(self, name: str) -> None:
+        self._pause("release_hold", name)
+        with self._lock:
+            self._holds.pop(name, None)
+
+    def holds(self, prefix: str) -> dict[str, tuple[str, ...]]:
+        self._pause("holds", prefix)
+        with self._lock:
+            return {k: v for k, v in self._holds.items() if k.startswith(prefix)}

@@ -152,6 +152,22 @@ CREATE INDEX ix_reports_node_received ON reports (node, received_at);
 CREATE INDEX ix_reports_received ON reports (received_at);
 CREATE INDEX ix_reports_worst_received ON reports (worst_severity, received_at);
 
+CREATE TABLE sdc_schedule (
+	node VARCHAR(64) NOT NULL, 
+	hold VARCHAR(64), 
+	order_id VARCHAR(36), 
+	ordered_at TIMESTAMP WITH TIME ZONE, 
+	last_attempt_at TIMESTAMP WITH TIME ZONE, 
+	last_run_at TIMESTAMP WITH TIME ZONE, 
+	last_code VARCHAR(64), 
+	last_library VARCHAR(64), 
+	last_message TEXT, 
+	last_gflops JSON, 
+	waiting TEXT, 
+	updated_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	PRIMARY KEY (node)
+);
+
 CREATE TABLE findings (
 	id BIGSERIAL NOT NULL, 
 	report_id VARCHAR(36) NOT NULL, 

@@ -60,20 +60,36 @@ def test_event_sources_come_with_the_composition(tmp_path):
     )
 
 
-def test_numpy_is_imported_only_when_the_sdc_check_is_selected(tmp_path):
+def test_an_agent_carries_the_sdc_check_by_default_and_a_one_shot_run_does_not(tmp_path):
+    """The agent runs sdc.matmul only on the controller's order, under its Slurm hold, so it
+    is in the agent's default set; `babysitter check` without --only never takes the GPUs."""
+    agent = {c.name for c in compose(ctx(tmp_path)).checks}
+    assert "sdc.matmul" in agent and "nccl.perf" not in agent
+    assert "sdc.matmul" not in {c.name for c in select_checks(ctx(tmp_path))}
+
+
+def test_numpy_is_imported_only_when_an_sdc_test_runs(tmp_path):
+    """An agent carries the SDC check from the start but pays for numpy only once the
+    controller orders a test."""
     code = (
         "import sys\n"
-        "from babysitter.checks.all import select_checks\n"
+        "from babysitter.checks.all import compose\n"
         "from babysitter.checks.base import CheckContext\n"
-        "from babysitter.config import Config\n"
-        "ctx = CheckContext(Config(), 'n')\n"
-        "select_checks(ctx, ['host'])\n"
+        "from babysitter.config import parse_config\n"
+        "cfg = parse_config({'agent': {'spool_path': 'spool.db'},\n"
+        "                    'checks': {'sdc': {'backend': 'numpy', 'size': 64}}})\n"
+        "ctx = CheckContext(cfg, 'n')\n"
+        "[sdc] = [c for c in compose(ctx, ['host', 'sdc']).checks if c.name == 'sdc.matmul']\n"
         "print('numpy' in sys.modules)\n"
-        "select_checks(ctx, ['sdc'])\n"
+        "sdc.run()\n"
         "print('numpy' in sys.modules)\n"
     )
     r = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,  # the test's state (golden digest, reference) lands here
     )
     assert r.stdout.split() == ["False", "True"], r.stderr
 

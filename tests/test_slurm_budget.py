@@ -48,11 +48,13 @@ def _calls(tmp_path: Path, n: int, failing: int) -> tuple[Counter[str], Counter[
         slurm.add_job(
             SlurmJob(j + 1, states=("RUNNING",), nodes=(names[j],), comment="babysit=ckpt=/x")
         )
-    # every tick re-reads nodes and jobs: the worst case for the budget
+    # every tick re-reads nodes and jobs: the worst case for the budget. The SDC schedule's
+    # calls come from its own rate limit, not from ticks (tests/test_sdc_schedule.py)
     cfg = parse_config(
         {
             "policy": {"max_drained_fraction": 1.0, "max_drains_per_hour": 1000},
             "slurm": {"node_refresh_s": 0, "job_scan_s": 0},
+            "checks": {"sdc": {"enabled": False}},
         }
     )
     engine = make_engine(cfg, store, slurm=slurm)

@@ -9,6 +9,7 @@ import math
 import signal
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ class Agent:
             a.request_timeout_s,
             node=self.node,
             ca_file=a.ca_file,
+            on_orders=self.take_orders,
         )
         self.ctx = CheckContext(cfg, self.node)
         composition = compose(self.ctx)
@@ -79,6 +81,9 @@ class Agent:
         self._report_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # a run ended past its check's due time
+        # orders already taken: the controller repeats an order in every answer until it sees
+        # the result
+        self._orders_seen: deque[str] = deque(maxlen=64)
         self.metrics = None
         if a.metrics_listen:
             from babysitter.agent.metrics import AgentMetrics
@@ -167,6 +172,10 @@ class Agent:
                 if not res.unknown:
                     self.sticky.clear_gone(check.name, res.findings, started)
                 self._store(check, res)
+                if check.ordered:
+                    # the controller waits for this run (its hold keeps jobs off the node):
+                    # tell it now, not at the next report
+                    self.emit_event(check.take_events())
         finally:
             with self._lock:
                 self._running.pop(check.name, None)
@@ -191,23 +200,65 @@ class Agent:
             mark_hung(c, True)
             self._store(c, timeout_result(c, timeout, now - started))
 
+    def take_orders(self, orders: list[dict[str, Any]]) -> None:
+        """Orders from the controller (in its answer to a report; the shipper's thread): run
+        the named ordered check now. An order already taken is ignored; one the agent cannot
+        carry out is answered at once, so the controller releases the node."""
+        for o in orders[:8]:
+            oid, name = str(o.get("id", ""))[:64], str(o.get("check", ""))[:64]
+            if not oid or oid in self._orders_seen:
+                continue
+            self._orders_seen.append(oid)
+            check = next((c for c in self.checks if c.name == name and c.ordered), None)
+            if check is None or is_hung(check) or check.name in self._running:
+                why = (
+                    f"{name} is not enabled on this agent"
+                    if check is None
+                    else f"{name} is still running or hung"
+                )
+                log.warning("order %s refused: %s", oid, why)
+                self._refuse_order(oid, name, why)
+                continue
+            log.info("order %s: running %s", oid, name)
+            check.order = oid
+            self._start(check)
+
+    def _refuse_order(self, oid: str, name: str, why: str) -> None:
+        f = Finding(
+            check=name or "order",
+            component="host",
+            severity=Severity.INFO,
+            code="order.refused",
+            message=f"order {oid} not carried out: {why}",
+            details={"order": oid},
+        )
+        report = self._report([f], "event")
+        report["metrics"]["order_refused"] = {"order": oid, "check": name, "why": why}
+        self.shipper.submit(report)
+
+    def _start(self, c: Check) -> None:
+        """Hand a check to its worker thread (started on first use)."""
+        with self._lock:
+            self._running[c.name] = time.monotonic()
+        go = self._go.get(c.name)
+        if go is None:
+            go = self._go[c.name] = threading.Event()
+            threading.Thread(
+                target=self._worker, args=(c, go), name=f"check:{c.name}", daemon=True
+            ).start()
+        go.set()
+
     def run_due_checks(self) -> None:
         now = time.monotonic()
         for c in self.checks:
+            if c.ordered:
+                continue  # only when the controller orders it (take_orders)
             if now < self._due.get(c.name, 0) or c.name in self._running or is_hung(c):
                 continue
             # on a grid of the interval: checks with the same interval run in the same wake-up
             interval = c.effective_interval()
             self._due[c.name] = (math.floor(now / interval) + 1) * interval
-            with self._lock:
-                self._running[c.name] = time.monotonic()
-            go = self._go.get(c.name)
-            if go is None:
-                go = self._go[c.name] = threading.Event()
-                threading.Thread(
-                    target=self._worker, args=(c, go), name=f"check:{c.name}", daemon=True
-                ).start()
-            go.set()
+            self._start(c)
 
     def next_wake(self) -> float:
         """Seconds until a check is due or a running one times out (the loop sleeps till then).
@@ -220,7 +271,7 @@ class Agent:
         times: list[float] = []
         for c in self.checks:
             due = self._due.get(c.name, now)
-            if c.name not in running or due > now:
+            if not c.ordered and (c.name not in running or due > now):
                 times.append(due)
             if c.name in running and c.name not in timed_out:
                 times.append(running[c.name] + c.effective_timeout())

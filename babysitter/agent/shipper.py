@@ -12,6 +12,7 @@ import logging
 import queue
 import ssl
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,11 @@ class Shipper:
         retries: int = 2,
         node: str | None = None,
         ca_file: Path | None = None,
+        on_orders: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self.url = url.rstrip("/") + "/api/v1/reports"
+        # the controller's orders ride on its answers to reports (no extra request per node)
+        self.on_orders = on_orders
         self.spool = spool
         self.retries = retries
         headers = {"Authorization": f"Bearer {token}"}
@@ -104,11 +108,26 @@ class Shipper:
             log.debug("controller unreachable: %s", exc)
             return False
         if r.status_code in (200, 202):
+            self._orders(r)
             return True
         if 400 <= r.status_code < 500 and r.status_code not in _RETRYABLE_4XX:
             self._refuse(report, r.status_code, r.text[:200])
             return True
         return False
+
+    def _orders(self, r: httpx.Response) -> None:
+        """Hand the orders in an answer to the agent; an answer without any is not parsed."""
+        if self.on_orders is None or b'"orders"' not in r.content:
+            return
+        try:
+            orders = r.json().get("orders")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(orders, list):
+            try:
+                self.on_orders([o for o in orders if isinstance(o, dict)])
+            except Exception:  # an order must never stop the shipping of reports
+                log.exception("could not take the controller's orders")
 
     def _refuse(self, report: dict[str, Any], status: int, why: str) -> None:
         """Drop a report that can never be accepted; count it, log once per status (a wrong

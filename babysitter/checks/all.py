@@ -23,14 +23,16 @@ class Entry:
     section: str  # its [checks.<section>] (Check.section)
     make: Callable[[CheckContext], Check]
     invasive: bool = False  # uses the GPUs: runs only when named explicitly
+    # runs only when the controller orders it: an agent carries it by default
+    ordered: bool = False
 
     @classmethod
     def of(cls, check: type[Check]) -> Entry:
-        return cls(check.name, check.section, check, check.invasive)
+        return cls(check.name, check.section, check, check.invasive, check.ordered)
 
 
 def _sdc_matmul(ctx: CheckContext) -> Check:
-    from babysitter.checks.sdc.check import SdcCheck  # numpy: only when selected
+    from babysitter.checks.sdc.check import SdcCheck  # numpy only once a test runs
 
     return SdcCheck(ctx)
 
@@ -46,7 +48,7 @@ CHECKS: tuple[Entry, ...] = (
     Entry.of(infiniband.InfinibandCheck),
     Entry.of(nccl.NcclPerfCheck),
     Entry.of(nccl.NcclLogCheck),
-    Entry("sdc.matmul", "sdc", _sdc_matmul, invasive=True),
+    Entry("sdc.matmul", "sdc", _sdc_matmul, invasive=True, ordered=True),
 )
 
 # Push findings from their own thread as events happen (the agent only; a one-shot run polls).
@@ -65,11 +67,16 @@ def _named(name: str, wanted: Sequence[str]) -> bool:
 
 
 def select_checks(
-    ctx: CheckContext, only: list[str] | None = None, include_invasive: bool = False
+    ctx: CheckContext,
+    only: list[str] | None = None,
+    include_invasive: bool = False,
+    include_ordered: bool = False,
 ) -> list[Check]:
     """Instantiate the enabled, supported checks; `only` (else `agent.enabled_checks`) matches
     names or name prefixes. An invasive check runs only when one of them names it (or with
-    include_invasive): the default set never takes the GPUs from a job."""
+    include_invasive): the default set never takes the GPUs from a job. include_ordered (the
+    agent): invasive checks that run only on the controller's order are in the default set,
+    since the controller's Slurm hold is what makes them safe (controller/sdc_schedule.py)."""
     if only:
         _known_names(only, "--only", UsageError)
     check_config(ctx.config)
@@ -78,7 +85,8 @@ def select_checks(
     for entry in sorted(CHECKS, key=lambda e: e.name):
         if wanted and not _named(entry.name, wanted):
             continue
-        if entry.invasive and not include_invasive and not wanted:
+        ordered_ok = include_ordered and entry.ordered
+        if entry.invasive and not include_invasive and not wanted and not ordered_ok:
             continue
         check = entry.make(ctx)
         if not check.enabled() or not check.supported():
@@ -114,4 +122,6 @@ def _known_names(names: list[str], where: str, error: type[BabysitterError]) -> 
 
 def compose(ctx: CheckContext, only: list[str] | None = None) -> Composition:
     """What an agent runs: the selected checks and the event sources."""
-    return Composition(select_checks(ctx, only), [make(ctx) for make in EVENT_SOURCES])
+    return Composition(
+        select_checks(ctx, only, include_ordered=True), [make(ctx) for make in EVENT_SOURCES]
+    )

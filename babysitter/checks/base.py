@@ -61,11 +61,16 @@ class Check:
     interval_s: ClassVar[float] = 60.0
     timeout_s: ClassVar[float] = 10.0
     invasive: ClassVar[bool] = False  # uses the GPUs (SDC, NCCL): only on idle/drained nodes
+    # runs when the controller orders it (agent), never on its own interval
+    ordered: ClassVar[bool] = False
 
     def __init__(self, ctx: CheckContext) -> None:
         self.ctx = ctx
         # numbers a check wants to ship with every report (e.g. GPU utilisation), by name
         self.metrics: dict[str, object] = {}
+        # findings to send once, in an event report, instead of in every full report
+        self.events: list[Finding] = []
+        self.order: str | None = None  # the controller's order this run answers (ordered)
         self._next_due: dict[str, float] = {}
         self._kept: dict[tuple[str, object], list[Finding]] = {}
         self.tier = "slow"  # of the last run: "fast" when it read only fast-tier signals
@@ -123,6 +128,10 @@ class Check:
     def forget(self, key: object) -> None:
         for k in [k for k in self._kept if k[1] == key]:
             del self._kept[k]
+
+    def take_events(self) -> list[Finding]:
+        out, self.events = self.events, []
+        return out
 
     def supported(self) -> bool:
         """False when the hardware/software this check needs is absent (reported, not fatal)."""

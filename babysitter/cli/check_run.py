@@ -59,16 +59,21 @@ def run(cfg: Config, only: str, as_json: bool, slurm_drain: bool) -> int:
 
     wanted = [w.strip() for w in only.split(",") if w.strip()]
     ctx = CheckContext(cfg, cfg.agent.node_name)
+    chosen: list[Check] = []
 
     def select() -> list[Check]:
         checks = select_checks(ctx, wanted or None)
         if wanted and not checks:
             raise UsageError(f"--only {only!r} matches no check")
+        chosen.extend(checks)
         return checks
 
     once = run_once(select)
     results = once.results
-    findings = [f for r in results for f in r.findings]
+    # a one-shot run shows at once what an agent sends once (an SDC run's summary)
+    findings = [f for r in results for f in r.findings] + [
+        f for c in chosen for f in c.take_events()
+    ]
     unknown = any(r.unknown for r in results)
     code = exit_code(findings, unknown=unknown)
     if as_json:

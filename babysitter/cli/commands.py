@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "resume-path": "babysitter.cli.job_cmd",
     "demo": "babysitter.cli.demo_cmd",
     "sdc-test": "babysitter.cli.sdc_cmd",
+    "sdc-status": "babysitter.cli.sdc_cmd",
     "validate": "babysitter.cli.validate_cmd",
     "audit": "babysitter.cli.audit_cmd",
     "maintenance": "babysitter.cli.maintenance_cmd",

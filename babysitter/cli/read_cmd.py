@@ -25,6 +25,7 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
         guard = call(c, "GET", "/api/v1/guard")
         windows = call(c, "GET", "/api/v1/maintenance")
         healing = call(c, "GET", "/api/v1/ledger", params={"open": "true"})
+        sdc = call(c, "GET", "/api/v1/sdc")
     by: dict[str, int] = {}
     for n in nodes:
         by[n["verdict"]] = by.get(n["verdict"], 0) + 1
@@ -39,6 +40,7 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
                 "guard": guard,
                 "maintenance": windows,
                 "remediations": healing,
+                "sdc": sdc,
             }
         )
         return
@@ -74,7 +76,23 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
         f"{w['created_by']}): not drained or paged by babysitter"
         for w in windows
     ]
+    lines.append(_sdc_line(sdc))
     show(*lines)
+
+
+def _sdc_line(rows: list[dict[str, Any]]) -> str:
+    """The periodic SDC test in one line (`babysitter sdc-status` has it per node)."""
+    tested = [r for r in rows if r.get("last_run_at")]
+    if not tested:
+        return "SDC test: no node tested yet (`babysitter sdc-status`)"
+    last = max(tested, key=lambda r: str(r["last_run_at"]))
+    testing = sum(1 for r in rows if r.get("testing"))
+    failed = sum(1 for r in tested if r.get("last_code") == "sdc.failed")
+    return (
+        f"SDC test: {len(tested)} nodes tested, {failed} failed their last test, {testing} "
+        f"under test now; latest {last['node']} at {str(last['last_run_at'])[:19]} "
+        f"({last.get('last_library') or '?'})"
+    )
 
 
 def _guard_line(g: dict[str, Any]) -> str:

@@ -6,6 +6,7 @@ from typing import get_args
 
 import click
 
+from babysitter.cli.api_client import call, client, token_opt, url_opt
 from babysitter.cli.common import State, echo_json, pass_state
 from babysitter.cli.tables import show, table
 from babysitter.config import SdcDtype
@@ -91,4 +92,37 @@ def sdc_test(
     return exit_code(res.findings)
 
 
-commands = [sdc_test]
+@click.command("sdc-status")
+@click.argument("node", required=False)
+@url_opt
+@token_opt
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def sdc_status(
+    state: State, node: str | None, url: str | None, token: str | None, as_json: bool
+) -> None:
+    """The periodic SDC test per node: last tested when, with which backend and result, under
+    test now, or why a due node is not being tested."""
+    with client(state, url, token) as c:
+        rows = call(c, "GET", "/api/v1/sdc", params={"node": node} if node else None)
+    if as_json:
+        echo_json(rows)
+        return
+    cells = []
+    for r in rows:
+        gflops = r.get("last_gflops") or {}
+        cells.append(
+            [
+                r["node"],
+                str(r.get("last_run_at") or "never")[:19],
+                r.get("last_library") or "",
+                r.get("last_code") or "",
+                f"{min(gflops.values()):.0f}" if gflops else "",
+                "under test" if r.get("testing") else (r.get("waiting") or ""),
+            ]
+        )
+    columns = ("node", "last tested", "backend", "result", "GFLOP/s (min)", "now")
+    show(table(*columns, rows=cells))
+
+
+commands = [sdc_test, sdc_status]

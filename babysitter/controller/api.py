@@ -22,6 +22,7 @@ from babysitter.controller.api_admin import admin_router
 from babysitter.controller.api_health import health_router
 from babysitter.controller.api_ledger import ledger_router
 from babysitter.controller.api_read import read_router
+from babysitter.controller.api_sdc import sdc_router
 from babysitter.controller.audit_api import audit_router
 from babysitter.controller.auth import NODE_HEADER, Authenticator, Principal
 from babysitter.controller.guard_api import guard_router
@@ -48,9 +49,16 @@ MAX_ADMIN_BODY = 64 * 1024
 Dependency = Callable[[Request], Principal]  # the reader / admin checks routes depend on
 
 
+class Order(BaseModel):
+    check: str  # the ordered check the agent runs now (sdc.matmul)
+    id: str  # the agent reports it back with the result
+
+
 class Accepted(BaseModel):
     report_id: str
     stored: bool
+    # present when the controller wants something of the node (controller/orders.py)
+    orders: list[Order] | None = None
 
 
 def _bearer(request: Request) -> str:
@@ -144,6 +152,7 @@ def create_app(
     reader, admin = access(auth)
     app.include_router(report_router(ingest))
     app.include_router(read_router(store, runtime_state, reader))
+    app.include_router(sdc_router(store, reader))
     app.include_router(admin_router(store, admin))
     app.include_router(ledger_router(store, reader, admin))
     app.include_router(guard_router(store, reader))

@@ -41,6 +41,7 @@ class Actor(StrEnum):
     ADMIN = "admin"  # an admin token (API or CLI)
     MAINTENANCE = "maintenance"  # a maintenance window ending on its deadline
     FABRIC = "fabric"  # a switch incident (controller/fabric_loop.py)
+    SDC = "sdc"  # the periodic SDC test's holds (controller/sdc_schedule.py)
 
 
 _RESULTS = {str(r): r for r in AuditResult}

@@ -31,6 +31,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
 from babysitter.controller import models as m
 from babysitter.controller.auth import NODE_HEADER, Authenticator, Principal
 from babysitter.controller.metrics import ControllerMetrics
+from babysitter.controller.orders import OrderBook
 from babysitter.controller.store import Store, aware, now, stored_severity
 from babysitter.controller.wake import DrainWake
 from babysitter.finding import Action, Finding, Severity
@@ -144,7 +145,9 @@ class Ingest:
         auth: Authenticator,
         metrics: ControllerMetrics,
         max_body: int = DEFAULT_MAX_BODY,
+        orders: OrderBook | None = None,
     ) -> None:
+        self.orders = orders  # what the answer to a node's report carries for it
         self.writer = writer
         self.auth = auth
         self.metrics = metrics
@@ -208,9 +211,10 @@ class Ingest:
             self.auth.learn((body.node,))
             if body.metrics.get("spool_replayed"):
                 self.metrics.spool_replayed.inc()
-        payload = b'{"report_id":"%s","stored":%s}' % (
+        payload = b'{"report_id":"%s","stored":%s%s}' % (
             report_id.encode(),
             b"true" if new else b"false",
+            self.orders.answer_part(body.node) if self.orders is not None else b"",
         )
         return (202 if new else 200), payload
 

@@ -226,3 +226,23 @@ maintenance_windows = Table(
     Column("note", Text, nullable=True),  # what could not be done (reservation, silence)
     Index("ix_maintenance_state", "state"),
 )
+
+# The periodic SDC test's schedule (controller/sdc_schedule.py), one row per node: the order
+# in flight (its Slurm hold and id, which the ingest hands the node's agent), the last test
+# that ran, and why the node is not being tested when it is due.
+sdc_schedule = Table(
+    "sdc_schedule",
+    metadata,
+    Column("node", String(64), primary_key=True),
+    Column("hold", String(64), nullable=True),  # the Slurm reservation while under test
+    Column("order_id", String(36), nullable=True),
+    Column("ordered_at", DateTime(timezone=True), nullable=True),
+    Column("last_attempt_at", DateTime(timezone=True), nullable=True),
+    Column("last_run_at", DateTime(timezone=True), nullable=True),
+    Column("last_code", String(64), nullable=True),
+    Column("last_library", String(64), nullable=True),
+    Column("last_message", Text, nullable=True),
+    Column("last_gflops", JSON, nullable=True),
+    Column("waiting", Text, nullable=True),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)

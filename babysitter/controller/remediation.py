@@ -52,6 +52,7 @@ from babysitter.controller.policy import (
     PolicySettings,
     decide,
 )
+from babysitter.controller.sdc_schedule import SdcScheduler
 from babysitter.controller.snapshot import SlurmSnapshot
 from babysitter.controller.store import Store, aware
 from babysitter.controller.tickstore import record_actions
@@ -138,6 +139,7 @@ class RemediationEngine:
             cfg.controller.maintenance_reservation_user,
         )
         self._quiet: set[str] = set()  # nodes in an open maintenance window, this tick
+        self.sdc = SdcScheduler(cfg, store, self.slurm, self.snapshot)
 
     # ---- error boundaries
     def bounded(self, fn: Callable[[], T], timeout_s: float, key: str | None = None) -> T:
@@ -211,6 +213,7 @@ class RemediationEngine:
         self._act(result, cluster, now, firing, clearing, read)
         self._publish(result, facts, cluster, now, firing, clearing)
         self._isolated("jobs", lambda: self.jobs.tick(self.slurm_nodes, now))
+        self._isolated("sdc", lambda: self.sdc.tick(now))
         return result.decisions
 
     def _decide(

@@ -22,6 +22,7 @@ from babysitter.controller.fastpath import IngestFastPath
 from babysitter.controller.ingest import Ingest, ReportWriter
 from babysitter.controller.maintenance import Maintenance
 from babysitter.controller.metrics import ControllerMetrics
+from babysitter.controller.orders import OrderBook
 from babysitter.controller.remediation import RemediationEngine, make_engine
 from babysitter.controller.store import Store
 from babysitter.controller.wake import DrainWake
@@ -100,8 +101,12 @@ class Controller:
             self.store, max_open_findings=c.max_open_findings_per_node, wake=self.wake
         )
         self.metrics = ControllerMetrics()
+        # orders for agents (the SDC schedule's), carried in the answers to their reports
+        self.orders = OrderBook(self.store) if cfg.checks.sdc.enabled else None
         # one ingest service, shared by the report route and the fast path in front of it
-        self.ingest = Ingest(self.writer, self.auth, self.metrics, c.max_body_bytes)
+        self.ingest = Ingest(
+            self.writer, self.auth, self.metrics, c.max_body_bytes, orders=self.orders
+        )
         self.state: dict[str, Any] = {
             "heartbeat_timeout_s": c.heartbeat_timeout_s,
             "leader": False,
@@ -256,6 +261,8 @@ class Controller:
 
         host, _, port = self.cfg.controller.listen.rpartition(":")
         self.setup()
+        if self.orders is not None:
+            self.orders.start()
         threading.Thread(target=self.loop_forever, name="policy-loop", daemon=True).start()
         c = self.cfg.controller
         cap = connection_cap(c.max_connections)
@@ -299,6 +306,8 @@ class Controller:
             self.wake.event.set()  # the policy loop may be waiting on it
             if self.engine is not None:
                 self.engine.close()
+            if self.orders is not None:
+                self.orders.stop()
             if self.retention is not None:
                 self.retention.stop()
             self.close()

@@ -552,10 +552,29 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, nvmlMemory_t *m) {
     m->free = m->total - m->used;
     return NVML_SUCCESS;
 }
+/* nvmlProcessInfo_v2_t (pynvml's v3 alias): pid, usedGpuMemory, gpuInstanceId,
+ * computeInstanceId -- 24 bytes with padding. `gpuN.procs=K`: K compute processes. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} fake_proc_info;
+_Static_assert(sizeof(fake_proc_info) == 24, "nvmlProcessInfo_v2_t is 24 bytes");
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *n, void *infos) {
     DEVICE_ENTER("nvmlDeviceGetComputeRunningProcesses_v3");
-    (void)infos;
-    *n = 0;
+    unsigned int procs = (unsigned int)gnum(gpu, "procs", 0);
+    if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+    if (*n < procs || (procs && !infos)) {  /* the two-call size protocol */
+        *n = procs;
+        return procs ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    fake_proc_info *out = infos;
+    for (unsigned int i = 0; i < procs; i++) {
+        out[i].pid = 4242 + i;
+        out[i].usedGpuMemory = 1ULL << 30;
+        out[i].gpuInstanceId = out[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *n = procs;
     return NVML_SUCCESS;
 }
 

@@ -126,6 +126,11 @@ class SimCluster:
     reboot_times: list[tuple[str, float, float]] = field(default_factory=list)  # node, t0, t1
     _watcher: threading.Thread | None = None
     _stop_watch: threading.Event = field(default_factory=threading.Event)
+    env: dict[str, str] = field(default_factory=dict)  # BABYSITTER_* for every process
+    # [checks.sdc] of the controller: None keeps the periodic SDC schedule off, so that tests
+    # of other things do not find their nodes held for a test now and then (tests/test_sdc_e2e.py
+    # runs it; the simulated GPUs need backend "numpy", which "auto" rightly refuses)
+    sdc: dict[str, Any] | None = None
     cluster: DevCluster | None = None
     info: ClusterInfo | None = None
     nodes: dict[str, SimNode] = field(default_factory=dict)
@@ -201,6 +206,7 @@ class SimCluster:
             "alerts": alerts,
             **({"validation": self.validation} if self.validation else {}),
             **self.extra_config,
+            "checks.sdc": self.sdc if self.sdc is not None else {"enabled": False},
         }
 
     def agent_config(self, node: str) -> dict[str, dict[str, Any]]:
@@ -245,7 +251,7 @@ class SimCluster:
     def _start_controller(self, port: int) -> None:
         cfg = self.base / "etc" / "controller.toml"
         cfg.write_text(_toml(self.controller_config(port)))
-        self.controller = _spawn("controller", cfg, {}, self.base / "controller.log")
+        self.controller = _spawn("controller", cfg, self.env, self.base / "controller.log")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.controller.poll() is not None:
@@ -275,10 +281,16 @@ class SimCluster:
         self.nodes[node] = sim
         self.start_agent(node, lib)
 
-    def start_agent(self, node: str, lib: Path | None = None) -> None:
+    def start_agent(
+        self, node: str, lib: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        """Start (again) the agent of `node`; `env`: settings of this agent only."""
         sim = self.nodes[node]
         sim.proc = _spawn(
-            "agent", sim.config, sim.gpus.env(lib or build()), sim.config.parent / "agent.log"
+            "agent",
+            sim.config,
+            {**sim.gpus.env(lib or build()), **self.env, **(env or {})},
+            sim.config.parent / "agent.log",
         )
 
     def stop_agent(self, node: str) -> None:

@@ -38,6 +38,10 @@ class SlurmRejected(SlurmError):
     """Slurm refused the operation (e.g. requeue of a --no-requeue job)."""
 
 
+class SlurmBusy(SlurmRejected):
+    """A hold (reservation) was refused because a job holds one of its nodes."""
+
+
 @dataclass(frozen=True)
 class SlurmNode:
     name: str
@@ -201,4 +205,23 @@ class SlurmClient:
 
     def end_maintenance(self, name: str) -> None:
         """Delete a maintenance reservation (gone already is fine)."""
+        raise NotImplementedError
+
+    # holds: a reservation that keeps jobs off idle nodes while babysitter tests them
+    def hold_idle(self, name: str, nodes: Sequence[str], user: str, minutes: int) -> None:
+        """Reserve NODES for `user` from now for `minutes`, refused (SlurmBusy) when a job
+        holds any of them: Slurm checks that and creates the reservation in one RPC, so no job
+        can start there between the check and the hold."""
+        raise NotImplementedError
+
+    def shrink_hold(self, name: str, nodes: Sequence[str]) -> None:
+        """Keep only NODES in the hold (the others go back to Slurm); one RPC."""
+        raise NotImplementedError
+
+    def release_hold(self, name: str) -> None:
+        """Delete the hold; one already gone is not an error."""
+        raise NotImplementedError
+
+    def holds(self, prefix: str) -> dict[str, tuple[str, ...]]:
+        """Reservations whose name starts with `prefix`, with their nodes (one RPC)."""
         raise NotImplementedError

@@ -1,101 +1,148 @@
-"""The SDC test as an agent check. Invasive: it runs only when named in agent.enabled_checks,
-and then only while the GPUs are idle (no compute process on any GPU), so it never steals
-cycles from a job; a node drained for validation is idle by definition."""
+"""The SDC test as an agent check. On by default, but the agent never starts it on its own: the
+controller orders it (controller/sdc_schedule.py) for an idle node it has put under a short
+Slurm hold, so no job can start on the GPUs while the test runs. Right before it takes the
+GPUs the check asks NVML once more whether any GPU is in use, and skips (saying why) when one
+is or when it cannot tell. `babysitter check --only sdc.matmul` runs it directly (an Epilog or
+a job of its own may do that: docs/sdc.md).
+
+A run leaves, besides the per-device verdicts the agent keeps reporting until the next run,
+one `info` finding sent once (the run's summary with GFLOP/s per device, so it lands in the
+node's history) and `metrics.sdc` (what the controller's schedule reads: which order ran, when,
+with which backend, and the result)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
-from babysitter.checks import nvml
 from babysitter.checks.base import Check
-from babysitter.checks.sdc.backends import BackendUnavailable
-from babysitter.checks.sdc.runner import run_sdc
-from babysitter.finding import Finding, Severity
-
-
-def gpus_busy() -> list[int] | str:
-    """Indexes of GPUs with compute processes (empty on a node without an NVML library), or why
-    NVML could not tell. Not knowing is not "idle": the caller must treat it as busy, or the
-    invasive test could run on GPUs that hold a job."""
-    import pynvml
-
-    try:
-        devs, lost = nvml.devices()
-    except nvml.NvmlUnavailable as exc:
-        if exc.code is None:  # no NVML library at all: no GPU a job could be using
-            return []
-        return str(exc)
-    except pynvml.NVMLError as exc:
-        return f"NVML error listing GPUs: {exc}"
-    if lost:
-        return f"GPUs {[d.index for d in lost]} do not answer NVML"
-    busy = []
-    for d in devs:
-        try:
-            if pynvml.nvmlDeviceGetComputeRunningProcesses(d.handle):
-                busy.append(d.index)
-        except pynvml.NVMLError as exc:
-            return f"cannot list the processes on {d.label}: {exc}"
-    return busy
+from babysitter.checks.sdc.occupancy import occupancy
+from babysitter.finding import Action, Finding, Severity
 
 
 class SdcCheck(Check):
     name = "sdc.matmul"
     section = "sdc"
-    interval_s = 3600.0
+    interval_s = 4 * 3600.0  # the controller's schedule decides; see [checks.sdc] interval_s
     timeout_s = 300.0
     invasive = True
+    ordered = True
     golden_unreadable = 0  # runs that could not read the stored golden digests
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.last_findings: list[Finding] = []  # kept when a run is skipped
+        # tells the controller this agent takes SDC orders (controller/sdc_schedule.py
+        # READY_KEY): a node whose agent does not is never held for nothing
+        self.metrics["sdc_ready"] = True
+
     def run(self) -> list[Finding]:
-        busy = gpus_busy()
-        if isinstance(busy, str):
-            return [
-                self.finding(
-                    "host",
-                    Severity.INFO,
-                    "sdc.skipped_unknown",
-                    f"SDC test skipped: cannot tell whether the GPUs are idle ({busy})",
-                    error=busy,
-                )
-            ]
-        if busy:
-            return [
-                self.finding(
-                    "host",
-                    Severity.INFO,
-                    "sdc.skipped_busy",
-                    f"SDC test skipped: GPUs {busy} are running jobs",
-                )
-            ]
+        order, self.order = self.order, None
+        started = time.time()
+        occ = occupancy()
+        why = occ.why_not()
+        if why:
+            # the previous verdict stands: a skipped run must not clear a failed one
+            code = "sdc.skipped_unknown" if occ.unknown else "sdc.skipped_busy"
+            return self._skipped(order, started, code, why) + self.last_findings
+        from babysitter.checks.sdc.backends import BackendUnavailable
+        from babysitter.checks.sdc.runner import run_sdc
+
         cfg = self.ctx.config.checks.sdc
         state = Path(self.ctx.config.agent.spool_path).parent
         try:
             res = run_sdc(
-                cfg.backend, cfg.size, cfg.dtype, cfg.seed, state_dir=state, check_name=self.name
+                cfg.backend,
+                cfg.size,
+                cfg.dtype,
+                cfg.seed,
+                state_dir=state,
+                check_name=self.name,
+                inject=_inject(cfg.inject),
             )
         except BackendUnavailable as exc:
-            # not a verdict on the GPUs either way: said, never read as a pass
-            return [
-                self.finding(
-                    "host",
-                    Severity.WARNING,
-                    "sdc.backend_unavailable",
-                    f"SDC test did not run: {exc}",
-                    backend=cfg.backend,
-                )
-            ]
+            # no backend that can use the GPUs: a run on the CPU would report them verified
+            f = self.finding(
+                "host",
+                Severity.WARNING,
+                "sdc.backend_unavailable",
+                f"SDC test cannot run: {exc}",
+                Action.INSPECT,
+            )
+            # kept in every report (an open problem) rather than sent once
+            self._summary(order, started, f, ran=False, once=False)
+            self.last_findings = [f]
+            return [f]
+        finished = time.time()
         unreadable = sum(f.code == "sdc.golden_unreadable" for f in res.findings)
         if unreadable:  # counted in the node's reports beside the warning finding
             self.golden_unreadable += unreadable
             self.metrics["sdc_golden_unreadable_total"] = self.golden_unreadable
+        gflops = {r.label: round(r.gflops, 1) for r in res.devices}
+        failed = [f for f in res.findings if f.severity > Severity.OK]
+        verdict = "FAILED on " + ", ".join(f.component for f in failed) if failed else "passed"
+        summary = self.finding(
+            "host",
+            Severity.INFO,
+            "sdc.failed" if failed else "sdc.passed",
+            f"SDC test {verdict}: {len(res.devices)} device(s), {res.size}x{res.size} "
+            f"{res.dtype} matmul on {res.library}, {min(gflops.values(), default=0):.0f} GFLOP/s "
+            "slowest device",
+            backend=res.backend,
+            library=res.library,
+            gflops=gflops,
+            devices=[r.label for r in res.devices],
+            size=res.size,
+            dtype=res.dtype,
+            started_at=started,
+            finished_at=finished,
+            order=order,
+        )
+        self._summary(order, started, summary, ran=True, finished=finished, gflops=gflops)
         if res.devices:
             # throughput for the controller's straggler policy; kept in every report until the
-            # next run, since the test itself runs rarely (hourly, on idle GPUs)
+            # next run, since the test itself runs rarely
             self.metrics["perf_gflops"] = {
                 "gpu_model": res.devices[0].model,
                 "gflops": [round(d.gflops, 1) for d in res.devices],
-                "measured_at": time.time(),
+                "measured_at": finished,
             }
+        self.last_findings = res.findings
         return res.findings
+
+    def _skipped(self, order: str | None, started: float, code: str, why: str) -> list[Finding]:
+        f = self.finding("host", Severity.INFO, code, f"SDC test not run: {why}", order=order)
+        self._summary(order, started, f, ran=False)
+        return []
+
+    def _summary(
+        self,
+        order: str | None,
+        started: float,
+        f: Finding,
+        ran: bool,
+        finished: float | None = None,
+        gflops: dict[str, float] | None = None,
+        once: bool = True,
+    ) -> None:
+        """Publish the run in metrics.sdc; `once`: send `f` once (an event report)."""
+        if once:
+            self.events.append(f)
+        self.metrics["sdc"] = {
+            "order": order,
+            "ran": ran,
+            "code": f.code,
+            "message": f.message[:300],
+            "library": f.details.get("library"),
+            "started_at": started,
+            "finished_at": finished or time.time(),
+            "gflops": gflops or {},
+        }
+
+
+def _inject(v: list[int] | None) -> tuple[int, int, int, int] | None:
+    if not v:
+        return None
+    d, i, j, bit = v  # the config holds exactly four (SdcCheckConfig)
+    return (d, i, j, bit)
