@@ -2,8 +2,8 @@
 that knows which checks exist. Only the composition points import it (the agent daemon and
 `babysitter check`); no check module does, and nothing registers itself on import.
 
-The SDC check's module needs numpy: its entry is a factory that imports it only when the check
-is selected, so the agent and the one-shot `check` do not pay for numpy otherwise.
+The SDC test needs numpy: its check imports the runner only when a test runs, so an agent
+carries the check (it runs on the controller's order) without paying for numpy until then.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from babysitter.checks import gpu, host, infiniband, nccl, tiers, xid
 from babysitter.checks.base import Check, CheckContext, EventSource
+from babysitter.checks.sdc.check import SdcCheck
 from babysitter.config import Config
 from babysitter.errors import BabysitterError, ConfigError, UsageError
 
@@ -25,16 +26,11 @@ class Entry:
     invasive: bool = False  # uses the GPUs: runs only when named explicitly
     # runs only when the controller orders it: an agent carries it by default
     ordered: bool = False
+    timeout_s: float = 10.0
 
     @classmethod
     def of(cls, check: type[Check]) -> Entry:
-        return cls(check.name, check.section, check, check.invasive, check.ordered)
-
-
-def _sdc_matmul(ctx: CheckContext) -> Check:
-    from babysitter.checks.sdc.check import SdcCheck  # numpy only once a test runs
-
-    return SdcCheck(ctx)
+        return cls(check.name, check.section, check, check.invasive, check.ordered, check.timeout_s)
 
 
 CHECKS: tuple[Entry, ...] = (
@@ -48,7 +44,7 @@ CHECKS: tuple[Entry, ...] = (
     Entry.of(infiniband.InfinibandCheck),
     Entry.of(nccl.NcclPerfCheck),
     Entry.of(nccl.NcclLogCheck),
-    Entry("sdc.matmul", "sdc", _sdc_matmul, invasive=True, ordered=True),
+    Entry.of(SdcCheck),  # numpy is imported only once a test runs
 )
 
 # Push findings from their own thread as events happen (the agent only; a one-shot run polls).
@@ -92,6 +88,16 @@ def select_checks(
         if not check.enabled() or not check.supported():
             continue
         out.append(check)
+    return out
+
+
+def invasive_named(ctx: CheckContext, wanted: Sequence[str]) -> list[float]:
+    """The timeouts of the invasive checks `wanted` names (config overrides included)."""
+    out = []
+    for e in CHECKS:
+        if e.invasive and _named(e.name, wanted):
+            cfg = ctx.check_config(e.section)
+            out.append(float(cfg.timeout_s if cfg and cfg.timeout_s else e.timeout_s))
     return out
 
 

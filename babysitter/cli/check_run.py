@@ -53,9 +53,9 @@ def drain_summary(findings: list[Finding]) -> str:
 
 def run(cfg: Config, only: str, as_json: bool, slurm_drain: bool) -> int:
     """Run the checks once, print them, drain/resume when asked; the Nagios exit code."""
-    from babysitter.checks.all import select_checks
+    from babysitter.checks.all import invasive_named, select_checks
     from babysitter.checks.base import Check, CheckContext
-    from babysitter.checks.oneshot import run_once
+    from babysitter.checks.oneshot import BUDGET_S, run_once
 
     wanted = [w.strip() for w in only.split(",") if w.strip()]
     ctx = CheckContext(cfg, cfg.agent.node_name)
@@ -68,7 +68,10 @@ def run(cfg: Config, only: str, as_json: bool, slurm_drain: bool) -> int:
         chosen.extend(checks)
         return checks
 
-    once = run_once(select)
+    # the 10 s budget is the HealthCheckProgram's, which runs the default set; a run that names
+    # an invasive check (an SDC test from an Epilog or a job) gets that check's own timeout
+    budget = max([BUDGET_S, *(invasive_named(ctx, wanted) if wanted else [])])
+    once = run_once(select, budget)
     results = once.results
     # a one-shot run shows at once what an agent sends once (an SDC run's summary)
     findings = [f for r in results for f in r.findings] + [
