@@ -644,9 +644,9 @@ SdcDtype = Literal["float32", "float64", "float16"]
 
 
 class SdcCheckConfig(CheckConfig):
-    """The silent-data-corruption test (docs/sdc.md). On by default: the controller orders it
-    on idle nodes under a short Slurm hold, every `interval_s` per node (enabled = false on the
-    controller stops the schedule)."""
+    """The silent-data-corruption test (docs/checks.md, "Periodic SDC tests"). On by default:
+    the controller orders it on idle nodes under a short Slurm hold, every `interval_s` per node
+    (enabled = false on the controller stops the schedule)."""
 
     interval_s: Annotated[
         float, Meta(gt=0, description="test each node this often (seconds; idle nodes only)")

@@ -46,7 +46,7 @@ def _job_state(sim: SimCluster, job: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
+def sim(tmp_path_factory: pytest.TempPathFactory, slurm_daemons: str) -> Iterator[SimCluster]:
     s = _Sim(
         tmp_path_factory.mktemp("sdc-e2e") / "sim",
         n_nodes=4,

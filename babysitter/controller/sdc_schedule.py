@@ -1,4 +1,5 @@
-"""The periodic SDC test, on by default, without ever touching a job (docs/sdc.md).
+"""The periodic SDC test, on by default, without ever touching a job (docs/checks.md,
+"Periodic SDC tests").
 
 Every node is tested every `[checks.sdc] interval_s`, only while it is idle, under a short
 babysitter-owned Slurm hold:

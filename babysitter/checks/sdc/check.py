@@ -3,7 +3,7 @@ controller orders it (controller/sdc_schedule.py) for an idle node it has put un
 Slurm hold, so no job can start on the GPUs while the test runs. Right before it takes the
 GPUs the check asks NVML once more whether any GPU is in use, and skips (saying why) when one
 is or when it cannot tell. `babysitter check --only sdc.matmul` runs it directly (an Epilog or
-a job of its own may do that: docs/sdc.md).
+a job of its own may do that: docs/checks.md, "Periodic SDC tests").
 
 A run leaves, besides the per-device verdicts the agent keeps reporting until the next run,
 one `info` finding sent once (the run's summary with GFLOP/s per device, so it lands in the
