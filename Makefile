@@ -16,9 +16,12 @@ TEST_WORKERS ?= 1
 DEB_DEMO := slurmctld slurmd slurm-client slurmrestd slurm-wlm-basic-plugins munge \
 	libslurm-dev gcc libc6-dev lua5.3 procps util-linux
 # The suite on top: other Slurm versions (debootstrap roots, zstd cache), Alertmanager and
-# promtool, shellcheck and systemd-analyze, PostgreSQL, and the docker test cluster.
+# promtool, shellcheck and systemd-analyze, PostgreSQL, the docker test cluster, the system
+# browser and its driver for the status page's headless test, and /usr/bin/time (benchmarks
+# measure one-shot runs with it).
 DEB_TEST := $(DEB_DEMO) slurm-wlm-jwt-plugin make prometheus-alertmanager prometheus \
-	shellcheck systemd debootstrap zstd postgresql docker.io docker-compose
+	shellcheck systemd debootstrap zstd postgresql docker.io docker-compose \
+	chromium chromium-driver time
 # Build deps of Slurm 25.11 from source (devcluster --slurm 25.11) and of pyslurm against it.
 DEB_SLURM_BUILD := make libmunge-dev libjson-c-dev libhttp-parser-dev libyaml-dev libjwt-dev \
 	liblua5.3-dev pkg-config python3-dev
