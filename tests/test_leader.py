@@ -97,7 +97,9 @@ def test_ingest_only_replica_never_leads(clean_cluster, secrets, pg_url, tmp_pat
     ).start()
     try:
         r = httpx.get(replica.url + "/readyz", timeout=2).json()
+        progress = r.pop("loop_progress_age_s")  # how long since its loop last ticked
         assert r == {"database": "ok", "leader": False, "remediation": False}
+        assert progress is None or progress >= 0
         actor = ControllerProcess(
             controller_config(secrets, pg_url, port=free_port()), env=env, log=tmp_path / "a.log"
         ).start()
