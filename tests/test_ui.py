@@ -160,3 +160,23 @@ def test_fleet_is_grouped_by_partition_and_leaf_switch(ctl, secrets):
     text = api.get("/metrics").text
     assert 'babysitter_switch_nodes{switch="leaf1",verdict="unhealthy"} 1.0' in text
     assert 'babysitter_switch_nodes{switch="leaf2",verdict="healthy"} 1.0' in text
+
+
+@pytest.mark.parametrize(
+    "until,why",
+    [("2000-01-01T00:00:00Z", "until is in the past"), ("2999-01-01T00:00:00Z", "at most 31 days")],
+)
+def test_a_maintenance_window_that_cannot_be_is_refused_in_the_apis_error_shape(
+    api, secrets, until, why
+):
+    """A window in the past or too long is a 422 in the same shape as every other invalid
+    request (the OpenAPI document promises it), naming the field, and opens nothing."""
+    r = api.post(
+        "/api/v1/maintenance",
+        json={"nodes": "node[1-2]", "until": until, "reason": "cable swap"},
+        headers=bearer(secrets.admin),
+    )
+    assert r.status_code == 422
+    [err] = r.json()["detail"]
+    assert err["loc"] == ["body", "until"] and why in err["msg"]
+    assert api.get("/api/v1/maintenance?all=true", headers=bearer(secrets.admin)).json() == []

@@ -51,8 +51,20 @@ def call(c: httpx.Client, method: str, path: str, **kw: Any) -> Any:
         raise BabysitterError(f"controller at {c.base_url} unreachable: {exc}") from None
     if r.status_code >= 400:
         try:
-            detail = r.json().get("detail")
-        except ValueError:
+            detail = _detail(r.json().get("detail"))
+        except (ValueError, AttributeError):
             detail = r.text[:200]
         raise BabysitterError(f"{method} {path}: HTTP {r.status_code}: {detail}")
     return r.json()
+
+
+def _detail(detail: Any) -> str:
+    """An error's detail as one line: a validation error (a list of {loc, msg}) as
+    `field: message`, anything else as it came."""
+    if isinstance(detail, list) and all(isinstance(d, dict) for d in detail):
+        return "; ".join(
+            f"{'.'.join(str(x) for x in d.get('loc', [])[1:]) or 'request'}: "
+            f"{str(d.get('msg', '')).removeprefix('Value error, ')}"
+            for d in detail
+        )
+    return str(detail)

@@ -52,6 +52,12 @@ class StartIn(BaseModel):
     def _aware(cls, v: datetime) -> datetime:
         if v.tzinfo is None:
             raise ValueError("until needs a time zone (e.g. 2026-11-26T05:00:00Z)")
+        # checked here, not in the route: a 422 keeps the API's one validation-error shape
+        left = v - datetime.now(UTC)
+        if left <= timedelta(0):
+            raise ValueError("until is in the past")
+        if left > MAX_WINDOW:
+            raise ValueError(f"a window lasts at most {MAX_WINDOW.days} days")
         return v.astimezone(UTC)
 
 
@@ -79,11 +85,6 @@ def maintenance_router(
 
     @router.post("/maintenance", status_code=201)
     def start(request: Request, body: StartIn, _: Principal = Depends(admin)) -> dict[str, Any]:
-        now = datetime.now(UTC)
-        if body.until <= now:
-            raise HTTPException(422, "until is in the past")
-        if body.until - now > MAX_WINDOW:
-            raise HTTPException(422, f"a window lasts at most {MAX_WINDOW.days} days")
         w = service.start(
             nodes_of(body.nodes),
             body.nodes,
