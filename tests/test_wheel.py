@@ -237,7 +237,7 @@ def test_wheel_runs_devcluster_and_demo(wheel_venv: Path, outside: Path, slurm_d
     shutil.rmtree(demo.parent, ignore_errors=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "demo ok" in r.stdout
-    for needle in ("node drained", "job requeued", "alert sent", "node resumed"):
+    for needle in ("node drained", "job requeued", "alert sent", "node back in service"):
         assert needle in r.stdout
     assert not demo.exists()  # cleaned up
     left = subprocess.run(["pgrep", "-a", "-f", str(demo)], capture_output=True, text=True)
