@@ -161,12 +161,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     """A test that failed and passed on its one rerun (pytest-rerunfailures) is named loudly:
     it is a flake to fix, not a pass to forget."""
-    reruns = terminalreporter.stats.get("rerun", [])
-    if not reruns:
+    reruns = {rep.nodeid for rep in terminalreporter.stats.get("rerun", [])}
+    failed = {rep.nodeid for rep in terminalreporter.stats.get("failed", [])}
+    flaky = sorted(reruns - failed)  # a test that failed its rerun too is listed as failed
+    if not flaky:
         return
     terminalreporter.section("FLAKY: failed once, passed on rerun", sep="!", red=True, bold=True)
-    for rep in reruns:
-        terminalreporter.line(f"RERUN {rep.nodeid}", red=True, bold=True)
+    for nodeid in flaky:
+        terminalreporter.line(f"FLAKY {nodeid}", red=True, bold=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
