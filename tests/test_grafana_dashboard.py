@@ -80,6 +80,8 @@ def test_dashboard_shows_what_on_call_needs():
         "loop tick",
         "ingest latency",
         "per leaf switch",
+        "stuck drains",
+        "drained nodes by owner",
     ):
         assert topic in titles, topic
 

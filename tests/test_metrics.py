@@ -78,3 +78,68 @@ def test_a_database_that_cannot_be_read_never_publishes_a_healthy_zero(secrets, 
         timeout=60,
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_each_drained_node_shows_its_age_owner_and_remediation(secrets, tmp_path):
+    """The stuck-drain gauge: one series per drained node, owned by babysitter, an admin or
+    someone else, with the phase of its remediation; a resumed node's series goes away."""
+    from datetime import timedelta
+
+    from babysitter.controller.ladder import Rung
+    from babysitter.controller.ledger import Ledger, Phase
+
+    c = Controller(controller_config(secrets, f"sqlite:///{tmp_path / 'm.db'}"))
+    c.setup()
+    now = datetime.now(UTC)
+    try:
+        client = TestClient(c.app())
+        for node in ("n1", "n2", "n3", "n4", "n5"):
+            body = {
+                "node": node,
+                "report_id": str(uuid.uuid4()),
+                "sent_at": now.isoformat(),
+                "findings": [],
+                "metrics": {},
+            }
+            client.post("/api/v1/reports", json=body, headers=secrets.headers(node))
+        two_h = now - timedelta(hours=2)
+        c.store.set_node(
+            "n1", babysitter_drained=True, drain_reason="babysitter: gpu: lost", drained_at=two_h
+        )
+        c.store.set_node(
+            "n2",
+            drain_reason="babysitter: [manual] swap the PSU",
+            slurm_state="IDLE+DRAIN",
+            slurm_reason="babysitter: [manual] swap the PSU",
+            drained_at=two_h,
+        )
+        c.store.set_node(
+            "n3", slurm_state="IDLE+DRAIN", slurm_reason="cable work", drained_at=two_h
+        )
+        c.store.set_node(
+            "n4", babysitter_drained=True, drain_reason="babysitter: xid 79", drained_at=two_h
+        )
+        Ledger(c.store).add("n4", Rung.REBOOT, "xid.79", "xid 79", Phase.REBOOTING, now)
+        before = client.get("/metrics").text
+        c.store.set_node("n1", babysitter_drained=False, drain_reason=None)
+        after = client.get("/metrics").text
+    finally:
+        c.close()
+
+    def series(text: str) -> dict[str, tuple[str, float]]:
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("babysitter_node_drained_seconds{"):
+                labels, value = line.rsplit(" ", 1)
+                node = labels.split('node="')[1].split('"')[0]
+                out[node] = (labels.split("{", 1)[1].rstrip("}"), float(value))
+        return out
+
+    got = series(before)
+    assert set(got) == {"n1", "n2", "n3", "n4"}  # n5 is in service
+    assert 'owner="babysitter"' in got["n1"][0] and 'remediation="none"' in got["n1"][0]
+    assert 'owner="admin"' in got["n2"][0]
+    assert 'owner="other"' in got["n3"][0]
+    assert 'owner="babysitter"' in got["n4"][0] and 'remediation="rebooting"' in got["n4"][0]
+    assert all(7100 < age < 7300 for _, age in got.values())
+    assert set(series(after)) == {"n2", "n3", "n4"}

@@ -1,19 +1,20 @@
 """The gauges on-call alerts read, set from the store when /metrics is scraped: the guard,
-babysitter's drains and the oldest one, silent nodes, firing alerts by condition, nodes in
-maintenance. A store that cannot be read raises: /metrics then publishes
-`babysitter_store_up 0` and withdraws these values (controller/api_health.py) instead of
-reading as healthy."""
+babysitter's drains and the oldest one, each drained node's age by owner and remediation,
+silent nodes, firing alerts by condition, nodes in maintenance. A store that cannot be read
+raises: /metrics then publishes `babysitter_store_up 0` and withdraws these values
+(controller/api_health.py) instead of reading as healthy."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
 from babysitter.controller import models as m
 from babysitter.controller.guard_api import GUARD_KEY
 from babysitter.controller.metrics import ControllerMetrics
+from babysitter.controller.policy import MANUAL_MARK
 from babysitter.controller.store import Store, aware
 
 
@@ -37,6 +38,19 @@ def refresh(
                 .group_by(m.alerts.c.condition)
             )
         }
+        drains = c.execute(
+            select(n.c.name, n.c.drain_reason, n.c.slurm_reason, n.c.drained_at).where(
+                or_(n.c.babysitter_drained, n.c.slurm_state.contains("DRAIN"))
+            )
+        ).all()
+        remediating: dict[str, str] = {
+            str(node): str(state)  # the newest open episode wins
+            for node, state in c.execute(
+                select(m.remediations.c.node, m.remediations.c.state)
+                .where(m.remediations.c.open.is_(True))
+                .order_by(m.remediations.c.id)
+            )
+        }
         windows = c.execute(
             select(m.maintenance_windows.c.nodes).where(m.maintenance_windows.c.state == "active")
         ).all()
@@ -45,6 +59,16 @@ def refresh(
     since = aware(oldest)
     metrics.oldest_drain_age.set(0 if since is None else max(0.0, (now - since).total_seconds()))
     metrics.silent.set(silent)
+    prefix = str(runtime_state.get("reason_prefix") or "babysitter:")
+    # nodes resumed since the last scrape drop out (their alerts resolve)
+    metrics.node_drained.clear()
+    for name, ours, theirs, at in drains:
+        since = aware(at)
+        if since is None:
+            continue  # drained before this controller saw it: its age is unknown
+        metrics.node_drained.labels(
+            name, owner(ours or theirs or "", prefix), remediating.get(name, "none")
+        ).set(max(0.0, (now - since).total_seconds()))
     # conditions that stopped firing go back to 0 (the series stays, so alerts resolve)
     for cond in {*firing, *_seen(metrics)}:
         metrics.firing.labels(cond).set(firing.get(cond, 0))
@@ -53,3 +77,11 @@ def refresh(
 
 def _seen(metrics: ControllerMetrics) -> set[str]:
     return {s.labels["condition"] for fam in metrics.firing.collect() for s in fam.samples}
+
+
+def owner(reason: str, prefix: str) -> str:
+    """Who a drain belongs to, by its reason: `admin` (`babysitter drain`, which babysitter
+    never resumes), `babysitter` (its policy or its HealthCheckProgram mode), else `other`."""
+    if not reason.startswith(prefix):
+        return "other"
+    return "admin" if reason[len(prefix) :].lstrip().startswith(MANUAL_MARK) else "babysitter"

@@ -88,6 +88,14 @@ class ControllerMetrics:
             registry=r,
         )
         self.drained = Gauge("babysitter_nodes_drained", "Nodes drained by babysitter.", registry=r)
+        self.node_drained = Gauge(
+            "babysitter_node_drained_seconds",
+            "How long each drained node has been drained, by who owns the drain (babysitter, "
+            "admin: `babysitter drain`, other: drained in Slurm by someone else) and the "
+            "state of its remediation (none, or the ledger's phase: rebooting, validating, ...).",
+            ["node", "owner", "remediation"],
+            registry=r,
+        )
         self.silent = Gauge(
             "babysitter_nodes_silent",
             "Nodes that reported once and then not within controller.heartbeat_timeout_s.",
@@ -128,6 +136,7 @@ class ControllerMetrics:
         disappear; an unlabelled gauge becomes NaN (no value) rather than a stale or zero one."""
         self.nodes.clear()
         self.switch_nodes.clear()
+        self.node_drained.clear()
         self.firing.clear()
         for g in (self.guard_tripped, self.oldest_drain_age, self.drained, self.silent):
             g.set(float("nan"))

@@ -4,7 +4,7 @@ when it changed."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from babysitter.controller.guard_api import GUARD_INFO_KEY
@@ -19,6 +19,10 @@ from babysitter.controller.snapshot import SlurmSnapshot
 from babysitter.controller.store import Store
 
 
+def _drained(values: dict[str, Any]) -> bool:
+    return "DRAIN" in str(values.get("slurm_state") or "").split("+")
+
+
 class OutcomeWriter:
     def __init__(self, store: Store, settings: PolicySettings, snapshot: SlurmSnapshot) -> None:
         self.store = store
@@ -30,6 +34,7 @@ class OutcomeWriter:
     def verdicts(self, result: PolicyResult, facts: list[NodeFacts]) -> None:
         """Each decided node's verdict and Slurm state columns, written when they change."""
         changes: dict[str, dict[str, Any]] = {}
+        written: dict[str, dict[str, Any]] = {}
         facts_by_name = {f.name: f for f in facts}
         for name, verdict in result.verdicts.items():
             sn = self.snapshot.nodes.get(name)
@@ -42,10 +47,19 @@ class OutcomeWriter:
                 values["slurm_reason"] = sn.reason or None
             old = self._written.get(name)
             if old != values:
-                changes[name] = values
+                written[name] = changes[name] = values
+                if (
+                    _drained(values)
+                    and old is not None
+                    and not _drained(old)
+                    and not (running is not None and running.ours)
+                ):
+                    # a drain someone else made in Slurm: when it began, for the age of stuck
+                    # drains (babysitter's and an admin's drains set it themselves)
+                    changes[name] = {**values, "drained_at": datetime.now(UTC)}
         if changes:
             self.store.update_nodes(changes)
-            self._written.update(changes)
+            self._written.update(written)
 
     def guard(self, result: PolicyResult, cluster: ClusterFacts, now: datetime) -> None:
         """The guard's state and why, for `babysitter status` and GET /api/v1/guard."""

@@ -109,6 +109,7 @@ class Controller:
         )
         self.state: dict[str, Any] = {
             "heartbeat_timeout_s": c.heartbeat_timeout_s,
+            "reason_prefix": cfg.slurm.reason_prefix,
             "leader": False,
             "remediation": c.remediation,
         }

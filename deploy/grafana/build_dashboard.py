@@ -148,6 +148,29 @@ def build() -> dash.Dashboard:
                 query("max(babysitter_oldest_drain_age_seconds)", "oldest drain"),
             )
         )
+        .with_panel(
+            series(
+                "Drained nodes by owner and remediation",
+                "none",
+                query(
+                    "count by (owner, remediation) (max by (node, owner, remediation) "
+                    "(babysitter_node_drained_seconds))",
+                    "{{owner}} {{remediation}}",
+                ),
+                stacked=True,
+            )
+        )
+        .with_panel(
+            series(
+                "Stuck drains: babysitter's, no remediation in progress (age per node)",
+                "s",
+                query(
+                    'max by (node, remediation) (babysitter_node_drained_seconds{owner="babysitter",'
+                    ' remediation!~"waiting|resetting|rebooting|validating"})',
+                    "{{node}} {{remediation}}",
+                ),
+            )
+        )
         .with_row(dash.Row("Jobs and actions"))
         .with_panel(
             series(
