@@ -285,6 +285,28 @@ class PolicyConfig(Section):
             "(default: on when [validation] partition is set)"
         ),
     ] = None
+    xid_escalation_count: Annotated[
+        int,
+        Meta(
+            ge=1,
+            description="the same fatal XID on one GPU this many times within "
+            "xid_escalation_window_h pages for hardware inspection (xid_escalation)",
+        ),
+    ] = 5
+    xid_escalation_window_h: Annotated[
+        float, Meta(gt=0, description="the window of xid_escalation_count (hours)")
+    ] = 24.0
+    lemon_drains: Annotated[
+        int,
+        Meta(
+            ge=1,
+            description="babysitter drains of one node within lemon_window_days that make it "
+            "a lemon node (lemon_node alert)",
+        ),
+    ] = 3
+    lemon_window_days: Annotated[
+        float, Meta(gt=0, description="the window of lemon_drains (days)")
+    ] = 7.0
 
 
 class ValidationConfig(Section):

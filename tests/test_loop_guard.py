@@ -9,7 +9,7 @@ import sys
 
 import httpx
 
-from babysitter.controller.policy import RULES
+from babysitter.controller.policy import Rule
 from tests.fixtures.controller import ControllerProcess, controller_config, free_port
 from tests.fixtures.slurm import node_state, wait_for
 from tests.test_leader import post_fault
@@ -69,7 +69,7 @@ def test_default_policy_drains_first_fault_then_guard_holds_the_second(
         wait_for(lambda: guard(ctl, secrets)["tripped"], 30, "guard tripped")
         g = guard(ctl, secrets)
         assert g["rule"] == "guard_fraction" and g["blocked"] == ["node3"]
-        assert g["rule_description"] == RULES["guard_fraction"].description
+        assert g["rule_description"] == Rule.GUARD_FRACTION.description
         assert "NOT drained" in g["reason"] and g["since"]
         assert node_state(clean_cluster, "node3")[0] == "idle"
         wait_for(lambda: ("guard_tripped", "firing") in conditions(receiver), 15, "alert")

@@ -16,11 +16,11 @@ from sqlalchemy import update
 
 from babysitter.controller import api, api_read, fastpath, ingest, models
 from babysitter.controller.policy import (
-    RULES,
     ClusterFacts,
     Decision,
     NodeFacts,
     PolicySettings,
+    Rule,
     decide,
     node_verdict,
 )
@@ -181,8 +181,8 @@ def test_unknown_severity_of_a_history_row_reads_as_warning(tmp_path: Path):
 # ---- rules are data
 
 
-def test_every_decision_names_a_rule_of_RULES():
-    with pytest.raises(ValueError, match="not one of RULES"):
+def test_every_decision_names_a_rule():
+    with pytest.raises(ValueError, match="not one of Rule"):
         Decision("drain", "n1", "critcal_finding", "why")
     facts = [
         NodeFacts("a", (finding(Severity.CRITICAL),), heartbeat_age_s=1.0),
@@ -191,7 +191,7 @@ def test_every_decision_names_a_rule_of_RULES():
     res = decide(facts, ClusterFacts({"default": 2}), PolicySettings(), NOW)
     named = [d for d in res.decisions if d.rule]
     assert {d.rule for d in named} >= {"critical_finding", "heartbeat_missing"}
-    assert all(d.rule_description == RULES[d.rule].description for d in named)
+    assert all(d.rule_description == Rule(d.rule).description for d in named)
 
 
 def test_actions_show_what_their_rule_means(ctl: Controller, secrets: Secrets):
@@ -201,7 +201,7 @@ def test_actions_show_what_their_rule_means(ctl: Controller, secrets: Secrets):
     )
     assert r.status_code == 202
     (a,) = client.get("/api/v1/actions", headers=bearer(secrets.read)).json()
-    assert a["rule"] == "manual" and a["rule_description"] == RULES["manual"].description
+    assert a["rule"] == "manual" and a["rule_description"] == Rule.MANUAL.description
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from babysitter.config import load_config
 from babysitter.controller.policy import ClusterFacts, NodeFacts, PolicySettings, decide
 from babysitter.finding import Finding
 
@@ -121,6 +122,26 @@ def test_repeated_fatal_xid_escalates_and_lemon_node():
     assert rules == {"xid_escalation", "lemon_node"}
     old = tuple(("gpu3", 79, NOW - timedelta(hours=30 + i)) for i in range(5))
     assert not kinds(decide([node("node1", xid_history=old)], cluster(), S, NOW), "escalate")
+
+
+def test_xid_escalation_and_lemon_limits_are_read_from_policy_config(tmp_path):
+    conf = tmp_path / "babysitter.toml"
+    conf.write_text(
+        "[policy]\nxid_escalation_count = 2\nxid_escalation_window_h = 48\n"
+        "lemon_drains = 5\nlemon_window_days = 30\n"
+    )
+    site = PolicySettings.from_config(load_config(conf))
+    hist = tuple(("gpu3", 79, NOW - timedelta(hours=40 + i)) for i in range(2))
+    drains = tuple(NOW - timedelta(days=5 * i) for i in range(4))
+    facts = [node("node1", xid_history=hist, recent_drains=drains)]
+    # the shipped defaults (5 in 24 h, 3 drains in 7 days): both fire on neither count
+    assert not kinds(decide(facts, cluster(), S, NOW), "escalate")
+    [xid] = kinds(decide(facts, cluster(), site, NOW), "escalate")
+    assert xid.rule == "xid_escalation" and "2 times in 48 h" in xid.reason
+    five = (*drains, NOW - timedelta(days=29))
+    res = decide([node("node1", recent_drains=five)], cluster(), site, NOW)
+    [lemon] = kinds(res, "escalate")
+    assert lemon.rule == "lemon_node" and "5 times in 30 days" in lemon.reason
 
 
 def test_rack_failure_in_a_10k_node_cluster_respects_the_guard():

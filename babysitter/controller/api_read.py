@@ -53,7 +53,7 @@ def read_router(
     def list_actions(
         status: str | None = None, _: Principal = Depends(reader)
     ) -> list[dict[str, Any]]:
-        # every action says which rule caused it and what that rule means (policy.RULES)
+        # every action says which rule caused it and what that rule means (policy.Rule)
         return [
             {**a, "rule_description": rule_description(a["rule"])}
             for a in store.actions(status=status)

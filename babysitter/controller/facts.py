@@ -90,7 +90,7 @@ class FactGatherer:
                 drains_by_node.setdefault(a["node"], []).append(when)
                 if now - when <= timedelta(hours=1):
                     drains_last_hour += 1
-        xids = xid_history(self.store, now - timedelta(hours=24))
+        xids = xid_history(self.store, now - self.settings.xid_window)
         validations = summarise(actions)
         if not self._full_pass_done:
             self._full_pass_done = True

@@ -26,7 +26,7 @@ from babysitter.checkpoints import owner as ckpt_owner
 from babysitter.config import Config
 from babysitter.controller.alerts import Alert, AlertRouter
 from babysitter.controller.metrics import ControllerMetrics
-from babysitter.controller.policy import RuleName
+from babysitter.controller.policy import Rule
 from babysitter.controller.store import HistoryEntry, JobRow, Store
 from babysitter.finding import Severity
 from babysitter.job import BabysitSpec, parse_babysit_args
@@ -35,7 +35,7 @@ from babysitter.slurm.client import SlurmClient, SlurmError, SlurmJob, SlurmNode
 log = logging.getLogger(__name__)
 DEFAULT_MAX_REQUEUES = 3
 CKPT_SETTLE_S = 10.0  # marker-less formats: files this fresh may still be being written
-REQUEUE_RULE: RuleName = "job_on_failed_node"
+REQUEUE_RULE = Rule.JOB_ON_FAILED_NODE
 HISTORY_MAX = 50  # entries kept per job (a job failing every tick must not grow a row forever)
 HELD_REASONS = ("JobHeldAdmin", "JobHeldUser")
 T = TypeVar("T")

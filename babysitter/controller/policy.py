@@ -2,9 +2,9 @@
 carrying the rule that fired. No I/O here; facts.py gathers the facts, remediation.py applies
 the decisions and executor.py executes them through Slurm.
 
-Rules are data (RULES below) so a site can read them in one place: every decision names a
-rule of RULES (checked when the decision is made), and the API shows the rule's description
-beside every action it caused. Facts hold `Finding`s, severities are `Severity` and their order
+Rules are data (`Rule` below) so a site can read them in one place: every decision names a
+`Rule` (checked when the decision is made), and the API shows the rule's description beside
+every action it caused. Facts hold `Finding`s, severities are `Severity` and their order
 is `Severity`'s own (finding.py); there is no second order here.
 """
 
@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal, get_args
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal
 
 from babysitter.finding import Action, Finding, Severity
 
@@ -34,126 +35,109 @@ DRAIN_ACTIONS = frozenset({Action.DRAIN, Action.RESET_GPU, Action.REBOOT})
 FATAL_XID_CLASSES = frozenset({Action.REBOOT, Action.RESET_GPU})
 
 
-# The names a decision may carry: a misspelled one is a mypy error where the decision is made
-# (and a ValueError at run time, see Decision); RULES below describes each one.
-RuleName = Literal[
-    "critical_finding",
-    "drain_action",
-    "warning_suspect",
-    "heartbeat_missing",
-    "fault_cleared",
-    "not_ours",
-    "guard_fraction",
-    "guard_unknown",
-    "job_owned_finding",
-    "guard_rate",
-    "guard_tripped",
-    "xid_escalation",
-    "lemon_node",
-    "validate_before_resume",
-    "validation_exhausted",
-    "node_slow",
-    "job_on_failed_node",
-    "manual",
-    "switch_suspected",
-    "switch_recovered",
-    "blast_radius_cap",
-    "remediation",
-]
-NoRule = Literal[""]  # a resolve_alert: nothing fired
+class Rule(StrEnum):
+    """The rules a decision (or an action) may name, each with what it means: the API shows the
+    description beside every action the rule caused. A misspelled name is a mypy error where
+    the decision is made (and a ValueError at run time, see Decision)."""
 
-
-@dataclass(frozen=True)
-class Rule:
-    name: RuleName
+    _value_: str
     description: str
 
+    def __new__(cls, name: str, description: str) -> Rule:
+        rule = str.__new__(cls, name)
+        rule._value_ = name
+        rule.description = description
+        return rule
 
-RULES: dict[RuleName, Rule] = {
-    "critical_finding": Rule("critical_finding", "a critical finding drains the node"),
-    "drain_action": Rule(
-        "drain_action", "a warning whose recommended action is drain/reset/reboot drains"
-    ),
-    "warning_suspect": Rule("warning_suspect", "warnings make the node suspect (alert only)"),
-    "heartbeat_missing": Rule("heartbeat_missing", "no report within the heartbeat timeout"),
-    "fault_cleared": Rule(
-        "fault_cleared", "fault gone and resume_after_clean_checks clean reports: resume"
-    ),
-    "not_ours": Rule("not_ours", "drained/down for someone else: never touched, only alerted"),
-    "guard_fraction": Rule(
+    CRITICAL_FINDING = "critical_finding", "a critical finding drains the node"
+    DRAIN_ACTION = (
+        "drain_action",
+        "a warning whose recommended action is drain/reset/reboot drains",
+    )
+    WARNING_SUSPECT = "warning_suspect", "warnings make the node suspect (alert only)"
+    HEARTBEAT_MISSING = "heartbeat_missing", "no report within the heartbeat timeout"
+    FAULT_CLEARED = (
+        "fault_cleared",
+        "fault gone and resume_after_clean_checks clean reports: resume",
+    )
+    NOT_OURS = "not_ours", "drained/down for someone else: never touched, only alerted"
+    GUARD_FRACTION = (
         "guard_fraction",
         "more than max(min_drainable, max_drained_fraction x size) of a partition drained",
-    ),
-    "guard_unknown": Rule(
-        "guard_unknown", "partition sizes unknown (no Slurm data): no drain decided, alert"
-    ),
-    "job_owned_finding": Rule(
+    )
+    GUARD_UNKNOWN = (
+        "guard_unknown",
+        "partition sizes unknown (no Slurm data): no drain decided, alert",
+    )
+    JOB_OWNED_FINDING = (
         "job_owned_finding",
         "a finding derived from a job's own output (job logs) never drains a node on its own: "
         "alert naming the job",
-    ),
-    "guard_rate": Rule("guard_rate", "max_drains_per_hour reached"),
-    "guard_tripped": Rule("guard_tripped", "breaker tripped earlier; needs an admin reset"),
-    "xid_escalation": Rule(
-        "xid_escalation", "same fatal XID >= 5 times in 24 h on one GPU: hardware inspection"
-    ),
-    "lemon_node": Rule("lemon_node", "drained >= 3 times in 7 days: lemon node"),
-    "validate_before_resume": Rule(
+    )
+    GUARD_RATE = "guard_rate", "max_drains_per_hour reached"
+    GUARD_TRIPPED = "guard_tripped", "breaker tripped earlier; needs an admin reset"
+    XID_ESCALATION = (
+        "xid_escalation",
+        "same fatal XID >= xid_escalation_count times within xid_escalation_window_h on one "
+        "GPU: hardware inspection",
+    )
+    LEMON_NODE = (
+        "lemon_node",
+        "drained >= lemon_drains times within lemon_window_days: lemon node",
+    )
+    VALIDATE_BEFORE_RESUME = (
         "validate_before_resume",
         "fault gone: a validation job must pass on the node before it returns (if enabled)",
-    ),
-    "validation_exhausted": Rule(
-        "validation_exhausted", "validation failed max_attempts times: stays drained for an admin"
-    ),
-    "node_slow": Rule(
+    )
+    VALIDATION_EXHAUSTED = (
+        "validation_exhausted",
+        "validation failed max_attempts times: stays drained for an admin",
+    )
+    NODE_SLOW = (
         "node_slow",
         "throughput below the fleet median of its GPU model in consecutive measurements",
-    ),
+    )
     # rules of actions that are not the node policy's own decisions
-    "job_on_failed_node": Rule(
+    JOB_ON_FAILED_NODE = (
         "job_on_failed_node",
         "a babysat job on a drained or DOWN node is requeued from its last checkpoint",
-    ),
-    "manual": Rule("manual", "requested by an admin (API or CLI)"),
+    )
+    MANUAL = "manual", "requested by an admin (API or CLI)"
     # controller/fabric.py and controller/blast.py
-    "switch_suspected": Rule(
+    SWITCH_SUSPECTED = (
         "switch_suspected",
         "fabric faults on fabric.min_nodes (or half) of a switch's nodes within "
         "fabric.window_s: one switch incident, its nodes drained together (or kept)",
-    ),
-    "switch_recovered": Rule(
+    )
+    SWITCH_RECOVERED = (
         "switch_recovered",
         "the suspected switch's nodes all report clean again: resumed together",
-    ),
-    "blast_radius_cap": Rule(
+    )
+    BLAST_RADIUS_CAP = (
         "blast_radius_cap",
         "a switch/partition/cluster node-drain cap ([blast_radius]) is reached: no new node "
         "drain in that scope",
-    ),
-    "remediation": Rule(
+    )
+    REMEDIATION = (
         "remediation",
         "a rung of the remediation ladder (reset, reboot, inspect) or the lemon ledger's verdict",
-    ),
-}
+    )
 
 
-if set(RULES) != set(get_args(RuleName)) or any(k != r.name for k, r in RULES.items()):
-    raise AssertionError("RULES must describe exactly the names of RuleName")
+NoRule = Literal[""]  # a resolve_alert: nothing fired
+_RULES: dict[object, Rule] = {str(r): r for r in Rule}
+
+
+def rule_named(name: object) -> Rule | None:
+    """The rule of that name, None for none (a row of an older version may name a rule that
+    no longer exists)."""
+    return _RULES.get(name)
 
 
 def rule_description(name: str | None) -> str:
-    """What a rule means, for people reading actions and decisions ("" for no/unknown rule:
-    rows written by an older version may name a rule that no longer exists)."""
-    for key, rule in RULES.items():
-        if key == name:
-            return rule.description
-    return ""
-
-
-XID_ESCALATION_COUNT = 5
-XID_ESCALATION_WINDOW = timedelta(hours=24)
-LEMON_DRAINS = 3
-LEMON_WINDOW = timedelta(days=7)
+    """What a rule means, for people reading actions and decisions ("" for no/unknown rule)."""
+    rule = rule_named(name)
+    return "" if rule is None else rule.description
 
 
 @dataclass(frozen=True)
@@ -166,19 +150,36 @@ class PolicySettings:
     heartbeat_timeout_s: float = 120.0
     validate_before_resume: bool = False
     validation_max_attempts: int = 3
+    xid_escalation_count: int = 5
+    xid_escalation_window_h: float = 24.0
+    lemon_drains: int = 3
+    lemon_window_days: float = 7.0
 
     @classmethod
     def from_config(cls, cfg: Config) -> PolicySettings:
+        p = cfg.policy
         return cls(
-            dry_run=cfg.policy.dry_run,
-            max_drained_fraction=cfg.policy.max_drained_fraction,
-            min_drainable=cfg.policy.min_drainable,
-            max_drains_per_hour=cfg.policy.max_drains_per_hour,
-            resume_after_clean_checks=cfg.policy.resume_after_clean_checks,
+            dry_run=p.dry_run,
+            max_drained_fraction=p.max_drained_fraction,
+            min_drainable=p.min_drainable,
+            max_drains_per_hour=p.max_drains_per_hour,
+            resume_after_clean_checks=p.resume_after_clean_checks,
             heartbeat_timeout_s=cfg.controller.heartbeat_timeout_s,
-            validate_before_resume=cfg.validation.enabled(cfg.policy),
+            validate_before_resume=cfg.validation.enabled(p),
             validation_max_attempts=cfg.validation.max_attempts,
+            xid_escalation_count=p.xid_escalation_count,
+            xid_escalation_window_h=p.xid_escalation_window_h,
+            lemon_drains=p.lemon_drains,
+            lemon_window_days=p.lemon_window_days,
         )
+
+    @property
+    def xid_window(self) -> timedelta:
+        return timedelta(hours=self.xid_escalation_window_h)
+
+    @property
+    def lemon_window(self) -> timedelta:
+        return timedelta(days=self.lemon_window_days)
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ class ClusterFacts:
 class Decision:
     kind: str  # drain resume validate alert keep_alert resolve_alert escalate guard_tripped
     node: str | None
-    rule: RuleName | NoRule  # "" only for resolve_alert
+    rule: Rule | NoRule  # "" only for resolve_alert
     reason: str
     severity: Severity = Severity.WARNING
     condition: str = ""
@@ -221,8 +222,11 @@ class Decision:
 
     def __post_init__(self) -> None:
         # a rule name nobody can look up is a bug here, not something to show an admin
-        if self.rule not in RULES and not (self.rule == "" and self.kind == "resolve_alert"):
-            raise ValueError(f"decision {self.kind} names rule {self.rule!r}, not one of RULES")
+        if not (self.rule == "" and self.kind == "resolve_alert"):
+            rule = rule_named(self.rule)
+            if rule is None:
+                raise ValueError(f"decision {self.kind} names rule {self.rule!r}, not one of Rule")
+            object.__setattr__(self, "rule", rule)
         if not isinstance(self.severity, Severity):
             object.__setattr__(self, "severity", Severity(self.severity))
 
@@ -269,51 +273,54 @@ def summary(findings: Sequence[Finding]) -> str:
 
 def node_verdict(
     open_findings: Sequence[Finding], heartbeat_age_s: float | None, heartbeat_timeout_s: float
-) -> tuple[str, RuleName | NoRule]:
+) -> tuple[str, Rule | NoRule]:
     """THE verdict of a node (healthy suspect unhealthy unknown) and the rule that gave it;
     the policy and the API's node view both call this, so they cannot disagree."""
     if heartbeat_age_s is None or heartbeat_age_s > heartbeat_timeout_s:
-        return "unknown", "heartbeat_missing"
+        return "unknown", Rule.HEARTBEAT_MISSING
     node_owned = [f.severity for f in open_findings if not job_owned(f)]
     worst = max(node_owned, default=Severity.OK, key=lambda s: s.rank)
     if any(drain_worthy(f) for f in open_findings):
-        return "unhealthy", ("critical_finding" if worst is Severity.CRITICAL else "drain_action")
+        critical = worst is Severity.CRITICAL
+        return "unhealthy", (Rule.CRITICAL_FINDING if critical else Rule.DRAIN_ACTION)
     if worst >= Severity.WARNING:
-        return "suspect", "warning_suspect"
+        return "suspect", Rule.WARNING_SUSPECT
     return "healthy", ""
 
 
-def facts_verdict(n: NodeFacts, s: PolicySettings) -> tuple[str, RuleName | NoRule]:
+def facts_verdict(n: NodeFacts, s: PolicySettings) -> tuple[str, Rule | NoRule]:
     return node_verdict(n.open_findings, n.heartbeat_age_s, s.heartbeat_timeout_s)
 
 
-def _escalations(n: NodeFacts, now: datetime) -> list[Decision]:
+def _escalations(n: NodeFacts, s: PolicySettings, now: datetime) -> list[Decision]:
     out: list[Decision] = []
     counts: dict[tuple[str, int], int] = {}
     for comp, xid, when in n.xid_history:
-        if now - when <= XID_ESCALATION_WINDOW:
+        if now - when <= s.xid_window:
             counts[(comp, xid)] = counts.get((comp, xid), 0) + 1
     for (comp, xid), c in sorted(counts.items()):
-        if c >= XID_ESCALATION_COUNT:
+        if c >= s.xid_escalation_count:
             out.append(
                 Decision(
                     "escalate",
                     n.name,
-                    "xid_escalation",
-                    f"XID {xid} seen {c} times in 24 h on {comp}: needs hardware inspection",
+                    Rule.XID_ESCALATION,
+                    f"XID {xid} seen {c} times in {s.xid_escalation_window_h:g} h on {comp}: "
+                    "needs hardware inspection",
                     Severity.CRITICAL,
                     f"xid_{xid}_repeated",
                     details={"component": comp, "count": c},
                 )
             )
-    drains = [d for d in n.recent_drains if now - d <= LEMON_WINDOW]
-    if len(drains) >= LEMON_DRAINS:
+    drains = [d for d in n.recent_drains if now - d <= s.lemon_window]
+    if len(drains) >= s.lemon_drains:
         out.append(
             Decision(
                 "escalate",
                 n.name,
-                "lemon_node",
-                f"{n.name} was drained {len(drains)} times in 7 days: lemon node, consider RMA",
+                Rule.LEMON_NODE,
+                f"{n.name} was drained {len(drains)} times in {s.lemon_window_days:g} days: "
+                "lemon node, consider RMA",
                 Severity.WARNING,
                 "lemon_node",
                 details={"drains_7d": len(drains)},
@@ -341,7 +348,7 @@ def _job_owned_alerts(n: NodeFacts) -> list[Decision]:
             Decision(
                 "alert",
                 n.name,
-                "job_owned_finding",
+                Rule.JOB_OWNED_FINDING,
                 f"job {job} on {n.name}: {f.check}: {f.message} (from the job's "
                 "own log: the node is not drained for this alone)",
                 Severity.WARNING,
@@ -360,7 +367,7 @@ def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
             Decision(
                 "resume",
                 n.name,
-                "fault_cleared",
+                Rule.FAULT_CLEARED,
                 cleared,
                 Severity.INFO,
                 "node_unhealthy",
@@ -374,7 +381,7 @@ def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
             Decision(
                 "escalate",
                 n.name,
-                "validation_exhausted",
+                Rule.VALIDATION_EXHAUSTED,
                 f"{n.name} failed validation {n.validation_failures} times: needs an admin",
                 Severity.CRITICAL,
                 "validation_lemon",
@@ -384,13 +391,217 @@ def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
         Decision(
             "validate",
             n.name,
-            "validate_before_resume",
+            Rule.VALIDATE_BEFORE_RESUME,
             f"{cleared}: validation job before it returns",
             Severity.INFO,
             "node_unhealthy",
             dry_run=s.dry_run,
         )
     ]
+
+
+@dataclass(frozen=True)
+class DrainWish:
+    """A node the policy would drain, before the blast-radius guard has had its say."""
+
+    worst: int  # rank of its worst drain-worthy finding: the worst nodes are drained first
+    node: NodeFacts
+    rule: Rule | NoRule
+    why: str
+
+
+def _heartbeat(n: NodeFacts, verdict: str) -> list[Decision]:
+    """Alert on a node that stopped reporting; clear that alert once it reports again."""
+    if verdict == "unknown" and n.heartbeat_age_s is not None:
+        return [
+            Decision(
+                "alert",
+                n.name,
+                Rule.HEARTBEAT_MISSING,
+                f"no report from {n.name} for {n.heartbeat_age_s:.0f} s",
+                Severity.WARNING,
+                "node_unknown",
+            )
+        ]
+    if verdict != "unknown":
+        return [Decision("resolve_alert", n.name, "", "", condition="node_unknown")]
+    return []
+
+
+def _unhealthy(
+    n: NodeFacts, rule: Rule | NoRule, bad: list[Finding], s: PolicySettings
+) -> Decision | DrainWish:
+    """A broken node: a drain to ask the guard for, or an alert when it is not ours to drain
+    or already drained (or about to be) by babysitter."""
+    if n.drained and not n.ours:
+        return Decision(
+            "alert",
+            n.name,
+            Rule.NOT_OURS,
+            f"{summary(bad)} — node is held by someone else ({n.reason!r}); "
+            "babysitter left it alone",
+            Severity.WARNING,
+            "node_unhealthy_not_ours",
+        )
+    if not n.drained and not n.drain_pending and n.in_slurm:
+        return DrainWish(max(f.severity.rank for f in bad), n, rule, summary(bad))
+    # drained (or about to be) by babysitter and still broken: the alert still holds;
+    # re-asserting it each tick keeps it alive where alerts expire
+    return Decision(
+        "keep_alert",
+        n.name,
+        rule,
+        summary(bad),
+        Severity.CRITICAL,
+        "node_unhealthy",
+        dry_run=s.dry_run,
+    )
+
+
+def _node_decisions(
+    n: NodeFacts,
+    verdict: str,
+    rule: Rule | NoRule,
+    s: PolicySettings,
+    now: datetime,
+    wishes: list[DrainWish],
+) -> list[Decision]:
+    """One node's decisions; a drain it needs goes to `wishes`, for the guard."""
+    out = _escalations(n, s, now) + _job_owned_alerts(n) + _heartbeat(n, verdict)
+    bad = [f for f in n.open_findings if drain_worthy(f)]
+    if bad and verdict == "unhealthy":
+        step = _unhealthy(n, rule, bad, s)
+        if isinstance(step, DrainWish):
+            wishes.append(step)
+        else:
+            out.append(step)
+        return out
+    out.append(Decision("resolve_alert", n.name, "", "", condition="node_unhealthy_not_ours"))
+    if (
+        n.drained
+        and n.ours
+        and verdict in ("healthy", "suspect")
+        and not bad
+        and n.consecutive_clean >= s.resume_after_clean_checks
+    ):
+        out.extend(_return_to_service(n, s))
+    return out
+
+
+def _listed(names: list[str]) -> str:
+    return f"{', '.join(names[:10])}{'…' if len(names) > 10 else ''}"
+
+
+@dataclass
+class Guard:
+    """The blast-radius guard over one tick's drain wishes: it admits drains in order until
+    the hourly budget or a partition's share would be exceeded, then trips and holds the rest.
+    Starts from the cluster's counts (drains already done, a breaker tripped earlier)."""
+
+    cluster: ClusterFacts
+    s: PolicySettings
+    tripped: bool = False
+    rule: Rule | NoRule = ""
+    drained: dict[str, int] = field(default_factory=dict)
+    drains_hour: int = 0
+    blocked: list[str] = field(default_factory=list)
+    unsized: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tripped = self.cluster.guard_tripped
+        self.rule = Rule.GUARD_TRIPPED if self.tripped else ""
+        self.drained = dict(self.cluster.drained_by_us)
+        self.drains_hour = self.cluster.drains_last_hour
+
+    def drains(
+        self, wishes: list[DrainWish], admit: Callable[[NodeFacts], bool] | None
+    ) -> list[Decision]:
+        """The drains the guard admits: the most severe nodes first, then by name."""
+        out: list[Decision] = []
+        for w in sorted(wishes, key=lambda w: (-w.worst, w.node.name)):
+            n = w.node
+            if any(p not in self.cluster.partition_sizes for p in n.partitions):
+                # never trip on a size we do not know: hold the drain and say so
+                self.unsized.append(n.name)
+                continue
+            if admit is not None and not admit(n):
+                continue
+            if not self.tripped and (over := self._over(n)):
+                self.tripped, self.rule = True, over
+            if self.tripped:
+                self.blocked.append(n.name)
+                continue
+            out.append(
+                Decision(
+                    "drain",
+                    n.name,
+                    w.rule,
+                    w.why,
+                    Severity.CRITICAL,
+                    "node_unhealthy",
+                    dry_run=self.s.dry_run,
+                )
+            )
+            self.drains_hour += 1
+            for p in n.partitions:
+                self.drained[p] = self.drained.get(p, 0) + 1
+        return out
+
+    def _over(self, n: NodeFacts) -> Rule | None:
+        """The limit one more drain of `n` would exceed, if any."""
+        if self.drains_hour + 1 > self.s.max_drains_per_hour:
+            return Rule.GUARD_RATE
+        sizes = self.cluster.partition_sizes
+        if any(self.drained.get(p, 0) + 1 > drain_limit(sizes[p], self.s) for p in n.partitions):
+            return Rule.GUARD_FRACTION
+        return None
+
+    def alerts(self) -> list[Decision]:
+        """What the guard says: tripped earlier, tripped now (naming the held nodes), or
+        holding drains because partition sizes are unknown."""
+        s, out = self.s, []
+        if self.tripped and not self.blocked:
+            out.append(
+                Decision(
+                    "keep_alert",
+                    None,
+                    Rule.GUARD_TRIPPED,
+                    "blast-radius guard tripped earlier: drains stay stopped until an admin reset",
+                    Severity.CRITICAL,
+                    "guard_tripped",
+                )
+            )
+        if self.blocked:
+            out.append(
+                Decision(
+                    "guard_tripped",
+                    None,
+                    self.rule,
+                    f"blast-radius guard: {len(self.blocked)} unhealthy node(s) NOT drained "
+                    f"({_listed(self.blocked)}); "
+                    f"limits: {s.max_drained_fraction:.0%} of a partition (at least "
+                    f"{s.min_drainable} node(s)), {s.max_drains_per_hour}/h",
+                    Severity.CRITICAL,
+                    "guard_tripped",
+                    details={"blocked": self.blocked},
+                )
+            )
+        if not self.unsized:
+            return [*out, Decision("resolve_alert", None, "", "", condition="guard_sizes_unknown")]
+        out.append(
+            Decision(
+                "alert",
+                None,
+                Rule.GUARD_UNKNOWN,
+                f"{len(self.unsized)} unhealthy node(s) NOT drained ({_listed(self.unsized)}): "
+                "partition sizes unknown (no Slurm data yet); babysitter decides once Slurm "
+                "answers",
+                Severity.CRITICAL,
+                "guard_sizes_unknown",
+                details={"blocked": self.unsized},
+            )
+        )
+        return out
 
 
 def decide(
@@ -406,143 +617,12 @@ def decide(
     in its scope only."""
     verdicts: dict[str, str] = {}
     decisions: list[Decision] = []
-    want_drain: list[tuple[int, NodeFacts, RuleName | NoRule, str]] = []
+    wishes: list[DrainWish] = []
     for n in nodes:
         verdict, rule = facts_verdict(n, s)
         verdicts[n.name] = verdict
-        decisions.extend(_escalations(n, now))
-        decisions.extend(_job_owned_alerts(n))
-        bad = [f for f in n.open_findings if drain_worthy(f)]
-        if verdict == "unknown" and n.heartbeat_age_s is not None:
-            decisions.append(
-                Decision(
-                    "alert",
-                    n.name,
-                    "heartbeat_missing",
-                    f"no report from {n.name} for {n.heartbeat_age_s:.0f} s",
-                    Severity.WARNING,
-                    "node_unknown",
-                )
-            )
-        elif verdict != "unknown":
-            decisions.append(Decision("resolve_alert", n.name, "", "", condition="node_unknown"))
-        if bad and verdict == "unhealthy":
-            if n.drained and not n.ours:
-                decisions.append(
-                    Decision(
-                        "alert",
-                        n.name,
-                        "not_ours",
-                        f"{summary(bad)} — node is held by someone else ({n.reason!r}); "
-                        "babysitter left it alone",
-                        Severity.WARNING,
-                        "node_unhealthy_not_ours",
-                    )
-                )
-            elif not n.drained and not n.drain_pending and n.in_slurm:
-                worst = max(f.severity.rank for f in bad)
-                want_drain.append((worst, n, rule, summary(bad)))
-            else:
-                # drained (or about to be) by babysitter and still broken: the alert still
-                # holds; re-asserting it each tick keeps it alive where alerts expire
-                decisions.append(
-                    Decision(
-                        "keep_alert",
-                        n.name,
-                        rule,
-                        summary(bad),
-                        Severity.CRITICAL,
-                        "node_unhealthy",
-                        dry_run=s.dry_run,
-                    )
-                )
-            continue
-        decisions.append(
-            Decision("resolve_alert", n.name, "", "", condition="node_unhealthy_not_ours")
-        )
-        if (
-            n.drained
-            and n.ours
-            and verdict in ("healthy", "suspect")
-            and not bad
-            and n.consecutive_clean >= s.resume_after_clean_checks
-        ):
-            decisions.extend(_return_to_service(n, s))
-
-    # blast-radius guard
-    tripped = cluster.guard_tripped
-    drained = dict(cluster.drained_by_us)
-    drains_hour = cluster.drains_last_hour
-    blocked: list[str] = []
-    unsized: list[str] = []
-    guard_rule: RuleName | NoRule = "guard_tripped" if tripped else ""
-    for _, n, rule, why in sorted(want_drain, key=lambda t: (-t[0], t[1].name)):
-        if any(p not in cluster.partition_sizes for p in n.partitions):
-            # never trip on a size we do not know: hold the drain and say so
-            unsized.append(n.name)
-            continue
-        if admit is not None and not admit(n):
-            continue
-        if not tripped:
-            over_rate = drains_hour + 1 > s.max_drains_per_hour
-            over_frac = any(
-                drained.get(p, 0) + 1 > drain_limit(cluster.partition_sizes[p], s)
-                for p in n.partitions
-            )
-            if over_rate or over_frac:
-                tripped = True
-                guard_rule = "guard_rate" if over_rate else "guard_fraction"
-        if tripped:
-            blocked.append(n.name)
-            continue
-        decisions.append(
-            Decision(
-                "drain", n.name, rule, why, Severity.CRITICAL, "node_unhealthy", dry_run=s.dry_run
-            )
-        )
-        drains_hour += 1
-        for p in n.partitions:
-            drained[p] = drained.get(p, 0) + 1
-    if tripped and not blocked:
-        decisions.append(
-            Decision(
-                "keep_alert",
-                None,
-                "guard_tripped",
-                "blast-radius guard tripped earlier: drains stay stopped until an admin reset",
-                Severity.CRITICAL,
-                "guard_tripped",
-            )
-        )
-    if blocked:
-        decisions.append(
-            Decision(
-                "guard_tripped",
-                None,
-                guard_rule,
-                f"blast-radius guard: {len(blocked)} unhealthy node(s) NOT drained "
-                f"({', '.join(blocked[:10])}{'…' if len(blocked) > 10 else ''}); "
-                f"limits: {s.max_drained_fraction:.0%} of a partition (at least "
-                f"{s.min_drainable} node(s)), {s.max_drains_per_hour}/h",
-                Severity.CRITICAL,
-                "guard_tripped",
-                details={"blocked": blocked},
-            )
-        )
-    if unsized:
-        decisions.append(
-            Decision(
-                "alert",
-                None,
-                "guard_unknown",
-                f"{len(unsized)} unhealthy node(s) NOT drained "
-                f"({', '.join(unsized[:10])}{'…' if len(unsized) > 10 else ''}): partition "
-                "sizes unknown (no Slurm data yet); babysitter decides once Slurm answers",
-                Severity.CRITICAL,
-                "guard_sizes_unknown",
-                details={"blocked": unsized},
-            )
-        )
-    else:
-        decisions.append(Decision("resolve_alert", None, "", "", condition="guard_sizes_unknown"))
-    return PolicyResult(verdicts, decisions, tripped)
+        decisions.extend(_node_decisions(n, verdict, rule, s, now, wishes))
+    guard = Guard(cluster, s)
+    decisions.extend(guard.drains(wishes, admit))
+    decisions.extend(guard.alerts())
+    return PolicyResult(verdicts, decisions, guard.tripped)

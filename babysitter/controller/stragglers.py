@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from babysitter.controller.policy import Decision, RuleName
+from babysitter.controller.policy import Decision, Rule
 from babysitter.finding import Severity
 
 CONDITION = "node_slow"
-RULE: RuleName = "node_slow"
+RULE = Rule.NODE_SLOW
 METRICS = ("gflops", "busbw")
 
 
