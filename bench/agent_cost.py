@@ -19,13 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 import babysitter as babysitter_pkg
 from babysitter.controller.auth import node_token
 from babysitter.devcluster import simib
 from babysitter.devcluster.fakenvml import FakeGpus, build, read_calls
-from bench.common import figure, summary, write_result
+from bench.common import figure, summary, wait_ready, write_result
 
 DURATION_S = 300.0
 WARMUP_S = 20.0  # start-up (imports, first full cycle) is not the steady state
@@ -119,18 +117,7 @@ def main() -> int:
         )
         agent = None
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).is_success:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or ctl.poll() is not None:
-                    raise RuntimeError(
-                        f"controller did not start: {(work / 'ctl.log').read_text()}"
-                    )
-                time.sleep(0.2)
+            wait_ready(f"http://127.0.0.1:{port}", 60, proc=ctl, log=work / "ctl.log")
             agent = subprocess.Popen(
                 [*babysitter, "agent"],
                 env=agent_env,

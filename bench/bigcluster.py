@@ -27,11 +27,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from babysitter.controller.auth import node_token
 from babysitter.devcluster import ClusterInfo, DevCluster
-from bench.common import percentile, summary
+from bench.common import percentile, summary, wait_ready
 
 N_FAKE = 10_000
 RATE = 2000.0  # reports/s: 10,000 nodes every 5 s
@@ -229,15 +227,7 @@ def start_controller(
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"controller exited: see {workdir / 'controller.log'}")
-        time.sleep(0.1)
+    wait_ready(url, 60, proc=proc, log=workdir / "controller.log")
     return ControllerProc(proc, url, secret, workdir, db, tick_log)
 
 

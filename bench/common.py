@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from bench import provenance
 
@@ -131,3 +134,38 @@ class Timer:
 
     def __exit__(self, *exc: object) -> None:
         self.elapsed = time.perf_counter() - self.start
+
+
+def wait_until(
+    cond: Callable[[], bool], timeout: float, *, poll: float = 0.2, what: str = "a condition"
+) -> float:
+    """Poll `cond` until it holds; the seconds that took. A benchmark that goes on after a
+    timeout measures a broken set-up, so a timeout raises (TimeoutError naming `what`)."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(poll)
+    return time.monotonic() - t0
+
+
+def wait_ready(
+    url: str,
+    timeout: float = 60,
+    *,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+) -> None:
+    """Until the controller at `url` answers /readyz with 200. A controller process that
+    exits meanwhile fails at once (RuntimeError, with the end of its log); a timeout raises."""
+
+    def ready() -> bool:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+            raise RuntimeError(f"controller exited with {proc.returncode} before ready: {tail}")
+        try:
+            return httpx.get(url + "/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(ready, timeout, poll=0.1, what=f"{url}/readyz")

@@ -31,7 +31,7 @@ from babysitter.devcluster import simib
 from babysitter.devcluster.fakenvml import EVENT_DBE
 from babysitter.devcluster.sim import SimCluster
 from babysitter.slurm.cli import CliSlurmClient
-from bench.common import figure, summary, write_result
+from bench.common import figure, summary, wait_until, write_result
 
 INJECTIONS = 20
 JOB_INJECTIONS = 3
@@ -53,15 +53,6 @@ FAST_FAULTS = (
 SLOW_FAULTS = ("pcie_width",)  # slow tier (a warning): injected on every node at once
 MUST = FAST_FAULTS
 FAST_TIER_S = 1.0  # agent.fast_interval_s default: injections are spread over one period
-
-
-def wait(cond: Callable[[], bool], timeout: float, poll: float = 0.02) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if cond():
-            return time.monotonic() - t0
-        time.sleep(poll)
-    raise TimeoutError
 
 
 @dataclass
@@ -91,7 +82,12 @@ def run(base: Path, defaults: bool, injections: int, jobs: bool) -> dict[str, li
         sim.up()
         assert sim.info is not None
         slurm = CliSlurmClient(slurm_conf=Path(sim.info.slurm_conf))
-        wait(lambda: sum(n["verdict"] == "healthy" for n in sim.api("/api/v1/nodes")) == 4, 120)
+        wait_until(
+            lambda: sum(n["verdict"] == "healthy" for n in sim.api("/api/v1/nodes")) == 4,
+            120,
+            poll=0.02,
+            what="4 healthy nodes",
+        )
 
         def drained(node: str) -> bool:
             return slurm.node(node).drained_or_draining
@@ -125,7 +121,7 @@ def run(base: Path, defaults: bool, injections: int, jobs: bool) -> dict[str, li
 
         def recover(node: str) -> None:
             sim.reboot(node)
-            wait(lambda: not drained(node), 120, poll=0.1)
+            wait_until(lambda: not drained(node), 120, poll=0.1, what=f"{node} resumed")
 
         def observed(n: str, since: datetime) -> float | None:
             """Seconds from the injection to the agent's observation of the fault."""
@@ -146,7 +142,7 @@ def run(base: Path, defaults: bool, injections: int, jobs: bool) -> dict[str, li
                 since = datetime.now(UTC)
                 t0 = time.monotonic()
                 faults[fault](node)
-                wait(lambda n=node: drained(n), 60)  # type: ignore[misc]
+                wait_until(lambda n=node: drained(n), 60, poll=0.02, what=f"{node} drained")  # type: ignore[misc]
                 lat.append(time.monotonic() - t0)
                 seen.append(observed(node, since))
                 recover(node)
@@ -186,7 +182,7 @@ def run(base: Path, defaults: bool, injections: int, jobs: bool) -> dict[str, li
                 check=True,
                 timeout=30,
             )
-            wait(lambda n=node: drained(n), 30)  # type: ignore[misc]
+            wait_until(lambda n=node: drained(n), 30, poll=0.02, what=f"{node} drained")  # type: ignore[misc]
             raw.append(time.monotonic() - t0)
             subprocess.run(
                 ["scontrol", "update", f"NodeName={node}", "State=RESUME"],
@@ -194,7 +190,7 @@ def run(base: Path, defaults: bool, injections: int, jobs: bool) -> dict[str, li
                 check=True,
                 timeout=30,
             )
-            wait(lambda n=node: not drained(n), 30, poll=0.1)  # type: ignore[misc]
+            wait_until(lambda n=node: not drained(n), 30, poll=0.1, what=f"{node} resumed")  # type: ignore[misc]
         if jobs:
             results["job_requeue"] = job_requeues(sim, slurm, base, env, recover)
     finally:
@@ -231,16 +227,18 @@ def job_requeues(
                 timeout=30,
             ).stdout.strip()
         )
-        wait(lambda j=jid: slurm.job(j).running, 60, poll=0.1)  # type: ignore[misc]
+        wait_until(lambda j=jid: slurm.job(j).running, 60, poll=0.1, what=f"job {jid} running")  # type: ignore[misc]
         node = slurm.job(jid).nodes[0]
         t0 = time.monotonic()
         sim.inject_xid(node, 0, 79)
-        wait(
+        wait_until(
             lambda j=jid: (
                 slurm.job(j).restart_count >= 1  # type: ignore[misc]
                 and "PENDING" in slurm.job(j).states
             ),
             60,
+            poll=0.02,
+            what=f"job {jid} requeued",
         )
         req.append(time.monotonic() - t0)
         subprocess.run(["scancel", str(jid)], env=env, timeout=30)

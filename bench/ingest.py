@@ -32,13 +32,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from babysitter.controller import models as m
 from babysitter.controller.auth import node_token
 from babysitter.controller.ingest import NODE_STATE_UPDATE
 from babysitter.controller.store import Store
-from bench.common import figure, missing, summary, write_result
+from bench.common import figure, missing, summary, wait_ready, write_result
 
 NODES = 10_000
 DURATION_S = float(os.environ.get("BENCH_INGEST_S", "10"))
@@ -234,12 +232,7 @@ def run_controller(db_url: str, workdir: Path) -> tuple[subprocess.Popen[bytes],
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    wait_ready(url, 60, proc=p)
     return p, url, secret
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from babysitter.devcluster.fakenvml import FakeGpus, build
 from babysitter.devcluster.source import source_dirs
 from bench.agent_cost import child_cost, cpu_s, rss_mb
-from bench.common import REPO, figure, summary, write_result
+from bench.common import REPO, figure, summary, wait_until, write_result
 from bench.fault_drain import POLICY, DefaultsCluster
 
 NHC_TARBALL = "nhc-1.4.3-9c4a38c.tar.gz"
@@ -180,12 +180,16 @@ def run_interval(
                 capture_output=True,
             )
 
-        wait_until(lambda: all(st[1] in ("", "none") for st in states().values()), 120)
+        wait_until(
+            lambda: all(st[1] in ("", "none") for st in states().values()),
+            120,
+            what="no node drained",
+        )
 
         def healthy() -> set[str]:
             return {n["name"] for n in sim.api("/api/v1/nodes") if n["verdict"] == "healthy"}
 
-        wait_until(lambda: set(ours) <= healthy(), 120)
+        wait_until(lambda: set(ours) <= healthy(), 120, what="babysitter's nodes healthy")
         measured = sim.nodes[ours[-1]].proc
         assert measured is not None
         cpu0, t_phase = cpu_s(measured.pid), time.monotonic()
@@ -217,7 +221,11 @@ def run_interval(
             for node in theirs:
                 sim.nodes[node].gpus.reset(8)
                 resume(node)
-            wait_until(lambda: not any(drained_by(n, "NHC:") for n in theirs), 120)
+            wait_until(
+                lambda: not any(drained_by(n, "NHC:") for n in theirs),
+                120,
+                what="NHC nodes resumed",
+            )
             print(f"NHC@{interval}: { ({k: len(v) for k, v in nhc.items()}) }", flush=True)
             print(f"babysitter: { ({k: [round(x, 2) for x in v] for k, v in ours_lat.items()}) }")
         phase_s = time.monotonic() - t_phase
@@ -270,25 +278,18 @@ def babysitter_sample(
     """Inject one fault on a babysitter node at a random phase of its 1 s grid, time the
     drain, then reboot the node (simulated); babysitter resumes it while the other nodes take
     their turns."""
-    wait_until(lambda: not drained_by(node, "babysitter:"), 120)  # back from its last reboot
+    # back from its last reboot
+    wait_until(lambda: not drained_by(node, "babysitter:"), 120, what=f"{node} resumed")
     time.sleep(rng.uniform(0, FAST_TIER_S))
     t0 = time.monotonic()
     if kind == "xid79":
         sim.inject_xid(node, 3, 79)
     else:
         GPU_FAULTS[kind](sim.nodes[node].gpus)
-    wait_until(lambda: drained_by(node, "babysitter:"), 60, poll=0.05)
+    wait_until(lambda: drained_by(node, "babysitter:"), 60, poll=0.05, what=f"{node} drained")
     latency = time.monotonic() - t0
     sim.reboot(node)
     return latency
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, poll: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        time.sleep(poll)
 
 
 def one_shot_costs(base: Path, src: Path, helper: Path) -> dict[str, dict[str, float]]:

@@ -14,22 +14,12 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from babysitter.devcluster.sim import SimCluster, sim_validation
-from bench.common import figure, summary, write_result
+from bench.common import figure, summary, wait_until, write_result
 
 INJECTIONS = 10
 PHASES = ("detect", "drain_to_issue", "wait_for_jobs", "reboot", "validation", "resume")
-
-
-def _wait(cond: Any, timeout: float) -> bool:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _at(v: str) -> float:
@@ -40,7 +30,9 @@ def one(sim: SimCluster, n: int) -> dict[str, float] | None:
     assert sim.info is not None
     t_fault = datetime.now(UTC).timestamp()
     sim.inject_xid("node1", 3, 79, via="kmsg")
-    if not _wait(lambda: sim.reboots.get("node1", 0) == n, 180):
+    try:  # a reboot or validation that never comes is a failed injection, counted
+        wait_until(lambda: sim.reboots.get("node1", 0) == n, 180, poll=0.05, what="reboot")
+    except TimeoutError:
         return None
 
     def back() -> bool:
@@ -52,7 +44,9 @@ def one(sim: SimCluster, n: int) -> dict[str, float] | None:
             and (sim.cluster.node_states(["node1"]).get("node1") == "idle")
         )
 
-    if not _wait(back, 300):
+    try:
+        wait_until(back, 300, poll=0.05, what="node1 validated and idle")
+    except TimeoutError:
         return None
     t_back = datetime.now(UTC).timestamp()
     ev = sim.api("/api/v1/ledger?node=node1&limit=1")[0]["evidence"]
@@ -91,7 +85,12 @@ def main(argv: list[str]) -> int:
         samples: list[dict[str, float]] = []
         failed = 0
         try:
-            _wait(lambda: [n["verdict"] for n in sim.api("/api/v1/nodes")] == ["healthy"] * 2, 120)
+            wait_until(
+                lambda: [n["verdict"] for n in sim.api("/api/v1/nodes")] == ["healthy"] * 2,
+                120,
+                poll=0.05,
+                what="2 healthy nodes",
+            )
             for i in range(1, injections + 1):
                 s = one(sim, i)
                 if s is None:

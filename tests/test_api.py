@@ -2,27 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from fastapi.testclient import TestClient
 
-from babysitter.controller.runtime import Controller
-from tests.fixtures.controller import Secrets, controller_config
 from tests.fixtures.reports import DBE, wire_report
-
-
-@pytest.fixture
-def ctl(secrets: Secrets, db_url: str) -> Iterator[Controller]:
-    c = Controller(controller_config(secrets, db_url))
-    c.setup()
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def client(ctl: Controller) -> TestClient:
-    return TestClient(ctl.app())
 
 
 def auth(token: str) -> dict[str, str]:

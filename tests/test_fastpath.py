@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,17 +14,13 @@ from babysitter.controller.api import create_app
 from babysitter.controller.auth import Principal
 from babysitter.controller.fastpath import IngestFastPath
 from babysitter.controller.ingest import Ingest, Refused
-from babysitter.controller.runtime import Controller
-from tests.fixtures.controller import Secrets, controller_config
 from tests.fixtures.reports import wire_report
 
 
 @pytest.fixture
-def ctl(secrets: Secrets, tmp_path) -> Iterator[Controller]:
-    c = Controller(controller_config(secrets, f"sqlite:///{tmp_path / 'f.db'}"))
-    c.setup()
-    yield c
-    c.close()
+def db_url(sqlite_url: str) -> str:
+    """SQLite only: both doors share one ingest, whose database code test_ingress runs on both."""
+    return sqlite_url
 
 
 WARN = {

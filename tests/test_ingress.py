@@ -18,10 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 
 from babysitter.controller.ingest import ReportRejected, ReportWriter
-from babysitter.controller.runtime import Controller
 from babysitter.controller.store import Store
 from babysitter.finding import Finding, Severity
 from babysitter.report import Report
@@ -29,19 +27,6 @@ from tests.fixtures.controller import ControllerProcess, Secrets, controller_con
 from tests.fixtures.reports import wire_report
 
 MB = 1 << 20
-
-
-@pytest.fixture
-def ctl(secrets: Secrets, db_url: str) -> Iterator[Controller]:
-    c = Controller(controller_config(secrets, db_url))
-    c.setup()
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def client(ctl: Controller) -> TestClient:
-    return TestClient(ctl.app())
 
 
 def finding(code: str = "x.y", severity: str = "warning", **extra: Any) -> dict:

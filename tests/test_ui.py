@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fastapi.routing import APIRoute
@@ -15,16 +14,13 @@ from fastapi.testclient import TestClient
 from babysitter.controller import audit
 from babysitter.controller.runtime import Controller
 from babysitter.controller.ui.session import COOKIE, Sessions
-from tests.fixtures.controller import Secrets, controller_config
 from tests.fixtures.reports import DBE, wire_report
 
 
 @pytest.fixture
-def ctl(secrets: Secrets, tmp_path: Path) -> Iterator[Controller]:
-    c = Controller(controller_config(secrets, f"sqlite:///{tmp_path / 'ui.db'}"))
-    c.setup()
-    yield c
-    c.close()
+def db_url(sqlite_url: str) -> str:
+    """SQLite only: the pages do not depend on the database (test_api covers both)."""
+    return sqlite_url
 
 
 @pytest.fixture

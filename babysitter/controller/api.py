@@ -221,7 +221,7 @@ def report_router(ingest: Ingest) -> APIRouter:
         except Refused as exc:
             return refused(exc)
         except StoreUnavailable as exc:
-            raise HTTPException(503, str(exc)) from None
+            return unavailable(exc)
         return Response(payload, status_code=status, media_type="application/json")
 
     async def post_report(body: Report) -> Accepted:
@@ -255,6 +255,12 @@ def refused(exc: Refused) -> Response:
     return JSONResponse(
         jsonable_encoder({"detail": exc.detail}), status_code=exc.status, headers=headers
     )
+
+
+def unavailable(exc: StoreUnavailable) -> Response:
+    """The answer to a report the store could not take now: 503, the agent spools it and
+    retries."""
+    return JSONResponse({"detail": str(exc)}, status_code=503)
 
 
 class AdminBodyGuard:

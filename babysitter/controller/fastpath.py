@@ -9,12 +9,10 @@ refuses it without reading), and a streamed body is read only up to the limit.""
 
 from __future__ import annotations
 
-import json
-
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from babysitter.controller.api import REPORTS_PATH
+from babysitter.controller.api import REPORTS_PATH, refused, unavailable
 from babysitter.controller.auth import NODE_HEADER
 from babysitter.controller.ingest import Ingest, Refused, StoreUnavailable, report_problems
 from babysitter.report import Report
@@ -35,13 +33,14 @@ class IngestFastPath:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != REPORTS_PATH:
             await self.app(scope, receive, send)
             return
+        # a repeated header counts by its first value, as Starlette's request.headers.get
         auth = node = length = None
         for name, value in scope["headers"]:
-            if name == b"authorization":
+            if name == b"authorization" and auth is None:
                 auth = value.decode("latin-1")  # as Starlette decodes headers
-            elif name == _NODE_HEADER:
+            elif name == _NODE_HEADER and node is None:
                 node = value.decode("latin-1")
-            elif name == b"content-length":
+            elif name == b"content-length" and length is None:
                 length = value.decode("latin-1")
         try:
             sender = self.ingest.sender(auth, node, length)
@@ -74,10 +73,12 @@ class IngestFastPath:
             return
         try:
             status, payload = await self.ingest.accept(body)
-        except Refused as exc:
-            status, payload = exc.status, json.dumps({"detail": exc.detail}).encode()
+        except Refused as exc:  # the route's own answers, byte for byte
+            await refused(exc)(scope, receive, send)
+            return
         except StoreUnavailable as exc:
-            status, payload = 503, json.dumps({"detail": str(exc)}).encode()
+            await unavailable(exc)(scope, receive, send)
+            return
         headers = [*_JSON_HEADERS, (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})

@@ -427,114 +427,143 @@ class ReportWriter:
         if not reports:
             return
         names = sorted({r.node for _, r in reports})
-        existing = {
-            row.name: row._asdict()
-            for row in conn.execute(
-                select(
-                    m.nodes.c.name,
-                    m.nodes.c.consecutive_clean,
-                    m.nodes.c.last_sent_at,
-                    m.nodes.c.last_report_id,
-                ).where(m.nodes.c.name.in_(names))
-            )
-        }
-        # The stored JSON is only needed where it survives the batch: open findings under an
-        # event report (merged, not replaced) and metrics under a report without any. Reading
-        # and decoding it for every node was a fifth of the writer's time.
-        keep = sorted(
-            {r.node for _, r in reports if r.kind == "event" or not r.metrics} & existing.keys()
-        )
-        if keep:
-            for row in conn.execute(
-                select(m.nodes.c.name, m.nodes.c.open_findings, m.nodes.c.metrics).where(
-                    m.nodes.c.name.in_(keep)
-                )
-            ):
-                existing[row.name].update(open_findings=row.open_findings, metrics=row.metrics)
-        new_names = [n for n in names if n not in existing]
-        if new_names:
-            conn.execute(
-                m.nodes.insert(),
-                [
-                    {
-                        "name": n,
-                        "first_seen_at": received,
-                        "open_findings": [],
-                        "consecutive_clean": 0,
-                        "worst_severity": "ok",
-                        "verdict": "unknown",
-                        "babysitter_drained": False,
-                    }
-                    for n in new_names
-                ],
-            )
-            for n in new_names:
-                existing[n] = {
-                    "name": n,
-                    "open_findings": [],
-                    "consecutive_clean": 0,
-                    "metrics": None,
-                    "last_sent_at": None,
-                }
+        existing = _read_nodes(conn, names, reports)
+        _insert_new_nodes(conn, [n for n in names if n not in existing], existing, received)
         applied: set[str] = set()
-        for rid, r in reports:
-            node = existing[r.node]
-            # a clock ahead of the controller's must not freeze the node's state
-            at = min(aware(r.sent_at) or received, received)
-            last = aware(node.get("last_sent_at"))
-            if last is not None and at < last:
-                continue
-            applied.add(r.node)
-            problems = [f.to_json_dict() for f in r.findings if f.severity in _PROBLEM]
-            if r.kind == "event":
-                keys = {(f["check"], f["component"], f["code"]) for f in problems}
-                kept = [
-                    f
-                    for f in node["open_findings"] or []
-                    if (f["check"], f["component"], f["code"]) not in keys
-                ]
-                open_f = kept + problems
-                clean = 0 if problems else node["consecutive_clean"]
-            else:
-                open_f = problems
-                clean = 0 if problems else (node["consecutive_clean"] or 0) + 1
-            if len(open_f) > self.max_open_findings:
-                open_f = _fold(open_f, self.max_open_findings, received)
-            worst = max(
-                (stored_severity(f["severity"]) for f in open_f),
-                default=Severity.OK,
-                key=_RANK.__getitem__,
+        for rid, r in reports:  # in order of sending: each moves its node's state forward
+            if self._fold_report(existing[r.node], rid, r, received):
+                applied.add(r.node)
+        _write_nodes(conn, names, existing, applied, received)
+
+    def _fold_report(self, node: dict[str, Any], rid: str, r: Report, received: datetime) -> bool:
+        """Apply one report to its node's state (in place); False for a report older than the
+        state, which changes nothing."""
+        # a clock ahead of the controller's must not freeze the node's state
+        at = min(aware(r.sent_at) or received, received)
+        last = aware(node.get("last_sent_at"))
+        if last is not None and at < last:
+            return False
+        problems = [f.to_json_dict() for f in r.findings if f.severity in _PROBLEM]
+        if r.kind == "event":
+            keys = {(f["check"], f["component"], f["code"]) for f in problems}
+            kept = [
+                f
+                for f in node["open_findings"] or []
+                if (f["check"], f["component"], f["code"]) not in keys
+            ]
+            open_f = kept + problems
+            clean = 0 if problems else node["consecutive_clean"]
+        else:
+            open_f = problems
+            clean = 0 if problems else (node["consecutive_clean"] or 0) + 1
+        if len(open_f) > self.max_open_findings:
+            open_f = _fold(open_f, self.max_open_findings, received)
+        worst = max(
+            (stored_severity(f["severity"]) for f in open_f),
+            default=Severity.OK,
+            key=_RANK.__getitem__,
+        )
+        node.update(
+            open_findings=open_f,
+            consecutive_clean=clean,
+            worst_severity=str(worst),
+            last_report_id=rid,
+            last_sent_at=at,
+            metrics=r.metrics or node.get("metrics"),
+        )
+        return True
+
+
+def _read_nodes(
+    conn: Connection, names: list[str], reports: list[tuple[str, Report]]
+) -> dict[str, dict[str, Any]]:
+    """The stored state of the batch's nodes that exist, by name."""
+    existing = {
+        row.name: row._asdict()
+        for row in conn.execute(
+            select(
+                m.nodes.c.name,
+                m.nodes.c.consecutive_clean,
+                m.nodes.c.last_sent_at,
+                m.nodes.c.last_report_id,
+            ).where(m.nodes.c.name.in_(names))
+        )
+    }
+    # The stored JSON is only needed where it survives the batch: open findings under an
+    # event report (merged, not replaced) and metrics under a report without any. Reading
+    # and decoding it for every node was a fifth of the writer's time.
+    keep = sorted(
+        {r.node for _, r in reports if r.kind == "event" or not r.metrics} & existing.keys()
+    )
+    if keep:
+        for row in conn.execute(
+            select(m.nodes.c.name, m.nodes.c.open_findings, m.nodes.c.metrics).where(
+                m.nodes.c.name.in_(keep)
             )
-            node.update(
-                open_findings=open_f,
-                consecutive_clean=clean,
-                worst_severity=str(worst),
-                last_report_id=rid,
-                last_sent_at=at,
-                metrics=r.metrics or node.get("metrics"),
-            )
-        if applied:
-            conn.execute(
-                NODE_STATE_UPDATE,
-                [
-                    {
-                        "b_name": n,
-                        "open_findings": existing[n]["open_findings"],
-                        "consecutive_clean": existing[n]["consecutive_clean"],
-                        "worst_severity": existing[n]["worst_severity"],
-                        "last_report_at": received,
-                        "last_report_id": existing[n]["last_report_id"],
-                        "last_sent_at": existing[n]["last_sent_at"],
-                        "metrics": existing[n].get("metrics"),
-                    }
-                    for n in sorted(applied)
-                ],
-            )
-        stale = [n for n in names if n not in applied]
-        if stale:
-            conn.execute(
-                NODE_ALIVE_UPDATE, [{"b_name": n, "last_report_at": received} for n in stale]
-            )
+        ):
+            existing[row.name].update(open_findings=row.open_findings, metrics=row.metrics)
+    return existing
+
+
+def _insert_new_nodes(
+    conn: Connection, new_names: list[str], existing: dict[str, dict[str, Any]], received: datetime
+) -> None:
+    """Rows for nodes seen the first time, and their empty state in `existing`."""
+    if not new_names:
+        return
+    conn.execute(
+        m.nodes.insert(),
+        [
+            {
+                "name": n,
+                "first_seen_at": received,
+                "open_findings": [],
+                "consecutive_clean": 0,
+                "worst_severity": "ok",
+                "verdict": "unknown",
+                "babysitter_drained": False,
+            }
+            for n in new_names
+        ],
+    )
+    for n in new_names:
+        existing[n] = {
+            "name": n,
+            "open_findings": [],
+            "consecutive_clean": 0,
+            "metrics": None,
+            "last_sent_at": None,
+        }
+
+
+def _write_nodes(
+    conn: Connection,
+    names: list[str],
+    existing: dict[str, dict[str, Any]],
+    applied: set[str],
+    received: datetime,
+) -> None:
+    """The new state of nodes a report moved; only liveness for the others."""
+    if applied:
+        conn.execute(
+            NODE_STATE_UPDATE,
+            [
+                {
+                    "b_name": n,
+                    "open_findings": existing[n]["open_findings"],
+                    "consecutive_clean": existing[n]["consecutive_clean"],
+                    "worst_severity": existing[n]["worst_severity"],
+                    "last_report_at": received,
+                    "last_report_id": existing[n]["last_report_id"],
+                    "last_sent_at": existing[n]["last_sent_at"],
+                    "metrics": existing[n].get("metrics"),
+                }
+                for n in sorted(applied)
+            ],
+        )
+    stale = [n for n in names if n not in applied]
+    if stale:
+        conn.execute(NODE_ALIVE_UPDATE, [{"b_name": n, "last_report_at": received} for n in stale])
 
 
 # What one report changes in its node's row (executemany, keyed by b_name).

@@ -15,7 +15,15 @@ from babysitter.controller import audit
 class ControllerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
+        # registered in this order, which is the order of /metrics
+        self._ingest(self.registry)
+        self._actions(self.registry)
+        self._alerts(self.registry)
+        self._loops(self.registry)
+        self._read_from_store(self.registry)
+        self.registry.register(AuditCollector())
+
+    def _ingest(self, r: CollectorRegistry) -> None:
         self.reports = Counter(
             "babysitter_reports_ingested_total",
             "Reports accepted by the API.",
@@ -29,6 +37,8 @@ class ControllerMetrics:
             registry=r,
         )
         self.nodes = Gauge("babysitter_nodes", "Nodes by verdict.", ["verdict"], registry=r)
+
+    def _actions(self, r: CollectorRegistry) -> None:
         self.drains = Counter("babysitter_drains_total", "Drains decided.", ["outcome"], registry=r)
         self.resumes = Counter(
             "babysitter_resumes_total", "Resumes decided.", ["outcome"], registry=r
@@ -36,6 +46,8 @@ class ControllerMetrics:
         self.requeues = Counter(
             "babysitter_requeues_total", "Job requeues decided.", ["outcome"], registry=r
         )
+
+    def _alerts(self, r: CollectorRegistry) -> None:
         self.alerts = Counter(
             "babysitter_alerts_total", "Alert notifications sent.", ["sink", "state"], registry=r
         )
@@ -49,6 +61,8 @@ class ControllerMetrics:
             "Alert deliveries whose result could not be written to the database.",
             registry=r,
         )
+
+    def _loops(self, r: CollectorRegistry) -> None:
         self.loop_errors = Counter(
             "babysitter_loop_item_errors_total",
             "Decisions, actions, jobs or alerts whose handling raised (recorded on the item).",
@@ -78,7 +92,9 @@ class ControllerMetrics:
             buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900),
             registry=r,
         )
-        # read from the store when /metrics is scraped (controller/cockpit_metrics.py)
+
+    def _read_from_store(self, r: CollectorRegistry) -> None:
+        """Read from the store when /metrics is scraped (controller/cockpit_metrics.py)."""
         self.guard_tripped = Gauge(
             "babysitter_guard_tripped", "1 while the blast-radius guard stops drains.", registry=r
         )
@@ -129,7 +145,6 @@ class ControllerMetrics:
             ["switch", "verdict"],
             registry=r,
         )
-        r.register(AuditCollector())
 
     def forget_store_values(self) -> None:
         """The database cannot be read: withdraw every value read from it. Labelled series

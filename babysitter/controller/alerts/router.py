@@ -132,86 +132,101 @@ class AlertRouter:
         """One round: `firing` alerts that hold now, `clearing` (node, condition) pairs that no
         longer hold. Returns what was sent."""
         now = now or datetime.now(UTC)
-        out: list[Alert] = []
-        fresh: list[Alert] = []
         known = {row["key"]: row for row in self.state.alerts()}  # one read per round
-        for a in firing:
-            prev = known.get(a.key)
-            last = prev.get("last_sent_at") if prev else None
-            if last is not None and last.tzinfo is None:
-                last = last.replace(tzinfo=UTC)
-            if prev and prev["state"] == "firing" and last and now - last < self.repeat_interval:
-                due = self._refresh_due(a.key, last, now)
-                if due:  # still firing: keep it alive where alerts expire
-                    started = prev.get("started_at") or a.starts_at
-                    if started.tzinfo is None:
-                        started = started.replace(tzinfo=UTC)
-                    a.starts_at = started
-                    self._deliver(a, due, record=False)
-                    self._refreshed[a.key] = now
-                continue
-            fresh.append(a)
+        fresh = [a for a in firing if not self._refresh(a, known.get(a.key), now)]
         by_cond: dict[str, list[Alert]] = defaultdict(list)
         for a in fresh:
             by_cond[a.condition].append(a)
-        grouping = [s for s, _ in self.sinks if s.groups]
-        single = [s for s, _ in self.sinks if not s.groups]
+        out: list[Alert] = []
         for cond, group in by_cond.items():
             if len(group) > self.group_threshold:
-                nodes = sorted({a.node or "cluster" for a in group})
-                sev = max(group, key=lambda a: a.severity.rank).severity
-                g = Alert(
-                    None,
-                    cond,
-                    sev,
-                    f"{len(nodes)} nodes: {', '.join(nodes[:20])}"
-                    f"{' …' if len(nodes) > 20 else ''} — e.g. {group[0].summary}",
-                    group[0].action_taken,
-                    now,
-                    nodes=nodes,
-                    details={"count": len(nodes)},
-                )
-                results = self._deliver(g, grouping, record=False) if grouping else {}
-                out.append(g)
-                for a in group:  # remember each node's condition so it can resolve later
-                    mine = dict(results)
-                    if single:
-                        mine.update(self._deliver(a, single))
-                    self._record(a, now, mine)
+                out.append(self._fire_storm(cond, group, now))
             else:
                 for a in group:
-                    results = self._deliver(a)
+                    self._record(a, now, self._deliver(a))
                     out.append(a)
-                    self._record(a, now, results)
         for node, cond in clearing:
-            key = f"{node or 'cluster'}|{cond}"
-            prev = known.get(key)
-            if not prev or prev["state"] != "firing":
-                continue
-            started = prev["started_at"]
-            if started.tzinfo is None:
-                started = started.replace(tzinfo=UTC)
-            r = Alert(
-                node,
-                cond,
-                prev["severity"],
-                f"{cond} cleared on {node or 'cluster'}",
-                "condition cleared",
-                started,
-                resolved=True,
-                ends_at=now,
-            )
-            results = self._deliver(r)
-            out.append(r)
-            self._refreshed.pop(key, None)
-            self.state.upsert_alert(
-                key, state="resolved", resolved_at=now, last_sent_at=now, sink_results=results
-            )
+            resolved = self._resolve(node, cond, known, now)
+            if resolved is not None:
+                out.append(resolved)
         outbox, self._outbox = self._outbox, []
         if self.sender is not None:
             for d in outbox:
                 self.sender.submit(d)
         return out
+
+    def _refresh(self, a: Alert, prev: dict[str, Any] | None, now: datetime) -> bool:
+        """True when `a` was sent within the repeat interval and is still firing: it is not
+        sent again, only re-posted to refreshing sinks whose resend time has come."""
+        last = prev.get("last_sent_at") if prev else None
+        if last is not None and last.tzinfo is None:
+            last = last.replace(tzinfo=UTC)
+        if not (prev and prev["state"] == "firing" and last and now - last < self.repeat_interval):
+            return False
+        due = self._refresh_due(a.key, last, now)
+        if due:  # still firing: keep it alive where alerts expire
+            started = prev.get("started_at") or a.starts_at
+            if started.tzinfo is None:
+                started = started.replace(tzinfo=UTC)
+            a.starts_at = started
+            self._deliver(a, due, record=False)
+            self._refreshed[a.key] = now
+        return True
+
+    def _fire_storm(self, cond: str, group: list[Alert], now: datetime) -> Alert:
+        """More than `group_threshold` new alerts of one condition: one alert naming the nodes
+        for grouping sinks, each node's own alert for the others; every node's is recorded."""
+        grouping = [s for s, _ in self.sinks if s.groups]
+        single = [s for s, _ in self.sinks if not s.groups]
+        nodes = sorted({a.node or "cluster" for a in group})
+        sev = max(group, key=lambda a: a.severity.rank).severity
+        g = Alert(
+            None,
+            cond,
+            sev,
+            f"{len(nodes)} nodes: {', '.join(nodes[:20])}"
+            f"{' …' if len(nodes) > 20 else ''} — e.g. {group[0].summary}",
+            group[0].action_taken,
+            now,
+            nodes=nodes,
+            details={"count": len(nodes)},
+        )
+        results = self._deliver(g, grouping, record=False) if grouping else {}
+        for a in group:  # remember each node's condition so it can resolve later
+            mine = dict(results)
+            if single:
+                mine.update(self._deliver(a, single))
+            self._record(a, now, mine)
+        return g
+
+    def _resolve(
+        self, node: str | None, cond: str, known: dict[str, dict[str, Any]], now: datetime
+    ) -> Alert | None:
+        """The resolved alert of a firing (node, condition) that no longer holds; None when
+        it was not firing."""
+        key = f"{node or 'cluster'}|{cond}"
+        prev = known.get(key)
+        if not prev or prev["state"] != "firing":
+            return None
+        started = prev["started_at"]
+        if started.tzinfo is None:
+            started = started.replace(tzinfo=UTC)
+        r = Alert(
+            node,
+            cond,
+            prev["severity"],
+            f"{cond} cleared on {node or 'cluster'}",
+            "condition cleared",
+            started,
+            resolved=True,
+            ends_at=now,
+        )
+        results = self._deliver(r)
+        self._refreshed.pop(key, None)
+        self.state.upsert_alert(
+            key, state="resolved", resolved_at=now, last_sent_at=now, sink_results=results
+        )
+        return r
 
     def firing_keys(self) -> set[str]:
         return {row["key"] for row in self.state.alerts() if row["state"] == "firing"}

@@ -115,6 +115,19 @@ def ui_router(
         rows = audit.entries(store, node=node, limit=500) if viewer(request) else []
         return page(request, "audit.html", entries=rows, node=node)
 
+    _add_login_routes(router, env, auth, sessions, secure_cookie)
+    return router
+
+
+def _add_login_routes(
+    router: APIRouter,
+    env: Environment,
+    auth: Authenticator,
+    sessions: Sessions,
+    secure_cookie: bool,
+) -> None:
+    """The login form, its check of a typed token, and logout."""
+
     @router.get("/login", response_class=HTMLResponse)
     def login_form(request: Request) -> Response:
         return _login(env, None)
@@ -150,8 +163,6 @@ def ui_router(
         resp = RedirectResponse(LOGIN_PATH, status_code=303)
         resp.delete_cookie(COOKIE, path="/ui")
         return resp
-
-    return router
 
 
 def _headers() -> dict[str, str]:
