@@ -210,7 +210,7 @@ def test_every_nvml_symbol_the_checks_use_is_exported(fakenvml_lib):
     used: set[str] = set()
     for mod in ("gpu.py", "nvml.py", "xid.py"):
         src = (Path(__file__).resolve().parents[1] / "babysitter" / "checks" / mod).read_text()
-        used |= set(re.findall(r"pynvml\.(nvml[A-Za-z_0-9]+)\b", src))
+        used |= set(re.findall(r"\bnv\.(nvml[A-Za-z_0-9]+)\b", src))
     funcs = {u for u in used if u[4].isupper() and not u.startswith("nvmlEventType")}
     # pynvml wrapper name -> C symbol it resolves
     rename = {
@@ -233,8 +233,10 @@ def test_every_nvml_symbol_the_checks_use_is_exported(fakenvml_lib):
 
 def test_the_healthcheck_run_loads_neither_pydantic_nor_click(env, gpus, tmp_path):
     """As a Slurm HealthCheckProgram `check` runs on every node every few minutes: it must stay
-    near NHC's cost, and pydantic or click alone would cost more CPU than NHC's whole run. The
-    same run with a config file, --only and a critical finding, so every path is taken."""
+    near NHC's cost, and pydantic or click alone would cost more CPU than NHC's whole run
+    (pynvml and psutil: more memory; NVML goes through checks/nvml_lite.py, the host through
+    /proc). The same run with a config file, --only and a critical finding, so every path is
+    taken."""
     gpus.set(3, dbe_volatile=1)
     cfg = tmp_path / "b.toml"
     cfg.write_text("[checks.host]\ncheck_slurmd = false\n")
@@ -245,8 +247,8 @@ def test_the_healthcheck_run_loads_neither_pydantic_nor_click(env, gpus, tmp_pat
         "    runpy.run_module('babysitter.cli.main', run_name='__main__')\n"
         "except SystemExit as e:\n"
         "    code = e.code\n"
-        "heavy = sorted(m for m in ('pydantic', 'click', 'rich', 'fastapi', 'sqlalchemy')"
-        " if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('pydantic', 'click', 'rich', 'fastapi', 'sqlalchemy',"
+        " 'pynvml', 'psutil', 'tenacity') if m in sys.modules)\n"
         "print('HEAVY', heavy, 'EXIT', code, file=sys.stderr)\n"
     )
     r = subprocess.run(

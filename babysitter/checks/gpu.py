@@ -10,11 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pynvml
-
 from babysitter.checks import nvml
 from babysitter.checks.base import Check
-from babysitter.checks.nvml import NOT_SUPPORTED, Device, call
+from babysitter.checks.nvml import NOT_SUPPORTED, Device, call, nv
 from babysitter.finding import Action, Finding, Severity
 
 # clock event (throttle) reason bits, nvml.h
@@ -63,15 +61,15 @@ class GpuCheck(Check):
         for sig in due:
             try:
                 self.keep(sig, dev.index, self.read(sig, dev))
-            except pynvml.NVMLError_GPUIsLost:
+            except nv.NVMLError_GpuIsLost:
                 self.forget(dev.index)
                 return False
-            except pynvml.NVMLError as exc:
+            except nv.NVMLError as exc:
                 self.keep(sig, dev.index, [self._nvml_error(dev, exc)])
                 break
         return True
 
-    def _nvml_error(self, dev: Device, exc: pynvml.NVMLError) -> Finding:
+    def _nvml_error(self, dev: Device, exc: nv.NVMLError) -> Finding:
         return self.finding(
             dev.component,
             Severity.WARNING,
@@ -115,8 +113,8 @@ class GpuPresenceCheck(Check):
             devs, lost = nvml.devices()
         except nvml.NvmlUnavailable as exc:
             code = {
-                pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "driver.not_loaded",
-                pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver.version_mismatch",
+                nv.NVML_ERROR_DRIVER_NOT_LOADED: "driver.not_loaded",
+                nv.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver.version_mismatch",
             }.get(exc.code or -1, "driver.init_failed")
             return [
                 self.finding(
@@ -186,7 +184,7 @@ class GpuMemoryCheck(GpuCheck):
         return self._readers[signal](dev, self.thresholds())
 
     def _dbe_volatile(self, dev: Device, t: dict[str, float]) -> list[Finding]:
-        dbe = _ecc_errors(dev, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
+        dbe = _ecc_errors(dev, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
         if dbe is None:
             return []
         self._dbe_volatile_seen[dev.index] = dbe
@@ -200,7 +198,7 @@ class GpuMemoryCheck(GpuCheck):
         ]
 
     def _dbe_aggregate(self, dev: Device, t: dict[str, float]) -> list[Finding]:
-        dbe = _ecc_errors(dev, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC)
+        dbe = _ecc_errors(dev, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_AGGREGATE_ECC)
         # history only matters when nothing is wrong now (a volatile DBE says more)
         fresh = self._dbe_volatile_seen.get(dev.index, 0) <= t["dbe_volatile_max"]
         if dbe is None or dbe <= t["dbe_aggregate_max"] or not fresh:
@@ -211,7 +209,7 @@ class GpuMemoryCheck(GpuCheck):
         ]
 
     def _sbe_volatile(self, dev: Device, t: dict[str, float]) -> list[Finding]:
-        sbe = _ecc_errors(dev, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC)
+        sbe = _ecc_errors(dev, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC)
         if sbe is None or sbe <= t["sbe_volatile_warn"]:
             return []
         msg = f"{sbe} volatile corrected ECC errors"
@@ -220,7 +218,7 @@ class GpuMemoryCheck(GpuCheck):
         ]
 
     def _retired_pending(self, dev: Device, t: dict[str, float]) -> list[Finding]:
-        pending = call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, dev.handle)
+        pending = call(nv.nvmlDeviceGetRetiredPagesPendingStatus, dev.handle)
         if pending is NOT_SUPPORTED or not pending:
             return []
         msg = "page retirement pending (needs a GPU reset)"
@@ -231,10 +229,10 @@ class GpuMemoryCheck(GpuCheck):
     def _retired_pages(self, dev: Device, t: dict[str, float]) -> list[Finding]:
         retired = 0
         for cause in (
-            pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-            pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+            nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+            nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
         ):
-            pages = call(pynvml.nvmlDeviceGetRetiredPages, dev.handle, cause)
+            pages = call(nv.nvmlDeviceGetRetiredPages, dev.handle, cause)
             if pages is not NOT_SUPPORTED:
                 retired += len(pages)
         if retired <= t["retired_pages_max"]:
@@ -247,7 +245,7 @@ class GpuMemoryCheck(GpuCheck):
         ]
 
     def _row_remap(self, dev: Device, t: dict[str, float]) -> list[Finding]:
-        rows = call(pynvml.nvmlDeviceGetRemappedRows, dev.handle)
+        rows = call(nv.nvmlDeviceGetRemappedRows, dev.handle)
         if rows is NOT_SUPPORTED:
             return []
         corr, unc, pending, failure = rows
@@ -284,7 +282,7 @@ class GpuMemoryCheck(GpuCheck):
 
 def _ecc_errors(dev: Device, error_type: int, counter: int) -> int | None:
     """One total-ECC-error counter of a GPU (None: the board does not count it)."""
-    v = call(pynvml.nvmlDeviceGetTotalEccErrors, dev.handle, error_type, counter)
+    v = call(nv.nvmlDeviceGetTotalEccErrors, dev.handle, error_type, counter)
     return None if v is NOT_SUPPORTED else int(v)
 
 
@@ -329,17 +327,17 @@ class GpuNvlinkCheck(GpuCheck):
             return []
         links = self._links.get(dev.index)
         if links is None:
-            count = self._field_values(dev, [(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)])
+            count = self._field_values(dev, [(nv.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)])
             if count is None:
                 return []
-            links = self._links[dev.index] = min(count[0], pynvml.NVML_NVLINK_MAX_LINKS)
+            links = self._links[dev.index] = min(count[0], nv.NVML_NVLINK_MAX_LINKS)
         states = self._field_values(
-            dev, [(pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(links)]
+            dev, [(nv.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(links)]
         )
         if states is None:
             return []
         self._fields[dev.index] = True
-        down = [link for link, st in enumerate(states) if st == pynvml.NVML_NVLINK_STATE_INACTIVE]
+        down = [link for link, st in enumerate(states) if st == nv.NVML_NVLINK_STATE_INACTIVE]
         self._active[dev.index] = [link for link in range(links) if link not in down]
         return [self._inactive(dev, link) for link in down]
 
@@ -349,10 +347,10 @@ class GpuNvlinkCheck(GpuCheck):
         if not ids:
             return []
         try:
-            values = call(pynvml.nvmlDeviceGetFieldValues, dev.handle, ids)
-        except pynvml.NVMLError_FunctionNotFound:  # a driver older than the call itself
+            values = call(nv.nvmlDeviceGetFieldValues, dev.handle, ids)
+        except nv.NVMLError_FunctionNotFound:  # a driver older than the call itself
             values = NOT_SUPPORTED
-        if values is NOT_SUPPORTED or any(v.nvmlReturn != pynvml.NVML_SUCCESS for v in values):
+        if values is NOT_SUPPORTED or any(v.nvmlReturn != nv.NVML_SUCCESS for v in values):
             self._fields[dev.index] = False
             return None
         return [int(v.value.uiVal) for v in values]
@@ -361,10 +359,10 @@ class GpuNvlinkCheck(GpuCheck):
         """One state call per link, until the board says there are no more links."""
         out: list[Finding] = []
         active_links: list[int] = []
-        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        for link in range(nv.NVML_NVLINK_MAX_LINKS):
             try:
-                active = call(pynvml.nvmlDeviceGetNvLinkState, dev.handle, link)
-            except pynvml.NVMLError_InvalidArgument:
+                active = call(nv.nvmlDeviceGetNvLinkState, dev.handle, link)
+            except nv.NVMLError_InvalidArgument:
                 break  # past the last link of this board
             if active is NOT_SUPPORTED:
                 break
@@ -393,7 +391,7 @@ class GpuNvlinkCheck(GpuCheck):
         out: list[Finding] = []
         for link in self._active.get(dev.index, []):
             for counter in range(4):  # replay, recovery, CRC flit, CRC data
-                v = call(pynvml.nvmlDeviceGetNvLinkErrorCounter, dev.handle, link, counter)
+                v = call(nv.nvmlDeviceGetNvLinkErrorCounter, dev.handle, link, counter)
                 if v is NOT_SUPPORTED:
                     continue
                 key = (dev.uuid, link, counter)
@@ -429,8 +427,8 @@ class GpuPcieCheck(GpuCheck):
         h = dev.handle
         out: list[Finding] = []
         if signal == "width":
-            width = call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)
-            width_max = call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h)
+            width = call(nv.nvmlDeviceGetCurrPcieLinkWidth, h)
+            width_max = call(nv.nvmlDeviceGetMaxPcieLinkWidth, h)
             if (
                 NOT_SUPPORTED not in (width, width_max)
                 and width_max
@@ -449,8 +447,8 @@ class GpuPcieCheck(GpuCheck):
                     )
                 )
         elif signal == "generation":
-            gen = call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)
-            gen_max = call(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h)
+            gen = call(nv.nvmlDeviceGetCurrPcieLinkGeneration, h)
+            gen_max = call(nv.nvmlDeviceGetMaxPcieLinkGeneration, h)
             if NOT_SUPPORTED not in (gen, gen_max) and gen < gen_max:
                 # idle GPUs drop their PCIe generation to save power: informational only
                 out.append(
@@ -481,7 +479,7 @@ class GpuThermalCheck(GpuCheck):
 
     def _utilisation(self, dev: Device) -> None:
         """Shipped with reports: hang detection asks whether a job's GPUs sit idle."""
-        util = call(pynvml.nvmlDeviceGetUtilizationRates, dev.handle)
+        util = call(nv.nvmlDeviceGetUtilizationRates, dev.handle)
         if util is not NOT_SUPPORTED:
             gpu_util = self.metrics.setdefault("gpu_util", {})
             assert isinstance(gpu_util, dict)
@@ -489,15 +487,11 @@ class GpuThermalCheck(GpuCheck):
 
     def _temperature(self, dev: Device, t: dict[str, float]) -> list[Finding]:
         h = dev.handle
-        temp = call(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
+        temp = call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
         if temp is NOT_SUPPORTED:
             return []
-        shut = call(
-            pynvml.nvmlDeviceGetTemperatureThreshold, h, pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
-        )
-        slow = call(
-            pynvml.nvmlDeviceGetTemperatureThreshold, h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
-        )
+        shut = call(nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+        slow = call(nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
         if shut is not NOT_SUPPORTED and temp >= shut:
             msg = f"{temp} C, at/above shutdown threshold {shut} C"
             return [
@@ -527,7 +521,7 @@ class GpuThermalCheck(GpuCheck):
         return []
 
     def _clock_events(self, dev: Device) -> list[Finding]:
-        reasons = call(pynvml.nvmlDeviceGetCurrentClocksEventReasons, dev.handle)
+        reasons = call(nv.nvmlDeviceGetCurrentClocksEventReasons, dev.handle)
         if reasons is NOT_SUPPORTED or not reasons:
             return []
         hw = [name for bit, name in _REASONS.items() if reasons & bit and bit != SW_THERMAL]

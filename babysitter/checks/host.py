@@ -1,11 +1,13 @@
-"""Host checks (psutil): disk space, memory, slurmd alive, required mounts, clock sanity."""
+"""Host checks: disk space, memory, slurmd alive, required mounts, clock sanity.
+
+Read from os.statvfs and /proc directly (what psutil reads on Linux): `babysitter check` runs on
+every node every few minutes, and psutil's import alone would be a tenth of its memory budget."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
-
-import psutil
 
 from babysitter.checks.base import Check
 from babysitter.config import HostCheckConfig
@@ -31,8 +33,8 @@ class HostCheck(Check):
         cfg = self.cfg
         for p in cfg.paths:
             try:
-                du = psutil.disk_usage(str(p))
-            except (FileNotFoundError, PermissionError, OSError) as exc:
+                st = os.statvfs(p)
+            except OSError as exc:
                 out.append(
                     self.finding(
                         "host",
@@ -44,7 +46,7 @@ class HostCheck(Check):
                     )
                 )
                 continue
-            free_gb = du.free / 1e9
+            free_gb = st.f_bavail * st.f_frsize / 1e9  # what an unprivileged writer gets
             if free_gb < cfg.min_free_gb:
                 out.append(
                     self.finding(
@@ -57,8 +59,8 @@ class HostCheck(Check):
                         free_gb=round(free_gb, 2),
                     )
                 )
-        vm = psutil.virtual_memory()
-        frac = vm.available / vm.total if vm.total else 1.0
+        total, available = _memory()
+        frac = available / total if total else 1.0
         if frac < cfg.min_free_memory_fraction:
             out.append(
                 self.finding(
@@ -70,7 +72,7 @@ class HostCheck(Check):
                     available_fraction=round(frac, 4),
                 )
             )
-        mounted = {Path(m.mountpoint) for m in psutil.disk_partitions(all=True)}
+        mounted = _mount_points() if cfg.mounts else set()
         for m in cfg.mounts:
             if Path(m) not in mounted:
                 out.append(
@@ -107,11 +109,48 @@ class HostCheck(Check):
         return out or [self.finding("host", Severity.OK, "host.ok", "host resources ok")]
 
 
+def _memory() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) in kB from /proc/meminfo (the kernel's own estimate of what
+    can be allocated without swapping, as psutil's `available`)."""
+    fields: dict[str, int] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("MemTotal", "MemAvailable", "MemFree"):
+                fields[key] = int(rest.split()[0])
+    total = fields.get("MemTotal", 0)
+    return total, fields.get("MemAvailable", fields.get("MemFree", total))
+
+
+def _unescape(field: str) -> str:
+    """/proc/self/mounts writes space, tab, newline and backslash as octal escapes (\\040)."""
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _mount_points() -> set[Path]:
+    with open("/proc/self/mounts") as f:
+        return {Path(_unescape(line.split()[1])) for line in f if len(line.split()) > 1}
+
+
 def _process_running(name: str) -> bool:
-    for p in psutil.process_iter(["name"]):
+    """A process whose command name (/proc/<pid>/comm, at most 15 characters) is `name`."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
         try:
-            if p.info["name"] == name:
-                return True
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().rstrip("\n") == name[:15]:
+                    return True
+        except OSError:  # gone meanwhile, or hidden (hidepid)
             continue
     return False

@@ -1,20 +1,54 @@
 """One NVML session per process, shared by the GPU checks and the XID event thread.
 
-pynvml is used as is (the real binding); every call goes through `call()` so that
-NOT_SUPPORTED on one board/function becomes "no data" instead of a failure, and garbage
+The checks call NVML through `nv`, by pynvml's names: the real pynvml in the agent (the
+default), or `nvml_lite` (a ctypes binding of the same calls) in `babysitter check`, which
+Slurm runs on every node every few minutes and which cannot afford pynvml's import (see
+nvml_lite's docstring). `use()` picks one before the first call. Every call goes through `call()`
+so that NOT_SUPPORTED on one board/function becomes "no data" instead of a failure, and garbage
 strings from the driver are made printable.
 """
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
-
-import pynvml
+from types import ModuleType
+from typing import Any, Literal
 
 from babysitter.checks import nvml_counter
+
+BINDINGS = {"pynvml": "pynvml", "lite": "babysitter.checks.nvml_lite"}
+
+
+class _Binding:
+    """The chosen binding's module, loaded at the first attribute read (pynvml unless `use()`
+    chose otherwise): `nv.nvmlDeviceGetCount`, `nv.NVMLError_GpuIsLost`, ..."""
+
+    def __init__(self) -> None:
+        self.module: ModuleType | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        module = self.module
+        if module is None:
+            module = self.module = importlib.import_module(BINDINGS["pynvml"])
+        return getattr(module, name)
+
+
+nv: Any = _Binding()
+
+
+def use(binding: Literal["pynvml", "lite"]) -> None:
+    """Call NVML through `binding` from now on (a new session: handles of the other binding
+    are not reused)."""
+    global _initialized, _cached
+    with _lock:
+        nv.module = importlib.import_module(BINDINGS[binding])
+        _initialized = False
+        _cached = None
+        _identity.clear()
+
 
 _lock = threading.Lock()
 _initialized = False
@@ -38,8 +72,8 @@ def init() -> None:
         if _initialized:
             return
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
             raise NvmlUnavailable(f"NVML init failed: {exc}", exc.value) from None
         except OSError as exc:  # library missing or unloadable
             raise NvmlUnavailable(f"NVML library not usable: {exc}", None) from None
@@ -51,8 +85,8 @@ def shutdown() -> None:
     with _lock:
         if _initialized:
             try:
-                pynvml.nvmlShutdown()
-            except pynvml.NVMLError:
+                nv.nvmlShutdown()
+            except nv.NVMLError:
                 pass
             _initialized = False
 
@@ -72,7 +106,7 @@ def call(fn: Any, *args: Any) -> Any:
     nvml_counter.add()
     try:
         return fn(*args)
-    except pynvml.NVMLError_NotSupported:
+    except nv.NVMLError_NotSupported:
         return NOT_SUPPORTED
 
 
@@ -114,21 +148,21 @@ def devices(max_age_s: float = 0.0) -> tuple[list[Device], list[LostDevice]]:
     if max_age_s > 0 and _cached is not None and now - _cached[0] <= max_age_s:
         return list(_cached[1]), list(_cached[2])
     init()
-    n = call(pynvml.nvmlDeviceGetCount)
+    n = call(nv.nvmlDeviceGetCount)
     ok: list[Device] = []
     lost: list[LostDevice] = []
     for i in range(n):
         try:
-            h = call(pynvml.nvmlDeviceGetHandleByIndex, i)
+            h = call(nv.nvmlDeviceGetHandleByIndex, i)
             ident = _identity.get(i)
             if ident is None or now - ident[0] > IDENTITY_TTL_S:
-                name = printable(call(pynvml.nvmlDeviceGetName, h))
-                uuid = printable(call(pynvml.nvmlDeviceGetUUID, h))
-                pci_info = call(pynvml.nvmlDeviceGetPciInfo, h)
+                name = printable(call(nv.nvmlDeviceGetName, h))
+                uuid = printable(call(nv.nvmlDeviceGetUUID, h))
+                pci_info = call(nv.nvmlDeviceGetPciInfo, h)
                 pci = "unknown" if pci_info is NOT_SUPPORTED else printable(pci_info.busId)
                 ident = (now, name, uuid, pci)
                 _identity[i] = ident
-        except pynvml.NVMLError as exc:
+        except nv.NVMLError as exc:
             _identity.pop(i, None)  # whatever comes back after a reset is read anew
             lost.append(LostDevice(i, str(exc), exc.value))
             continue

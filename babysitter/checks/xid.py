@@ -9,21 +9,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import pynvml
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception_type,
-    stop_when_event_set,
-    wait_exponential,
-)
+from typing import TYPE_CHECKING, Any
 
 from babysitter.checks import nvml
 from babysitter.checks.base import Check, EventSource
+from babysitter.checks.nvml import nv
 from babysitter.finding import Action, Finding, Severity
 from babysitter.hardware.xids import XidClass, classify
+
+if TYPE_CHECKING:
+    from tenacity import RetryCallState
 
 log = logging.getLogger(__name__)
 
@@ -300,24 +295,24 @@ class NvmlEvents(EventSource):
             self._thread.join(timeout=0.2)
 
     def _register(self, es: Any, dev: nvml.Device) -> int:
-        supported = nvml.call(pynvml.nvmlDeviceGetSupportedEventTypes, dev.handle)
+        supported = nvml.call(nv.nvmlDeviceGetSupportedEventTypes, dev.handle)
         if supported is nvml.NOT_SUPPORTED:
             return 0
         mask = int(supported) & FAULT_EVENTS
         if not mask:
             return 0
         try:
-            if nvml.call(pynvml.nvmlDeviceRegisterEvents, dev.handle, mask, es) is None:
+            if nvml.call(nv.nvmlDeviceRegisterEvents, dev.handle, mask, es) is None:
                 return mask
-        except pynvml.NVMLError:
+        except nv.NVMLError:
             pass
         got = 0  # some boards refuse a combined mask: one type at a time
         for bit in (1 << i for i in range(mask.bit_length())):
             if mask & bit:
                 try:
-                    if nvml.call(pynvml.nvmlDeviceRegisterEvents, dev.handle, bit, es) is None:
+                    if nvml.call(nv.nvmlDeviceRegisterEvents, dev.handle, bit, es) is None:
                         got |= bit
-                except pynvml.NVMLError:
+                except nv.NVMLError:
                     continue
         return got
 
@@ -366,13 +361,13 @@ class NvmlEvents(EventSource):
         devs, _ = nvml.devices()
         if not devs:
             raise _NoGpus("NVML lists no GPU")
-        es = pynvml.nvmlEventSetCreate()
+        es = nv.nvmlEventSetCreate()
         by_index = {}
         for d in devs:
             try:
                 self.registered[d.index] = self._register(es, d)
                 by_index[d.index] = d
-            except pynvml.NVMLError as exc:
+            except nv.NVMLError as exc:
                 log.warning("cannot register NVML events on %s: %s", d.label, exc)
         return es, by_index
 
@@ -406,8 +401,16 @@ class NvmlEvents(EventSource):
         self._stop.wait(seconds)
 
     def _start_with_retry(self) -> tuple[Any, dict[int, nvml.Device]] | None:
+        # the agent's event thread only: `babysitter check` never pays for tenacity's import
+        from tenacity import (
+            Retrying,
+            retry_if_exception_type,
+            stop_when_event_set,
+            wait_exponential,
+        )
+
         retrying = Retrying(
-            retry=retry_if_exception_type((pynvml.NVMLError, nvml.NvmlUnavailable, _NoGpus)),
+            retry=retry_if_exception_type((nv.NVMLError, nvml.NvmlUnavailable, _NoGpus)),
             wait=wait_exponential(multiplier=RETRY_FIRST_S, max=RETRY_MAX_S),
             stop=stop_when_event_set(self._stop),
             sleep=self._pause,  # stop() interrupts the backoff
@@ -416,7 +419,7 @@ class NvmlEvents(EventSource):
         )
         try:
             return retrying(self._open)
-        except (pynvml.NVMLError, nvml.NvmlUnavailable, _NoGpus):
+        except (nv.NVMLError, nvml.NvmlUnavailable, _NoGpus):
             return None  # stopped while retrying
 
     def _loop(self, emit: Callable[[list[Finding]], None]) -> None:
@@ -439,11 +442,11 @@ class NvmlEvents(EventSource):
             try:
                 # the thread costs nothing while blocked (a daemon thread: stop() does not
                 # wait out the timeout)
-                ev = pynvml.nvmlEventSetWait_v2(es, 5000)
-            except pynvml.NVMLError_Timeout:
+                ev = nv.nvmlEventSetWait_v2(es, 5000)
+            except nv.NVMLError_Timeout:
                 continue
-            except pynvml.NVMLError as exc:
-                if isinstance(exc, pynvml.NVMLError_GPUIsLost):
+            except nv.NVMLError as exc:
+                if isinstance(exc, nv.NVMLError_GpuIsLost):
                     emit(
                         [
                             Finding(
@@ -459,15 +462,15 @@ class NvmlEvents(EventSource):
                 self._stop.wait(1)
                 continue
             try:
-                idx = pynvml.nvmlDeviceGetIndex(ev.device)
-            except pynvml.NVMLError:
+                idx = nv.nvmlDeviceGetIndex(ev.device)
+            except nv.NVMLError:
                 idx = -1
             f = self.finding_for(int(ev.eventType), int(ev.eventData), by_index.get(idx), idx)
             if f is not None:
                 emit([f])
         try:
-            pynvml.nvmlEventSetFree(es)
-        except pynvml.NVMLError:
+            nv.nvmlEventSetFree(es)
+        except nv.NVMLError:
             pass
 
 

@@ -53,12 +53,18 @@ def drain_summary(findings: list[Finding]) -> str:
 
 def run(cfg: Config, only: str, as_json: bool, slurm_drain: bool) -> int:
     """Run the checks once, print them, drain/resume when asked; the Nagios exit code."""
+    from babysitter.checks import nvml
     from babysitter.checks.all import invasive_named, select_checks
     from babysitter.checks.base import Check, CheckContext
     from babysitter.checks.oneshot import BUDGET_S, run_once
 
     wanted = [w.strip() for w in only.split(",") if w.strip()]
     ctx = CheckContext(cfg, cfg.agent.node_name)
+    invasive = invasive_named(ctx, wanted) if wanted else []
+    # the default set reads NVML through the small ctypes binding (pynvml's import alone is
+    # half of NHC's whole run); an invasive test (SDC, NCCL) takes seconds and numpy anyway,
+    # and asks NVML more than the lite binding offers
+    nvml.use("pynvml" if invasive else "lite")
     chosen: list[Check] = []
 
     def select() -> list[Check]:
@@ -70,7 +76,7 @@ def run(cfg: Config, only: str, as_json: bool, slurm_drain: bool) -> int:
 
     # the 10 s budget is the HealthCheckProgram's, which runs the default set; a run that names
     # an invasive check (an SDC test from an Epilog or a job) gets that check's own timeout
-    budget = max([BUDGET_S, *(invasive_named(ctx, wanted) if wanted else [])])
+    budget = max([BUDGET_S, *invasive])
     once = run_once(select, budget)
     results = once.results
     # a one-shot run shows at once what an agent sends once (an SDC run's summary)

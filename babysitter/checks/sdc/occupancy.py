@@ -39,16 +39,15 @@ class Occupancy:
 
 
 def occupancy(device_glob: str = DEVICE_GLOB) -> Occupancy:
-    import pynvml
 
     try:
         devs, lost = nvml.devices()
     except nvml.NvmlUnavailable as exc:
-        no_library = exc.code in (None, pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+        no_library = exc.code in (None, nvml.nv.NVML_ERROR_LIBRARY_NOT_FOUND)
         if no_library and not glob.glob(device_glob):
             return Occupancy()  # no library, no device: a CPU node
         return Occupancy(unknown=str(exc))
-    except pynvml.NVMLError as exc:
+    except nvml.nv.NVMLError as exc:
         return Occupancy(unknown=f"NVML: {exc}")
     if lost:
         return Occupancy(
@@ -58,8 +57,8 @@ def occupancy(device_glob: str = DEVICE_GLOB) -> Occupancy:
     procs: dict[int, int] = {}
     for d in devs:
         try:
-            running = nvml.call(pynvml.nvmlDeviceGetComputeRunningProcesses, d.handle)
-        except pynvml.NVMLError as exc:
+            running = nvml.call(nvml.nv.nvmlDeviceGetComputeRunningProcesses, d.handle)
+        except nvml.nv.NVMLError as exc:
             return Occupancy(len(devs), tuple(busy), f"GPU {d.index} process query: {exc}", procs)
         if running is nvml.NOT_SUPPORTED:
             return Occupancy(
