@@ -137,7 +137,6 @@ MAX_FUNCTION_LINES = 80
 # Keyed by module file name and qualified name so the controller's move into sub-packages
 # does not change the keys.
 PENDING_LONG = {
-    "policy.decide",
     "executor.ActionExecutor._execute_one",
     "remediation.RemediationEngine._apply",
 }

@@ -25,7 +25,7 @@ from babysitter.devcluster.receiver import Receiver
 from babysitter.finding import Finding
 from babysitter.report import Report
 from babysitter.slurm.cli import CliSlurmClient
-from tests.fixtures.slurm import slurm, submit, wait_for
+from tests.fixtures.slurm import reset_cluster, running, slurm, submit, wait_for
 
 LEAF1 = ["node1", "node2", "node3", "node4"]
 LEAF2 = ["node5", "node6", "node7", "node8"]
@@ -69,32 +69,16 @@ def fabric_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
             "PartitionName=b Nodes=node[5-8] State=UP",
         ],
     )
-    info = cluster.up()
-    try:
+    with running(cluster) as info:
         yield info
-    finally:
-        cluster.down()
 
 
 @pytest.fixture
 def cluster(fabric_cluster: ClusterInfo) -> Iterator[ClusterInfo]:
     """Idle nodes and no jobs before and after each test."""
-
-    def reset() -> None:
-        slurm(fabric_cluster, "scancel", "--full", "--quiet", "-u", "root", check=False)
-        slurm(
-            fabric_cluster, "scontrol", "update", "NodeName=node[1-8]", "State=RESUME", check=False
-        )
-
-    def settled() -> bool:
-        out = slurm(fabric_cluster, "sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout
-        states = dict(line.split() for line in out.splitlines() if line.strip())
-        return len(states) == 8 and set(states.values()) == {"idle"}
-
-    reset()
-    wait_for(settled, 30, "8 idle nodes")
+    reset_cluster(fabric_cluster)
     yield fabric_cluster
-    reset()
+    reset_cluster(fabric_cluster)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from babysitter.slurm import parse
 from babysitter.slurm.cli import CliSlurmClient
 from babysitter.slurm.client import SlurmNotOwned, SlurmRejected
 from babysitter.slurm.rest import RestSlurmClient
-from tests.fixtures.slurm import slurm, submit, wait_for
+from tests.fixtures.slurm import reset_cluster, running, slurm, submit, wait_for
 
 VERSIONS = ["24.11", "26.05"]  # Debian roots; 25.11's cluster is tests/fixtures/slurm.py's
 SAMPLES = ["22.05", "24.11", "25.11", "26.05"]
@@ -36,26 +36,15 @@ def versioned(request, tmp_path_factory, slurm_daemons) -> Iterator[tuple[DevClu
         slurm=request.param,
         topology_leafs=2,  # topology/tree: node[1-2] under leaf1, node[3-4] under leaf2
     )
-    info = c.up()
-    assert info.slurm_version == request.param
-    try:
+    with running(c) as info:
+        assert info.slurm_version == request.param
         yield c, info
-    finally:
-        c.down()
 
 
 @pytest.fixture
 def vclean(versioned) -> tuple[DevCluster, ClusterInfo]:
     c, info = versioned
-    slurm(info, "scancel", "--full", "-u", "root", check=False)
-    for n in info.nodes:
-        slurm(info, "scontrol", "update", f"NodeName={n}", "State=RESUME", check=False)
-
-    def settled() -> bool:
-        out = slurm(info, "sinfo", "-h", "-N", "-o", "%t", check=False).stdout.split()
-        return len(out) == 4 and all(s == "idle" for s in out)
-
-    wait_for(settled, 30, "nodes idle")
+    reset_cluster(info)
     return c, info
 
 

@@ -1,11 +1,14 @@
 """An ASGI fast path in front of the API for the one hot request: a well-formed report from a
 node with a valid token (10k nodes every 5 s). It skips Starlette's middleware, routing and
 request objects (~20 % of the controller's CPU per report) and answers with the same bytes the
-FastAPI route would. Anything else, including every error case of a report, is passed to the
-FastAPI app, so the app stays the one source of the API's behaviour, error format and
-OpenAPI. The sender is checked from the headers before any of the body is read: a refused
-sender or a declared length over the limit goes to the app with the body untouched (the app
-refuses it without reading), and a streamed body is read only up to the limit."""
+FastAPI route would. Anything else, including every error case found before the store, is
+passed to the FastAPI app, so the app stays the one source of the API's behaviour, error
+format and OpenAPI; the store's own refusals (422, 503) come after the body is consumed and
+are answered with the route's response functions (api.refused, api.unavailable).
+tests/test_report_route_parity.py holds both doors to the same bytes. The sender is checked
+from the headers before any of the body is read: a refused sender or a declared length over
+the limit goes to the app with the body untouched (the app refuses it without reading), and a
+streamed body is read only up to the limit."""
 
 from __future__ import annotations
 
