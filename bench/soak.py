@@ -54,8 +54,8 @@ from typing import Any
 from unittest import mock
 
 from babysitter.agent.daemon import Agent
-from babysitter.checks.infiniband import STICKY_S, InfinibandCheck
-from babysitter.checks.xid import EVENT_XID, NvmlEvents
+from babysitter.checks.infiniband.check import STICKY_S, InfinibandCheck
+from babysitter.checks.xid.check import EVENT_XID, NvmlEvents
 from babysitter.config import Config, parse_config
 from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import RemediationEngine, make_engine
@@ -448,7 +448,7 @@ class Soak:
     def run(self, days: float, budget_s: float) -> dict[str, Any]:
         self.plan(days)
         wall0 = time.monotonic()
-        host_check = "babysitter.checks.host._process_running"
+        host_check = "babysitter.checks.host.check._process_running"
         with ExitStack() as stack:
             for target in ("babysitter.controller.store.now", "babysitter.controller.ingest.now"):
                 stack.enter_context(mock.patch(target, self.clock.now))

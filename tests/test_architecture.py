@@ -39,10 +39,10 @@ def test_contracts_kept():
     ("module", "forbidden"),
     [
         # a check must not reach into the controller (it runs on every node)
-        ("checks/host.py", "babysitter.controller.policy"),
+        ("checks/host/check.py", "babysitter.controller.policy"),
         # checks/all.py is the composition root: a check importing it would bring back
         # registration by import (and a cycle waiting to happen)
-        ("checks/gpu.py", "babysitter.checks.all"),
+        ("checks/gpu/check.py", "babysitter.checks.all"),
     ],
 )
 def test_contract_bites_when_a_check_imports_what_it_must_not(

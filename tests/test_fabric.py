@@ -248,7 +248,7 @@ def test_time_per_decision_stays_flat_as_the_tree_grows():
 
 
 def test_nccl_ib_transport_error_in_a_job_log_is_a_fabric_finding(tmp_path):
-    from babysitter.checks.nccl import JobLogScanner
+    from babysitter.checks.nccl.check import JobLogScanner
 
     log = tmp_path / "slurm-77.out"
     log.write_text(

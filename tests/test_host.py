@@ -6,7 +6,7 @@ import psutil
 import pytest
 
 from babysitter.checks.base import CheckContext
-from babysitter.checks.host import HostCheck
+from babysitter.checks.host.check import HostCheck
 from babysitter.config import parse_config
 
 

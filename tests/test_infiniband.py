@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from babysitter.checks.base import CheckContext
-from babysitter.checks.infiniband import InfinibandCheck, parse_rate, parse_state
+from babysitter.checks.infiniband.check import InfinibandCheck, parse_rate, parse_state
 from babysitter.config import parse_config
 from babysitter.devcluster import simib
 

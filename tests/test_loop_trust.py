@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import httpx
 
 from babysitter.checks.base import CheckContext
-from babysitter.checks.nccl import NcclLogCheck
+from babysitter.checks.nccl.check import NcclLogCheck
 from babysitter.config import parse_config
 from tests.fixtures.controller import ControllerProcess, controller_config, free_port
 from tests.fixtures.slurm import node_state, slurm, wait_for

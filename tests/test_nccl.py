@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from babysitter.checks.base import CheckContext
-from babysitter.checks.nccl import NcclLogCheck, NcclPerfCheck, parse_all_reduce_perf
+from babysitter.checks.nccl.check import NcclLogCheck, NcclPerfCheck, parse_all_reduce_perf
 from babysitter.config import parse_config
 
 DATA = Path(__file__).parent / "data" / "nccl"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.checks.base import CheckContext
-from babysitter.checks.gpu import GpuMemoryCheck
+from babysitter.checks.gpu.check import GpuMemoryCheck
 from babysitter.config import parse_config
 from babysitter.devcluster.fakenvml import EVENT_DBE, EVENT_XID, read_calls
 from tests.fixtures.controller import free_port

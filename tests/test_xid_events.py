@@ -9,7 +9,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from babysitter.checks.xid import parse_kmsg_line
+from babysitter.checks.xid.check import parse_kmsg_line
 from babysitter.devcluster import fakenvml
 from babysitter.hardware.xids import classify
 from tests.fixtures.gpu import babysitter_env, run_babysitter
@@ -18,7 +18,7 @@ EVENT_SCRIPT = """
 import json, sys, time
 from babysitter.config import load_config, parse_config
 from babysitter.checks.base import CheckContext
-from babysitter.checks.xid import NvmlXidEvents
+from babysitter.checks.xid.check import NvmlXidEvents
 cfg = load_config()
 src = NvmlXidEvents(CheckContext(cfg, "n1"))
 src.start(lambda fs: [print(json.dumps(f.to_json_dict()), flush=True) for f in fs])
@@ -72,7 +72,7 @@ def test_kmsg_xid_numbers_of_any_size(n, rest):
 @given(st.binary(max_size=2000))
 def test_kmsg_file_garbage_gives_findings_not_a_crash(tmp_path_factory, data):
     from babysitter.checks.base import CheckContext
-    from babysitter.checks.xid import KmsgXidCheck
+    from babysitter.checks.xid.check import KmsgXidCheck
     from babysitter.config import parse_config
 
     p = tmp_path_factory.mktemp("k") / "kmsg"
@@ -113,7 +113,7 @@ def test_xid_at_the_end_of_a_100_mb_log_is_found_in_bounded_memory(tmp_path):
     import tracemalloc
 
     from babysitter.checks.base import CheckContext
-    from babysitter.checks.xid import KmsgXidCheck
+    from babysitter.checks.xid.check import KmsgXidCheck
     from babysitter.config import parse_config
 
     log = tmp_path / "kern.log"
@@ -136,7 +136,7 @@ def test_xid_at_the_end_of_a_100_mb_log_is_found_in_bounded_memory(tmp_path):
 
 
 def test_a_line_across_a_read_boundary_is_never_split(tmp_path):
-    from babysitter.checks.xid import read_log_lines
+    from babysitter.checks.xid.check import read_log_lines
 
     log = tmp_path / "kern.log"
     log.write_bytes(
@@ -158,7 +158,7 @@ def test_a_malformed_xid_line_never_hides_the_real_xids_after_it(tmp_path):
     """An absurdly long XID number used to raise and lose every line after it (the offset had
     already moved past them); non-ASCII digits were read as an XID number."""
     from babysitter.checks.base import CheckContext
-    from babysitter.checks.xid import KmsgXidCheck
+    from babysitter.checks.xid.check import KmsgXidCheck
     from babysitter.config import parse_config
 
     log = tmp_path / "kern.log"
@@ -183,7 +183,7 @@ HEALTH_SCRIPT = """
 import json, sys, threading
 from babysitter.config import load_config
 from babysitter.checks.base import CheckContext
-from babysitter.checks.xid import NvmlEvents
+from babysitter.checks.xid.check import NvmlEvents
 src = NvmlEvents(CheckContext(load_config(), "n1"))
 out = threading.Lock()
 def say(kind, fs):

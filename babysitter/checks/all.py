@@ -11,9 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from babysitter.checks import gpu, host, infiniband, nccl, tiers, xid
+from babysitter.checks import tiers
 from babysitter.checks.base import Check, CheckContext, EventSource
+from babysitter.checks.gpu import check as gpu
+from babysitter.checks.host import check as host
+from babysitter.checks.infiniband import check as infiniband
+from babysitter.checks.nccl import check as nccl
 from babysitter.checks.sdc.check import SdcCheck
+from babysitter.checks.xid import check as xid
 from babysitter.config import Config
 from babysitter.errors import BabysitterError, ConfigError, UsageError
 

@@ -34,8 +34,8 @@ from babysitter.slurm.topology import Topology
 if TYPE_CHECKING:
     from babysitter.config import Config
 
-# the findings that say "this node's link to the fabric is bad" (checks/infiniband.py,
-# checks/nccl.py); ib.missing (no device at all) and the other NCCL signatures are the node's
+# the findings that say "this node's link to the fabric is bad" (checks/infiniband/,
+# checks/nccl/); ib.missing (no device at all) and the other NCCL signatures are the node's
 # own or the job's: they stay node faults
 FABRIC_CODES = frozenset(
     {

@@ -1,0 +1,1 @@
+"""GPU checks through NVML: presence, memory, NVLink, PCIe, thermals (check.py)."""

@@ -1,0 +1,1 @@
+"""Host basics: disks, memory, mounts, slurmd (check.py)."""

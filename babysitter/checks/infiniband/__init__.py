@@ -1,0 +1,1 @@
+"""InfiniBand ports from sysfs (check.py)."""

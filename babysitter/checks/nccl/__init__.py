@@ -1,0 +1,1 @@
+"""NCCL: the all_reduce_perf bandwidth test and the job-log scan (check.py)."""
