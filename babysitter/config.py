@@ -9,9 +9,11 @@ a string converted to the key's type, the environment wins over the file key by 
 that are no setting are ignored. A value check that needs code is a `__post_init__` raising
 `ValueError("<key>: <why>")`, so the error still names the key.
 
-Each section is its own model; checks own their `[checks.<name>]` model below. Add keys to the
-model of the part you build, with a default and a one-line description (docs/config.md,
-the configuration reference, is generated from these models).
+Each section is its own model; a check's `[checks.<name>]` model lives in its own folder
+(babysitter/checks/<name>/settings.py, on the base in babysitter/settings.py) and is assembled
+here into `ChecksConfig`. Add keys to the model of the part you build, with a default and a
+one-line description (docs/config.md, the configuration reference, is generated from these
+models).
 """
 
 from __future__ import annotations
@@ -26,25 +28,26 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast, get_args
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, field
 
+from babysitter.checks.gpu.settings import GpuCheckConfig
+from babysitter.checks.host.settings import HostCheckConfig
+from babysitter.checks.infiniband.settings import InfinibandCheckConfig
+from babysitter.checks.nccl.settings import NcclCheckConfig
+from babysitter.checks.sdc.settings import SdcCheckConfig
+from babysitter.checks.xid.settings import XidCheckConfig
 from babysitter.errors import ConfigError
 from babysitter.finding import Severity
-from babysitter.hardware.profiles import GPU_THRESHOLDS, PROFILES
-from babysitter.hardware.xids import KNOWN_XIDS, XidClass
+from babysitter.hardware.profiles import PROFILES
+from babysitter.settings import Section
 
 DEFAULT_CONFIG_PATH = Path("/etc/babysitter/babysitter.toml")
 ENV_CONFIG = "BABYSITTER_CONFIG"
 ENV_PREFIX = "BABYSITTER_"
 ENV_NESTED = "__"
-XID_CLASSES: tuple[str, ...] = get_args(XidClass)
-
-
-class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A config section: keyword-only, unknown keys refused."""
 
 
 def _short_hostname() -> str:
@@ -522,214 +525,9 @@ class AlertsConfig(Section):
                 raise ValueError(f"{name}: a route's lowest severity is info, warning or critical")
 
 
-class CheckConfig(Section):
-    """Keys every check understands."""
-
-    enabled: Annotated[bool, Meta(description="run this check")] = True
-    interval_s: Annotated[float, Meta(gt=0, description="override the check's interval")] | None = (
-        None
-    )
-    timeout_s: Annotated[float, Meta(gt=0, description="override the check's timeout")] | None = (
-        None
-    )
-    signal_intervals: Annotated[
-        dict[str, float | Literal["fast"]],
-        Meta(
-            description='per-signal interval overrides, {"gpu.memory/sbe_volatile" = 30 | "fast"}'
-        ),
-    ] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        bad = sorted(k for k, x in self.signal_intervals.items() if x != "fast" and not x > 0)
-        if bad:
-            raise ValueError(
-                f'signal_intervals: {", ".join(bad)}: an interval is seconds > 0 or "fast"'
-            )
-
-
-class GpuCheckConfig(CheckConfig):
-    expected_count: (
-        Annotated[
-            int,
-            Meta(ge=0, description="GPUs this node must have (default: the configured profile's)"),
-        ]
-        | None
-    ) = None
-    thresholds: Annotated[
-        dict[str, float],
-        Meta(
-            description="overrides of the hardware profile's GPU thresholds, by name: "
-            + ", ".join(GPU_THRESHOLDS)
-        ),
-    ] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        unknown = sorted(set(self.thresholds) - set(GPU_THRESHOLDS))
-        if unknown:
-            raise ValueError(
-                f"thresholds: unknown threshold {', '.join(unknown)} "
-                f"(known: {', '.join(GPU_THRESHOLDS)})"
-            )
-
-
-class XidCheckConfig(CheckConfig):
-    # read as text and checked below, so that a bad class names its XID
-    actions: Annotated[
-        dict[int, str],
-        Meta(
-            description="XID -> class overrides of the NVIDIA catalog "
-            "(" + ", ".join(XID_CLASSES) + ")"
-        ),
-    ] = field(default_factory=dict)
-    sbe_events_per_hour_warn: Annotated[
-        float, Meta(gt=0, description="corrected-ECC events per GPU per hour that make a warning")
-    ] = 100.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        unknown = sorted(set(self.actions) - KNOWN_XIDS)
-        if unknown:
-            raise ValueError(
-                f"actions: XID {', '.join(map(str, unknown))} is not in the XID catalog (a typo?)"
-            )
-        for xid, cls in self.actions.items():
-            if cls not in XID_CLASSES:
-                raise ValueError(
-                    f"actions.{xid}: {cls!r} is not an XID class (one of: {', '.join(XID_CLASSES)})"
-                )
-
-    @property
-    def overrides(self) -> dict[int, XidClass]:
-        """`actions`, typed (every value was checked to be an XidClass)."""
-        return cast(dict[int, XidClass], self.actions)
-
-
-class HostCheckConfig(CheckConfig):
-    paths: Annotated[list[Path], Meta(description="disk paths")] = field(
-        default_factory=lambda: [Path("/tmp")]
-    )
-    min_free_gb: Annotated[float, Meta(ge=0, description="free space below this is a warning")] = (
-        5.0
-    )
-    min_free_memory_fraction: Annotated[float, Meta(ge=0, le=1, description="memory floor")] = 0.05
-    mounts: Annotated[list[Path], Meta(description="mounts that must exist")] = field(
-        default_factory=list
-    )
-    check_slurmd: Annotated[bool, Meta(description="slurmd must be running")] = True
-
-
-class InfinibandCheckConfig(CheckConfig):
-    expected_ports: (
-        Annotated[
-            int, Meta(ge=0, description="ACTIVE ports expected (default: the hardware profile's)")
-        ]
-        | None
-    ) = None
-    expected_rate_gbps: (
-        Annotated[
-            float,
-            Meta(gt=0, description="rate each port must have (default: the hardware profile's)"),
-        ]
-        | None
-    ) = None
-    flap_recovery_s: (
-        Annotated[
-            float,
-            Meta(gt=0, description="opt-in: forgive flaps after the port is stable this long"),
-        ]
-        | None
-    ) = None
-
-
-class NcclCheckConfig(CheckConfig):
-    all_reduce_perf: Annotated[
-        Path | None, Meta(description="path of nccl-tests all_reduce_perf")
-    ] = None
-    job_log_globs: Annotated[
-        list[str], Meta(description="where to find babysat jobs' stdout/stderr")
-    ] = field(default_factory=list)
-    min_busbw_gbps: (
-        Annotated[
-            float,
-            Meta(gt=0, description="bus bandwidth floor, GB/s (default: the hardware profile's)"),
-        ]
-        | None
-    ) = None
-    gpus: Annotated[int, Meta(ge=1, description="GPUs all_reduce_perf uses (-g)")] = 8
-    min_bytes: Annotated[str, Meta(description="all_reduce_perf -b")] = "1G"
-    max_bytes: Annotated[str, Meta(description="all_reduce_perf -e")] = "16G"
-
-
-# the dtypes the SDC test's host-side verifier supports (checks/sdc/runner.py NP_DTYPES)
-SdcDtype = Literal["float32", "float64", "float16"]
-
-
-class SdcCheckConfig(CheckConfig):
-    """The silent-data-corruption test (docs/checks.md, "Periodic SDC tests"). On by default:
-    the controller orders it on idle nodes under a short Slurm hold, every `interval_s` per node
-    (enabled = false on the controller stops the schedule)."""
-
-    interval_s: Annotated[
-        float, Meta(gt=0, description="test each node this often (seconds; idle nodes only)")
-    ] = 4 * 3600.0
-    backend: Annotated[
-        Literal["auto", "numpy", "torch", "cupy"],
-        Meta(
-            description="matmul lib; auto = cupy or torch on the GPUs, and on a node with GPUs "
-            "but neither, no test (numpy = test the CPU on purpose)"
-        ),
-    ] = "auto"
-    size: Annotated[int, Meta(ge=16, description="matrix size n (n x n)")] = 2048
-    dtype: Annotated[
-        SdcDtype, Meta(description="element type: " + ", ".join(get_args(SdcDtype)))
-    ] = "float32"
-    seed: Annotated[int, Meta(description="input seed")] = 1234
-    max_concurrent: Annotated[
-        int, Meta(ge=1, description="controller: nodes under test at once, cluster-wide")
-    ] = 64
-    max_slurm_rpc_per_s: Annotated[
-        float,
-        Meta(
-            gt=0,
-            description="controller: Slurm calls the schedule may make per second on average "
-            "(reservations created, shrunk, deleted; bursts of up to 5)",
-        ),
-    ] = 0.2
-    hold_s: Annotated[
-        float,
-        Meta(
-            ge=60,
-            description="controller: the Slurm reservation that keeps jobs off a node under "
-            "test ends by itself after this long, even if the controller is gone",
-        ),
-    ] = 600.0
-    result_timeout_s: Annotated[
-        float,
-        Meta(
-            gt=0,
-            description="controller: a node whose agent has not answered the order within this "
-            "long is released untested (and says why)",
-        ),
-    ] = 180.0
-    inject: Annotated[
-        list[int] | None,
-        Meta(
-            description="fault injection [device, row, col, bit]: flip that bit of one "
-            "device's result before verification (tests the pipeline end to end; never in "
-            "production)"
-        ),
-    ] = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.inject is not None and len(self.inject) != 4:
-            raise ValueError("inject: [device, row, col, bit], four integers")
-        if self.result_timeout_s >= self.hold_s:
-            raise ValueError("result_timeout_s must be shorter than hold_s")
-
-
 class ChecksConfig(Section):
+    """`[checks.<name>]`: each check's settings, from its folder (checks/<name>/settings.py)."""
+
     gpu: GpuCheckConfig = field(default_factory=GpuCheckConfig)
     xid: XidCheckConfig = field(default_factory=XidCheckConfig)
     host: HostCheckConfig = field(default_factory=HostCheckConfig)

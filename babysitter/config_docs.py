@@ -92,9 +92,15 @@ def _type(annotation: Any) -> str:
 
 def _rows(section: str, model: type[Section]) -> list[str]:
     rows = []
+    tables: list[str] = []  # a key that is a table of its own keys: its table follows
     hints = section_fields(model)
     for info in msgspec.structs.fields(model):
         ann = hints[info.name]
+        sub = _strip(ann)
+        if isinstance(sub, type) and issubclass(sub, Section):
+            rows.append(f"| `{info.name}` | table | | {_description(ann)} |")
+            tables += _rows(f"{section}.{info.name}", sub)
+            continue
         rows.append(f"| `{info.name}` | {_type(ann)} | {_default(info)} | {_description(ann)} |")
     env = section.replace(".", "__").upper()
     head = [
@@ -105,7 +111,7 @@ def _rows(section: str, model: type[Section]) -> list[str]:
         "| key | type | default | meaning |",
         "|---|---|---|---|",
     ]
-    return [*head, *rows, ""]
+    return [*head, *rows, "", *tables]
 
 
 def render() -> str:

@@ -58,6 +58,36 @@ def test_contract_bites_when_a_check_imports_what_it_must_not(
     assert "BROKEN" in r.stdout and importer in r.stdout, r.stdout
 
 
+def test_a_checks_settings_import_nothing_a_config_load_cannot_afford():
+    """config.py imports every checks/<name>/settings.py (the one exception to the layers): a
+    settings module reaching into its check's code would make every config load pay for NVML,
+    sysfs readers, ... and bring back the import cycle the layers prevent."""
+    graph = grimp.build_graph("babysitter")
+    settings = sorted(
+        m for m in graph.modules if m.startswith("babysitter.checks.") and m.endswith(".settings")
+    )
+    assert len(settings) == 6, settings  # gpu, xid, host, infiniband, nccl, sdc
+    allowed = (
+        "babysitter.settings",
+        "babysitter.hardware.",
+        "babysitter.finding",
+        "babysitter.errors",
+    )
+    for m in settings:
+        reached = graph.find_upstream_modules(m)  # what m imports, also indirectly
+        assert all(r.startswith(allowed) for r in reached), (m, sorted(reached))
+
+
+def test_loading_the_config_imports_no_check_code():
+    code = (
+        "import sys, babysitter.config\n"
+        "print(sorted(m for m in sys.modules if m == 'pynvml' or m.endswith('.check')"
+        " or m == 'babysitter.checks.base'))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}

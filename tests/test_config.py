@@ -76,7 +76,11 @@ def test_example_config_is_valid():
         ("[checks.gpu]\nprofile = 'H100'\n", "checks.gpu.profile", "agent] hardware_profile"),
         ("[checks.infiniband]\nprofile = 'H100'\n", "checks.infiniband.profile", "hardware"),
         ("[agent]\nhardware_profile = 'h100'\n", "agent.hardware_profile", "h100-sxm"),
-        ("[checks.gpu]\nthresholds = {temp_warn_margin = 3}\n", "checks.gpu.thresholds", "margin"),
+        (
+            "[checks.gpu]\nthresholds = {temp_warn_margin = 3}\n",
+            "checks.gpu.thresholds.temp_warn_margin",
+            "unknown key",
+        ),
         (
             '[checks.gpu]\nsignal_intervals = {"gpu.memory/sbe_volatile" = 0}\n',
             "checks.gpu.signal_intervals",

@@ -9,7 +9,8 @@ from typing import get_args
 import pytest
 
 from babysitter.checks.profile import expectations
-from babysitter.config import Config, SdcDtype, parse_config
+from babysitter.checks.sdc.settings import SdcDtype
+from babysitter.config import Config, parse_config
 from babysitter.devcluster import simib
 from babysitter.hardware.profiles import PROFILES, detect
 from tests.fixtures.gpu import babysitter_env, run_babysitter
@@ -41,7 +42,7 @@ def cfg(**sections: dict) -> Config:
 def test_detected_profile_sets_model_facts_but_requires_no_parts():
     e = expectations(cfg(), "NVIDIA H100 80GB HBM3")
     assert (e.profile, e.source) == ("h100-sxm", "detected")
-    assert e.gpu["expected_nvlinks"] == 18 and e.nccl_busbw_gbps == 460.0
+    assert e.nvlinks == 18 and e.nccl_busbw_gbps == 460.0
     assert (e.ib_ports, e.ib_rate_gbps) == (8, 400.0)
     assert e.gpu_count is None and not e.ib_required
 
@@ -49,7 +50,7 @@ def test_detected_profile_sets_model_facts_but_requires_no_parts():
 def test_configured_profile_wins_over_the_model_and_requires_its_parts():
     e = expectations(cfg(agent={"hardware_profile": "a100-sxm"}), "NVIDIA H100 80GB HBM3")
     assert (e.profile, e.source) == ("a100-sxm", "configured")
-    assert e.gpu["expected_nvlinks"] == 12 and e.nccl_busbw_gbps == 228.0
+    assert e.nvlinks == 12 and e.nccl_busbw_gbps == 228.0
     assert e.gpu_count == 8 and e.ib_required
 
 
@@ -63,8 +64,8 @@ def test_per_check_values_override_the_profile():
         },
     )
     e = expectations(c, None)
-    assert e.gpu_count == 4 and e.gpu["temp_warn_margin_c"] == 9
-    assert e.gpu["expected_nvlinks"] == 18  # the rest of the profile stays
+    assert e.gpu_count == 4 and c.checks.gpu.thresholds.temp_warn_margin_c == 9
+    assert e.nvlinks == 18  # the rest of the profile stays
     assert (e.ib_ports, e.ib_rate_gbps, e.nccl_busbw_gbps) == (2, 200.0, 300.0)
 
 

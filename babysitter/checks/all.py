@@ -8,10 +8,9 @@ carries the check (it runs on the controller's order) without paying for numpy u
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from babysitter.checks import tiers
 from babysitter.checks.base import Check, CheckContext, EventSource
 from babysitter.checks.gpu import check as gpu
 from babysitter.checks.host import check as host
@@ -32,10 +31,19 @@ class Entry:
     # runs only when the controller orders it: an agent carries it by default
     ordered: bool = False
     timeout_s: float = 10.0
+    signals: Mapping[str, object] = field(default_factory=dict)  # its tier table
 
     @classmethod
     def of(cls, check: type[Check]) -> Entry:
-        return cls(check.name, check.section, check, check.invasive, check.ordered, check.timeout_s)
+        return cls(
+            check.name,
+            check.section,
+            check,
+            check.invasive,
+            check.ordered,
+            check.timeout_s,
+            check.signals,
+        )
 
 
 CHECKS: tuple[Entry, ...] = (
@@ -113,9 +121,7 @@ def check_config(cfg: Config) -> None:
     _known_names(cfg.agent.enabled_checks or [], "agent.enabled_checks", ConfigError)
     for section in type(cfg.checks).__struct_fields__:
         overrides = getattr(cfg.checks, section).signal_intervals
-        known = {
-            f"{e.name}/{sig}" for e in CHECKS if e.section == section for sig in tiers.table(e.name)
-        }
+        known = {f"{e.name}/{sig}" for e in CHECKS if e.section == section for sig in e.signals}
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise ConfigError(

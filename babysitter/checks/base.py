@@ -8,9 +8,10 @@ Checks keep their own state between runs on `self` (counter deltas, flap windows
 instance lives as long as the agent. Checks report healthy components too (severity `ok`), so
 the controller can tell "fault gone" from "not reported".
 
-A check reads one or more *signals*, each on its own interval (`babysitter.checks.tiers`: the
-fast tier for cheap reads of job-killing faults, slower ones for the rest). The agent runs a
-check at its shortest signal interval; `begin()` tells the check which signals are due, and
+A check reads one or more *signals*, each on its own interval (its class's `signals`, the tier
+table of its folder; rules in `babysitter.checks.tiers`: the fast tier for cheap reads of
+job-killing faults, slower ones for the rest). The agent runs a check at its shortest signal
+interval; `begin()` tells the check which signals are due, and
 `keep()` remembers each signal's last findings so a run that reads only the fast signals still
 reports everything. A one-shot run (`babysitter check`) reads every signal.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -32,7 +33,8 @@ from babysitter.finding import Action, Finding, Severity
 
 if TYPE_CHECKING:
     from babysitter.checks.profile import Expectations, NodeProfile
-    from babysitter.config import CheckConfig, Config
+    from babysitter.config import Config
+    from babysitter.settings import CheckConfig
 
 
 @dataclass
@@ -63,6 +65,9 @@ class Check:
     invasive: ClassVar[bool] = False  # uses the GPUs (SDC, NCCL): only on idle/drained nodes
     # runs when the controller orders it (agent), never on its own interval
     ordered: ClassVar[bool] = False
+    # signal -> interval, from the tier table in the check's folder (checks/<name>/tiers.py);
+    # empty: one signal, "run", at interval_s
+    signals: ClassVar[Mapping[str, tiers.Interval]] = {}
 
     def __init__(self, ctx: CheckContext) -> None:
         self.ctx = ctx
@@ -87,7 +92,7 @@ class Check:
     def _signal_intervals(self) -> dict[str, float]:
         cfg = self.ctx.check_config(self.section)
         forced = cfg.interval_s if cfg is not None and cfg.interval_s else None
-        table = tiers.table(self.name)
+        table = self.signals
         if not table:
             return {"run": forced or self.interval_s}
         fast = self.ctx.config.agent.fast_interval_s

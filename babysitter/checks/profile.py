@@ -2,8 +2,8 @@
 
 The profile is `[agent] hardware_profile` when set (configured), else the one of the GPU model
 NVML reports (detected), else "generic". Single values are overridden where a check's settings
-live (`[checks.gpu] expected_count` / `thresholds`, `[checks.infiniband] expected_ports` /
-`expected_rate_gbps`, `[checks.nccl] min_busbw_gbps`).
+live (`[checks.gpu] expected_count` / `thresholds.expected_nvlinks`, `[checks.infiniband]
+expected_ports` / `expected_rate_gbps`, `[checks.nccl] min_busbw_gbps`).
 
 A configured profile is a promise about the node: a missing InfiniBand fabric or too few GPUs
 are faults. A detected one says only what the GPU model implies (NVLinks, thermal margin, the
@@ -31,7 +31,7 @@ REDETECT_S = 300.0
 class Expectations:
     profile: str
     source: Literal["configured", "detected"]
-    gpu: dict[str, float]  # GPU thresholds by name (hardware.profiles.GPU_THRESHOLDS)
+    nvlinks: int  # NVLinks per GPU the model has (0: no expectation)
     gpu_count: int | None  # GPUs the node must have (None: no expectation)
     ib_ports: int  # ACTIVE InfiniBand ports expected (0: none)
     ib_rate_gbps: float | None  # rate each port must run at (None: the node's best port)
@@ -52,7 +52,7 @@ def expectations(cfg: Config, gpu_name: str | None) -> Expectations:
     return Expectations(
         profile=profile.name,
         source="configured" if configured else "detected",
-        gpu={**profile.gpu, **gpu.thresholds},
+        nvlinks=profile.nvlinks,
         gpu_count=gpu_count,
         ib_ports=profile.ib_ports if ib.expected_ports is None else ib.expected_ports,
         ib_rate_gbps=ib.expected_rate_gbps or profile.ib_rate_gbps,

@@ -6,10 +6,10 @@ from typing import get_args
 
 import click
 
+from babysitter.checks.sdc.settings import SdcDtype
 from babysitter.cli.api_client import call, client, token_opt, url_opt
 from babysitter.cli.common import State, echo_json, pass_state
 from babysitter.cli.tables import show, table
-from babysitter.config import SdcDtype
 from babysitter.errors import UsageError
 from babysitter.finding import exit_code
 

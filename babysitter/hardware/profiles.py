@@ -1,6 +1,7 @@
 """Hardware profiles: what a node of one GPU model should look like, in one table. The GPU, IB and
-NCCL checks compare against the node's profile (babysitter.checks.profile picks it: the model
-NVML reports, or `[agent] hardware_profile`; single values are overridden per check).
+NCCL checks read the node's profile (babysitter.checks.profile picks it: the model NVML
+reports, or `[agent] hardware_profile`; single values are overridden per check). Facts about
+the hardware only: when a reading is a fault is each check's own threshold (checks/<name>/).
 
 Sources: Azure HPC health checks (memory limits, bus bandwidth), gpud, NVIDIA docs; see the
 domain notes. A model without a figure here gets the generic value.
@@ -9,27 +10,7 @@ domain notes. A model without a figure here gets the generic value.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
-# GPU thresholds by name; `[checks.gpu] thresholds = {name = value}` overrides any of them.
-GPU_THRESHOLDS: Mapping[str, float] = {
-    # ECC
-    "dbe_volatile_max": 0,  # any volatile uncorrectable error is critical (Azure HPC)
-    "dbe_aggregate_max": 0,  # historic DBEs: warning, the GPU has had a bad day before
-    "sbe_volatile_warn": 10_000,  # SRAM correctable > 10,000 -> warning (Azure HPC)
-    # page retirement (pre-Ampere) and row remapping (Ampere+)
-    "retired_pages_max": 61,  # >= 62 retired pages -> critical (Azure HPC)
-    "remap_uncorrectable_max": 512,  # > 512 uncorrectable remaps -> critical (Azure HPC)
-    # thermals: margin below the board's own slowdown threshold that warns early
-    "temp_warn_margin_c": 5,
-    # PCIe
-    "pcie_width_min_fraction": 1.0,  # any narrower link than max is degraded
-    # NVLink: links each GPU must have up (0: no expectation; links past it only warn) and the
-    # error counter increase per check interval that is worth a warning
-    "expected_nvlinks": 0,
-    "nvlink_error_delta_warn": 100,
-}
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -38,7 +19,7 @@ class HardwareProfile:
     description: str
     # NVML device names this profile is detected from (None: never detected, chosen by name)
     detect: re.Pattern[str] | None
-    gpu: Mapping[str, float] = field(default_factory=lambda: dict(GPU_THRESHOLDS))
+    nvlinks: int = 0  # NVLinks per GPU (0: no expectation; an inactive link is critical)
     # GPUs per node; required only when the profile is configured (a board name does not say
     # how many of them the node has)
     gpu_count: int | None = None
@@ -54,7 +35,7 @@ def _hgx(
         name,
         description,
         re.compile(detect, re.IGNORECASE),
-        gpu={**GPU_THRESHOLDS, "expected_nvlinks": nvlinks},
+        nvlinks=nvlinks,
         gpu_count=8,
         ib_ports=ib[0],
         ib_rate_gbps=ib[1],

@@ -12,6 +12,8 @@ from typing import Any
 
 from babysitter.checks import nvml
 from babysitter.checks.base import Check
+from babysitter.checks.gpu.settings import GpuThresholds
+from babysitter.checks.gpu.tiers import SIGNALS
 from babysitter.checks.nvml import NOT_SUPPORTED, Device, call, nv
 from babysitter.finding import Action, Finding, Severity
 
@@ -31,9 +33,14 @@ _REASONS = {
 class GpuCheck(Check):
     section = "gpu"
 
-    def thresholds(self) -> dict[str, float]:
-        """The node's hardware profile's GPU thresholds, with the site's overrides."""
-        return self.ctx.expect().gpu
+    def thresholds(self) -> GpuThresholds:
+        """`[checks.gpu.thresholds]`: the defaults with the site's overrides."""
+        return self.ctx.config.checks.gpu.thresholds
+
+    def expected_nvlinks(self) -> int:
+        """NVLinks each GPU must have up: the site's threshold, else the hardware profile's."""
+        t = self.thresholds().expected_nvlinks
+        return self.ctx.expect().nvlinks if t is None else t
 
     # a GPU lost since this list was read fails its own reads: gpu.presence reports it
     DEVICE_LIST_MAX_AGE_S = 5.0
@@ -103,6 +110,7 @@ class GpuPresenceCheck(Check):
     """Driver loads, every GPU answers, the count is what the node should have."""
 
     name = "gpu.presence"
+    signals = SIGNALS["gpu.presence"]
     section = "gpu"
     interval_s = 30.0
     timeout_s = 10.0
@@ -164,14 +172,15 @@ class GpuMemoryCheck(GpuCheck):
     """ECC errors, retired pages and row remapping."""
 
     name = "gpu.memory"
+    signals = SIGNALS["gpu.memory"]
     interval_s = 60.0
     code_prefix = "memory"
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self._dbe_volatile_seen: dict[int, int] = {}  # last volatile DBE count per GPU
-        # one reader per signal of the tiers table (tiers.py)
-        self._readers: dict[str, Callable[[Device, dict[str, float]], list[Finding]]] = {
+        # one reader per signal of the tier table (tiers.py)
+        self._readers: dict[str, Callable[[Device, GpuThresholds], list[Finding]]] = {
             "dbe_volatile": self._dbe_volatile,
             "dbe_aggregate": self._dbe_aggregate,
             "sbe_volatile": self._sbe_volatile,
@@ -183,12 +192,12 @@ class GpuMemoryCheck(GpuCheck):
     def read(self, signal: str, dev: Device) -> list[Finding]:
         return self._readers[signal](dev, self.thresholds())
 
-    def _dbe_volatile(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+    def _dbe_volatile(self, dev: Device, t: GpuThresholds) -> list[Finding]:
         dbe = _ecc_errors(dev, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
         if dbe is None:
             return []
         self._dbe_volatile_seen[dev.index] = dbe
-        if dbe <= t["dbe_volatile_max"]:
+        if dbe <= t.dbe_volatile_max:
             return []
         msg = f"{dbe} volatile uncorrected ECC error{'s' if dbe != 1 else ''}"
         return [
@@ -197,27 +206,27 @@ class GpuMemoryCheck(GpuCheck):
             )
         ]
 
-    def _dbe_aggregate(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+    def _dbe_aggregate(self, dev: Device, t: GpuThresholds) -> list[Finding]:
         dbe = _ecc_errors(dev, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_AGGREGATE_ECC)
         # history only matters when nothing is wrong now (a volatile DBE says more)
-        fresh = self._dbe_volatile_seen.get(dev.index, 0) <= t["dbe_volatile_max"]
-        if dbe is None or dbe <= t["dbe_aggregate_max"] or not fresh:
+        fresh = self._dbe_volatile_seen.get(dev.index, 0) <= t.dbe_volatile_max
+        if dbe is None or dbe <= t.dbe_aggregate_max or not fresh:
             return []
         msg = f"{dbe} uncorrected ECC errors over the GPU's lifetime"
         return [
             self.problem(dev, Severity.WARNING, "ecc.dbe.aggregate", msg, Action.WATCH, count=dbe)
         ]
 
-    def _sbe_volatile(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+    def _sbe_volatile(self, dev: Device, t: GpuThresholds) -> list[Finding]:
         sbe = _ecc_errors(dev, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC)
-        if sbe is None or sbe <= t["sbe_volatile_warn"]:
+        if sbe is None or sbe <= t.sbe_volatile_warn:
             return []
         msg = f"{sbe} volatile corrected ECC errors"
         return [
             self.problem(dev, Severity.WARNING, "ecc.sbe.volatile", msg, Action.WATCH, count=sbe)
         ]
 
-    def _retired_pending(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+    def _retired_pending(self, dev: Device, t: GpuThresholds) -> list[Finding]:
         pending = call(nv.nvmlDeviceGetRetiredPagesPendingStatus, dev.handle)
         if pending is NOT_SUPPORTED or not pending:
             return []
@@ -226,7 +235,7 @@ class GpuMemoryCheck(GpuCheck):
             self.problem(dev, Severity.CRITICAL, "retired_pages.pending", msg, Action.RESET_GPU)
         ]
 
-    def _retired_pages(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+    def _retired_pages(self, dev: Device, t: GpuThresholds) -> list[Finding]:
         retired = 0
         for cause in (
             nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
@@ -235,16 +244,16 @@ class GpuMemoryCheck(GpuCheck):
             pages = call(nv.nvmlDeviceGetRetiredPages, dev.handle, cause)
             if pages is not NOT_SUPPORTED:
                 retired += len(pages)
-        if retired <= t["retired_pages_max"]:
+        if retired <= t.retired_pages_max:
             return []
-        msg = f"{retired} retired pages (limit {int(t['retired_pages_max']) + 1})"
+        msg = f"{retired} retired pages (limit {t.retired_pages_max + 1})"
         return [
             self.problem(
                 dev, Severity.CRITICAL, "retired_pages.limit", msg, Action.INSPECT, count=retired
             )
         ]
 
-    def _row_remap(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+    def _row_remap(self, dev: Device, t: GpuThresholds) -> list[Finding]:
         rows = call(nv.nvmlDeviceGetRemappedRows, dev.handle)
         if rows is NOT_SUPPORTED:
             return []
@@ -265,7 +274,7 @@ class GpuMemoryCheck(GpuCheck):
                     dev, Severity.CRITICAL, "row_remap.pending", msg, Action.RESET_GPU, **counts
                 )
             )
-        if unc > t["remap_uncorrectable_max"]:
+        if unc > t.remap_uncorrectable_max:
             msg = f"{unc} rows remapped for uncorrectable errors"
             out.append(
                 self.problem(
@@ -296,6 +305,7 @@ class GpuNvlinkCheck(GpuCheck):
     slower interval."""
 
     name = "gpu.nvlink"
+    signals = SIGNALS["gpu.nvlink"]
     interval_s = 60.0
     code_prefix = "nvlink"
 
@@ -374,7 +384,7 @@ class GpuNvlinkCheck(GpuCheck):
         return out
 
     def _inactive(self, dev: Device, link: int) -> Finding:
-        expected = int(self.thresholds().get("expected_nvlinks", 0))
+        expected = self.expected_nvlinks()
         sev = Severity.CRITICAL if link < expected or not expected else Severity.WARNING
         return self.finding(
             f"nvlink:{dev.component}/{link}",
@@ -397,7 +407,7 @@ class GpuNvlinkCheck(GpuCheck):
                 key = (dev.uuid, link, counter)
                 prev = self._last.get(key)
                 self._last[key] = v
-                if prev is not None and v - prev > t["nvlink_error_delta_warn"]:
+                if prev is not None and v - prev > t.nvlink_error_delta_warn:
                     out.append(
                         self.finding(
                             f"nvlink:{dev.component}/{link}",
@@ -419,6 +429,7 @@ class GpuPcieCheck(GpuCheck):
     """PCIe link trained at full width (a x8 link halves host<->GPU bandwidth)."""
 
     name = "gpu.pcie"
+    signals = SIGNALS["gpu.pcie"]
     interval_s = 300.0
     code_prefix = "pcie"
 
@@ -432,7 +443,7 @@ class GpuPcieCheck(GpuCheck):
             if (
                 NOT_SUPPORTED not in (width, width_max)
                 and width_max
-                and (width < width_max * t["pcie_width_min_fraction"])
+                and (width < width_max * t.pcie_width_min_fraction)
             ):
                 out.append(
                     self.finding(
@@ -470,6 +481,7 @@ class GpuThermalCheck(GpuCheck):
     """Temperature against the board's slowdown/shutdown thresholds; HW clock slowdowns."""
 
     name = "gpu.thermal"
+    signals = SIGNALS["gpu.thermal"]
     interval_s = 30.0
     code_prefix = "thermal"
 
@@ -485,7 +497,7 @@ class GpuThermalCheck(GpuCheck):
             assert isinstance(gpu_util, dict)
             gpu_util[str(dev.index)] = int(util.gpu)
 
-    def _temperature(self, dev: Device, t: dict[str, float]) -> list[Finding]:
+    def _temperature(self, dev: Device, t: GpuThresholds) -> list[Finding]:
         h = dev.handle
         temp = call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
         if temp is NOT_SUPPORTED:
@@ -505,7 +517,7 @@ class GpuThermalCheck(GpuCheck):
                     shutdown_c=shut,
                 )
             ]
-        if slow is not NOT_SUPPORTED and temp >= slow - t["temp_warn_margin_c"]:
+        if slow is not NOT_SUPPORTED and temp >= slow - t.temp_warn_margin_c:
             msg = f"{temp} C, near slowdown threshold {slow} C"
             return [
                 self.problem(

@@ -1,1 +1,2 @@
-"""Host basics: disks, memory, mounts, slurmd (check.py)."""
+"""Host basics: disks, memory, mounts, slurmd (check.py) and their settings (settings.py).
+Kept import-free: config.py imports settings.py."""

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from babysitter.checks.base import Check
-from babysitter.config import HostCheckConfig
+from babysitter.checks.host.settings import HostCheckConfig
 from babysitter.finding import Action, Finding, Severity
 
 # A clock before this is certainly wrong (no babysitter release predates it): TLS, munge

@@ -1,1 +1,2 @@
-"""InfiniBand ports from sysfs (check.py)."""
+"""InfiniBand ports from sysfs (check.py), their settings (settings.py) and tier table
+(tiers.py). Kept import-free: config.py imports settings.py."""

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.checks.base import Check
-from babysitter.config import InfinibandCheckConfig
+from babysitter.checks.infiniband.settings import InfinibandCheckConfig
+from babysitter.checks.infiniband.tiers import SIGNALS
 from babysitter.finding import Action, Finding, Severity
 
 FATAL_ON_INCREASE = (
@@ -112,6 +113,7 @@ class PortState:
 
 class InfinibandCheck(Check):
     name = "ib.ports"
+    signals = SIGNALS
     section = "infiniband"
     interval_s = 30.0
     timeout_s = 10.0

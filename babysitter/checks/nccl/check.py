@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.checks.base import Check
-from babysitter.config import NcclCheckConfig
+from babysitter.checks.nccl.settings import NcclCheckConfig
 from babysitter.finding import Action, Finding, Severity
 
 SIGNATURES: list[tuple[str, re.Pattern[str], Severity]] = [
