@@ -22,8 +22,6 @@ import functools
 import json
 import os
 import re
-import socket
-import tomllib
 import types
 import typing
 from collections.abc import Mapping
@@ -51,7 +49,7 @@ ENV_NESTED = "__"
 
 
 def _short_hostname() -> str:
-    return socket.gethostname().split(".")[0]
+    return os.uname().nodename.split(".")[0]  # gethostname(), without socket's import
 
 
 class AgentConfig(Section):
@@ -776,6 +774,8 @@ def load_config(path: str | Path | None = None) -> Config:
     data: dict[str, Any] = {}
     origin = "environment/defaults"
     if p is not None:
+        import tomllib  # only when there is a file (`babysitter check` counts every import)
+
         origin = f"{p} (or BABYSITTER_* environment)"
         try:
             data = tomllib.loads(p.read_text())

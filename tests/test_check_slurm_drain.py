@@ -71,8 +71,9 @@ def test_check_never_resumes_a_controller_drain(clean_cluster, gpus, fakenvml_li
 def test_a_check_without_a_verdict_never_resumes_the_checks_own_drain(
     clean_cluster, gpus, fakenvml_lib, tmp_path
 ):
-    """Unknown is not ok: a crashed check (NVML answers an unknown error) says nothing about
-    the node, so the drain this mode made stays until a run where every check has a verdict."""
+    """Unknown is not ok: a check that could not read (NVML answers an unknown error) says
+    nothing about the node, so the drain this mode made stays until a run where every check
+    has a verdict."""
     env = babysitter_env(gpus, fakenvml_lib, tmp_path, agent__node_name="node2")
     env["SLURM_CONF"] = clean_cluster.slurm_conf
     gpus.set(3, dbe_volatile=1)
@@ -80,7 +81,7 @@ def test_a_check_without_a_verdict_never_resumes_the_checks_own_drain(
     assert node_state(clean_cluster, "node2")[0] == "drain"
 
     gpus.set(3, dbe_volatile=0)
-    gpus.error(3, "nvmlDeviceGetTotalEccErrors", 999)  # NVML_ERROR_UNKNOWN: gpu.memory crashes
+    gpus.error(3, "nvmlDeviceGetTotalEccErrors", 999)  # NVML_ERROR_UNKNOWN: no verdict
     r = run_babysitter(env, "check", "--slurm-drain", "--only", "gpu")
     assert r.returncode == 3
     assert "kept node2 drained: no verdict from gpu.memory" in r.stderr

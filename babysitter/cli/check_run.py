@@ -1,8 +1,9 @@
 """`babysitter check` without click: the HealthCheckProgram path. Slurm runs it on every node
-every few minutes, so it imports only the checks, the config and the standard library
-(argparse); click, rich and pydantic stay out. `babysitter.cli.main` sends `check` here before
-it imports click; `check_cmd` is the same command in the click tree (help, docs) and calls the
-same `run`.
+every few minutes, so it imports only the checks, the config and the standard library; click,
+rich and pydantic stay out, and a plain command line (what slurm.conf holds) is read without
+argparse (its import and its help formatter's cost more memory than the checks).
+`babysitter.cli.main` sends `check` here before it imports click; `check_cmd` is the same
+command in the click tree (help, docs) and calls the same `run`.
 
 Nagios exit codes; `--slurm-drain` makes it a Slurm HealthCheckProgram (drain own node on
 critical, resume it when clean, only if the drain was this mode's own: reason
@@ -11,12 +12,11 @@ one-shot run never repeats) are the controller's to resume."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import os
 import sys
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from babysitter import __version__
@@ -24,6 +24,8 @@ from babysitter.errors import BabysitterError, UsageError
 from babysitter.finding import EXIT_CRITICAL, EXIT_UNKNOWN, Finding, Severity, exit_code, worst
 
 if TYPE_CHECKING:
+    import argparse
+
     from babysitter.config import Config
 
 ONLY_HELP = "Comma-separated check names or prefixes (gpu,xid)."
@@ -33,8 +35,16 @@ SUMMARY = "Run the checks once; exit 0 ok, 1 warning, 2 critical, 3 unknown."
 UNKNOWN_CODES = ("check.error", "check.timeout")
 
 
+def no_verdict(f: Finding) -> bool:
+    """The check, or one signal of it (an NVML read that failed: `<check>.nvml_error`), said
+    nothing about the node: never a clean run, never a resume."""
+    return f.code in UNKNOWN_CODES or f.code.endswith(".nvml_error")
+
+
 def configure_logging(verbose: int) -> None:
     """`-v` info, `-vv` debug, else warnings only: the same for every command."""
+    import logging
+
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -83,7 +93,7 @@ def run(cfg: Config, only: str, as_json: bool, slurm_drain: bool) -> int:
     findings = [f for r in results for f in r.findings] + [
         f for c in chosen for f in c.take_events()
     ]
-    unknown = any(r.unknown for r in results)
+    unknown = any(r.unknown for r in results) or any(no_verdict(f) for f in findings)
     code = exit_code(findings, unknown=unknown)
     if as_json:
         print(json_text([f.to_json_dict() for f in findings]))
@@ -97,7 +107,8 @@ def run(cfg: Config, only: str, as_json: bool, slurm_drain: bool) -> int:
         # them (and on NVML's shutdown): leave now that the verdict is out
         sys.stdout.flush()
         sys.stderr.flush()
-        logging.shutdown()
+        if "logging" in sys.modules:
+            sys.modules["logging"].shutdown()
         os._exit(code)
     return code
 
@@ -111,11 +122,18 @@ _STYLE = {
 
 
 def _print_table(findings: list[Finding]) -> None:
-    # for people at a terminal only: rich is imported here, not on the HealthCheckProgram path
-    from babysitter.cli.tables import literal, show, table
-
     problems = [f for f in findings if f.severity is not Severity.OK]
     healthy = {(f.check, f.component) for f in findings if f.severity is Severity.OK}
+    if not sys.stdout.isatty():
+        # Slurm's HealthCheckProgram, a pipe, a log: one line per problem, no rich (whose
+        # import alone is more memory than the checks)
+        for f in sorted(problems, key=lambda f: (-f.severity.rank, f.check, f.component)):
+            line = (f.severity, f.check, f.component, f.code, f.message)
+            print("  ".join(_plain(c) for c in line))
+        print(f"{len(healthy)} check/component pairs ok; worst: {worst(findings)}")
+        return
+    from babysitter.cli.tables import literal, show, table
+
     out: list[object] = []
     if problems:
         cells = [
@@ -128,6 +146,11 @@ def _print_table(findings: list[Finding]) -> None:
         "(--json for every finding)"
     )
     show(*out)
+
+
+def _plain(value: object) -> str:
+    """A cell as one line of printable text (messages carry what nodes and drivers wrote)."""
+    return "".join(ch if ch.isprintable() else "?" for ch in str(value))
 
 
 def _say(text: str) -> None:
@@ -160,7 +183,7 @@ def _slurm_drain(cfg: Config, node: str, findings: list[Finding], unknown: bool)
             log.warning("drained %s: %s", node, drain_summary(findings))
         elif held and current.reason.startswith(mine) and unknown:
             # a check that crashed or hung said nothing about the node: not a clean run
-            failed = sorted({f.check for f in findings if f.code in UNKNOWN_CODES})
+            failed = sorted({f.check for f in findings if no_verdict(f)})
             log.warning("kept %s drained: no verdict from %s", node, ", ".join(failed) or "a check")
         elif held and current.reason.startswith(mine):
             client.resume(node)
@@ -176,6 +199,8 @@ def _slurm_drain(cfg: Config, node: str, findings: list[Finding], unknown: bool)
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     p = argparse.ArgumentParser(prog="babysitter", add_help=True)
     p.add_argument("--config", dest="config_path", default=None)
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -203,10 +228,51 @@ def is_check(argv: Sequence[str]) -> bool:
     return False
 
 
+_FLAGS = {"--json": "as_json", "--slurm-drain": "slurm_drain"}
+_VALUES = {"--config": "config_path", "--only": "only"}
+
+
+def simple_args(argv: Sequence[str]) -> SimpleNamespace | None:
+    """The arguments of a plain command line (the options above, each once, spelled in full),
+    as argparse would give them; None for anything else (help, a typo, -vv...): argparse reads
+    those, with its messages."""
+    out = SimpleNamespace(
+        config_path=None, verbose=0, command="check", only="", as_json=False, slurm_drain=False
+    )
+    seen: set[str] = set()
+    args = list(argv)
+    i, command = 0, False
+    while i < len(args):
+        a = args[i]
+        name, eq, value = a.partition("=")
+        if a == "check" and not command:
+            command = True
+        elif name in _VALUES and name not in seen and command == (name == "--only"):
+            if not eq:
+                i += 1
+                if i == len(args) or args[i].startswith("-"):
+                    return None
+                value = args[i]
+            setattr(out, _VALUES[name], value)
+            seen.add(name)
+        elif a in _FLAGS and command and a not in seen:
+            setattr(out, _FLAGS[a], True)
+            seen.add(a)
+        elif a in ("-v", "--verbose") and not command:
+            out.verbose += 1
+        else:
+            return None
+        i += 1
+    return out if command else None
+
+
 def main(argv: Sequence[str]) -> int:
     """`babysitter … check …` end to end: parse, load the config, run; the exit code."""
-    args = _parser().parse_args(list(argv))
-    configure_logging(args.verbose)
+    args: Any = simple_args(argv) or _parser().parse_args(list(argv))
+    if args.verbose:
+        configure_logging(args.verbose)
+    # else logging stays unconfigured (and unimported until something warns): Python's own
+    # last-resort handler prints warnings and errors to stderr, as configure_logging(0) would
     try:
         from babysitter.config import load_config
 

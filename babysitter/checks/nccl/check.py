@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import glob
 import re
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +129,8 @@ class NcclPerfCheck(Check):
             "-g",
             str(self.cfg.gpus),
         ]
+        import subprocess  # only when the test runs: `babysitter check` imports this module
+
         try:
             r = subprocess.run(
                 argv, capture_output=True, text=True, timeout=self.effective_timeout() - 5

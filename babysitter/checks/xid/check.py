@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 import re
 import threading
 import time
@@ -18,9 +17,18 @@ from babysitter.finding import Action, Finding, Severity
 from babysitter.hardware.xids import XidClass, classify
 
 if TYPE_CHECKING:
+    import logging
+
     from tenacity import RetryCallState
 
-log = logging.getLogger(__name__)
+
+def _log() -> logging.Logger:
+    # imported when there is something to say: `babysitter check` imports this module, and
+    # logging's import is a few percent of its whole memory budget
+    import logging
+
+    return logging.getLogger(__name__)
+
 
 # ASCII digits only (`\d` also matches e.g. Arabic-Indic digits, which int() would read as an
 # XID) and a bounded number: real XIDs have at most three digits; a longer one is not an XID line
@@ -163,7 +171,7 @@ class KmsgXidCheck(Check):
                 f = self._line_finding(pci_map, overrides, *parsed)
             except Exception:
                 self.malformed_lines += 1
-                log.warning("skipped a kernel-log line that could not be parsed: %.200r", line)
+                _log().warning("skipped a kernel-log line that could not be parsed: %.200r", line)
                 continue
             if f.severity >= Severity.WARNING:
                 self._open[(f.component, f.code)] = f
@@ -368,13 +376,13 @@ class NvmlEvents(EventSource):
                 self.registered[d.index] = self._register(es, d)
                 by_index[d.index] = d
             except nv.NVMLError as exc:
-                log.warning("cannot register NVML events on %s: %s", d.label, exc)
+                _log().warning("cannot register NVML events on %s: %s", d.label, exc)
         return es, by_index
 
     def _degraded(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0.0
-        log.warning(
+        _log().warning(
             "NVML event source not started (attempt %d), retrying in %.0f s: %s",
             state.attempt_number,
             wait,
