@@ -64,6 +64,11 @@ def test_values_no_database_keeps_are_422(client, secrets, ctl, raw):
             text = body.replace('"message": "m"', f'"message": "m", "details": {raw}')
         r = client.post("/api/v1/reports", content=text, headers=secrets.headers("node1"))
         assert r.status_code == 422, (text, r.text)
+        # the answer names the field that holds the value (docs/architecture.md); a lone
+        # surrogate is not JSON at all, refused where the parser stopped
+        part = "metrics" if where == '"metrics": {}' else "findings"
+        loc = r.json()["detail"][0]["loc"]
+        assert loc == ["body"] if "ud800" in raw else loc[:2] == ["body", part], r.text
     nul = body.replace('"message": "m"', '"message": "a\\u0000b"')
     r = client.post("/api/v1/reports", content=nul, headers=secrets.headers("node1"))
     assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "message"

@@ -86,9 +86,10 @@ def db_url(sqlite_url: str) -> str:
     return sqlite_url
 
 
-def test_the_api_shows_the_verdict_the_policy_acts_on(ctl: Controller, secrets: Secrets):
+def test_the_api_shows_the_verdict_the_policy_acts_on(
+    ctl: Controller, client: TestClient, secrets: Secrets
+):
     assert api_read.node_verdict is node_verdict  # one function, not two that agree today
-    client = TestClient(ctl.app())
     for name, findings in CASES.items():
         body = Report.new(name.replace("_", "-"), findings, {}).to_json_dict()
         r = client.post("/api/v1/reports", json=body, headers=secrets.headers(body["node"]))
@@ -110,9 +111,8 @@ def test_the_api_shows_the_verdict_the_policy_acts_on(ctl: Controller, secrets: 
 
 
 def test_a_misspelled_severity_in_the_database_is_not_ranked_ok(
-    ctl: Controller, secrets: Secrets, caplog: pytest.LogCaptureFixture
+    ctl: Controller, client: TestClient, secrets: Secrets, caplog: pytest.LogCaptureFixture
 ):
-    client = TestClient(ctl.app())
     body = Report.new("node1", [finding(Severity.INFO)], {}).to_json_dict()
     assert client.post("/api/v1/reports", json=body, headers=secrets.headers("node1")).is_success
     stored = body["findings"][0] | {"severity": "critcal"}  # written by hand, say
@@ -191,8 +191,7 @@ def test_every_decision_names_a_rule():
     assert all(d.rule_description == Rule(d.rule).description for d in named)
 
 
-def test_actions_show_what_their_rule_means(ctl: Controller, secrets: Secrets):
-    client = TestClient(ctl.app())
+def test_actions_show_what_their_rule_means(client: TestClient, secrets: Secrets):
     r = client.post(
         "/api/v1/nodes/node1/drain", json={"reason": "maintenance"}, headers=bearer(secrets.admin)
     )

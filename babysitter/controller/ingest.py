@@ -73,7 +73,7 @@ def _suspect(raw: bytes) -> bool:
     escape (a raw control character is not JSON), non-finite numbers as NaN/Infinity. Clean
     bodies (all of them, normally) skip the walk; `in` is a memchr scan, a regex with these
     alternatives cost as much as parsing the report. (A number past float range, 1e400, is
-    refused by the store's JSON encoder: a 422 as well.)"""
+    refused by the store's JSON encoder; Ingest.accept then names its field in the 422.)"""
     return b"\\u0000" in raw or b"NaN" in raw or b"Infinity" in raw
 
 
@@ -105,18 +105,7 @@ def _json_size(value: Any) -> int:
 
 def report_problems(raw: bytes, body: Report) -> list[dict[str, Any]]:
     """What a well-typed report still may not carry (-> 422), in FastAPI's error shape."""
-    errors: list[dict[str, Any]] = []
-    if _suspect(raw):
-        for k, f in enumerate(body.findings):
-            bad = _unstorable(f.message, ("findings", k, "message")) or _unstorable(
-                f.details, ("findings", k, "details")
-            )
-            if bad:
-                errors.append(_error(bad[0], bad[1]))
-                break
-        bad = _unstorable(body.metrics, ("metrics",))
-        if bad:
-            errors.append(_error(bad[0], bad[1]))
+    errors = _unstorable_values(body) if _suspect(raw) else []
     if len(raw) > MAX_DETAILS_BYTES:  # else no finding's details can be that big
         for k, f in enumerate(body.findings):
             if f.details and _json_size(f.details) > MAX_DETAILS_BYTES:
@@ -126,6 +115,22 @@ def report_problems(raw: bytes, body: Report) -> list[dict[str, Any]]:
                 break
     if len(raw) > MAX_METRICS_BYTES and _json_size(body.metrics) > MAX_METRICS_BYTES:
         errors.append(_error(("metrics",), f"larger than {MAX_METRICS_BYTES} bytes"))
+    return errors
+
+
+def _unstorable_values(body: Report) -> list[dict[str, Any]]:
+    """The first unstorable value of the findings and of the metrics, as 422 errors."""
+    errors: list[dict[str, Any]] = []
+    for k, f in enumerate(body.findings):
+        bad = _unstorable(f.message, ("findings", k, "message")) or _unstorable(
+            f.details, ("findings", k, "details")
+        )
+        if bad:
+            errors.append(_error(bad[0], bad[1]))
+            break
+    bad = _unstorable(body.metrics, ("metrics",))
+    if bad:
+        errors.append(_error(bad[0], bad[1]))
     return errors
 
 
@@ -202,7 +207,12 @@ class Ingest:
             async with asyncio.timeout(30):
                 new = await fut
         except ReportRejected as exc:
-            raise Refused(422, [_error((), f"the database refused it: {exc}"[:300])]) from None
+            # a number past float range (1e400) parses as infinity without the spelling
+            # report_problems looks for: found here, off the hot path, to name the field
+            named = _unstorable_values(body)
+            raise Refused(
+                422, named or [_error((), f"the database refused it: {exc}"[:300])]
+            ) from None
         except Exception as exc:
             raise StoreUnavailable(f"store unavailable: {exc!r}") from None
         self.metrics.ingest_latency.observe(time.perf_counter() - start)
@@ -342,7 +352,12 @@ class ReportWriter:
                 if len(batch) > 1 and _is_data_error(exc):
                     self._one_by_one(batch)
                     continue
-                log.exception("ingest batch of %d failed", len(batch))
+                if _is_data_error(exc):  # one report's value: the client's 422, not our failure
+                    log.warning(
+                        "report %s of %s refused: %s", batch[0][0].report_id, batch[0][0].node, exc
+                    )
+                else:
+                    log.exception("ingest batch of %d failed", len(batch))
                 outcome = _rejected(exc) if _is_data_error(exc) else IngestError(str(exc))
             _resolve(batch, outcome)
 
