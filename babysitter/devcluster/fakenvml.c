@@ -18,6 +18,7 @@
  *                                    field, as r535 does)
  *                                    pcie_gen pcie_gen_max pcie_width pcie_width_max
  *                                    clocks_event_reasons power_mw
+ *                                    pcie_replays (field 94, NVML_FI_DEV_PCIE_REPLAY_COUNTER)
  *   gpuN.err.<function>=<nvmlReturn> that function fails on that GPU (e.g. 3 NOT_SUPPORTED)
  *   delay.<function>=<seconds>       that function sleeps first (a hung driver)
  *   gpuN.delay=<seconds>             every call on that GPU sleeps first (one hung GPU);
@@ -478,7 +479,8 @@ nvmlReturn_t nvmlDeviceGetNvLinkState(void *device, unsigned int link, int *isAc
     return NVML_SUCCESS;
 }
 /* nvmlDeviceGetFieldValues: the NVLink link count (91) and per-link state (165, scopeId = link),
- * the two fields the agent batches into one call per GPU. Other fields: NOT_SUPPORTED per field. */
+ * the two fields the agent batches into one call per GPU, and the PCIe replay counter (94, an
+ * unsigned long long, whatever nvlink_fields says). Other fields: NOT_SUPPORTED per field. */
 typedef struct {
     unsigned int fieldId, scopeId;
     long long timestamp, latencyUsec;
@@ -486,7 +488,10 @@ typedef struct {
     unsigned long long value; /* nvmlValue_t: uiVal in the low half on little-endian */
 } nvmlFieldValue_t;
 _Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t must be 40 bytes");
-enum { FI_NVLINK_LINK_COUNT = 91, FI_NVLINK_GET_STATE = 165, VALUE_TYPE_UINT = 1 };
+enum {
+    FI_NVLINK_LINK_COUNT = 91, FI_PCIE_REPLAY_COUNTER = 94, FI_NVLINK_GET_STATE = 165,
+    VALUE_TYPE_UINT = 1, VALUE_TYPE_ULL = 3
+};
 
 nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int count, nvmlFieldValue_t *values) {
     DEVICE_ENTER("nvmlDeviceGetFieldValues");
@@ -501,7 +506,11 @@ nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int count, nvmlFieldValue_t 
         v->latencyUsec = 0;
         v->valueType = VALUE_TYPE_UINT;
         v->value = 0;
-        if (!fields || (v->fieldId != FI_NVLINK_LINK_COUNT && v->fieldId != FI_NVLINK_GET_STATE)) {
+        if (v->fieldId == FI_PCIE_REPLAY_COUNTER) {
+            v->nvmlReturn = NVML_SUCCESS;
+            v->valueType = VALUE_TYPE_ULL;
+            v->value = (unsigned long long)gnum(gpu, "pcie_replays", 0);
+        } else if (!fields || (v->fieldId != FI_NVLINK_LINK_COUNT && v->fieldId != FI_NVLINK_GET_STATE)) {
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         } else if (v->fieldId == FI_NVLINK_LINK_COUNT) {
             v->nvmlReturn = NVML_SUCCESS;

@@ -1,5 +1,5 @@
 """GPU checks through NVML (nvidia-ml-py): presence/lost, memory (ECC, retired pages, row
-remapping), NVLink, PCIe and thermals/clock-event reasons.
+remapping), NVLink, PCIe (width, generation, replays) and thermals/clock-event reasons.
 
 Every healthy GPU gets an `ok` finding so the controller sees the fault is gone. A lost GPU is
 reported by `gpu.presence` only; the other checks skip it.
@@ -7,6 +7,7 @@ reported by `gpu.presence` only; the other checks skip it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -426,18 +427,28 @@ class GpuNvlinkCheck(GpuCheck):
 
 
 class GpuPcieCheck(GpuCheck):
-    """PCIe link trained at full width (a x8 link halves host<->GPU bandwidth)."""
+    """PCIe link trained at full width (a x8 link halves host<->GPU bandwidth); replays (link
+    retransmissions) not climbing."""
 
     name = "gpu.pcie"
     signals = SIGNALS["gpu.pcie"]
     interval_s = 300.0
     code_prefix = "pcie"
+    # NVML_FI_DEV_PCIE_REPLAY_COUNTER (nvml.h), read with nvmlDeviceGetFieldValues
+    PCIE_REPLAY_COUNTER = 94
+    clock = staticmethod(time.monotonic)
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self._replays_seen: dict[str, tuple[float, int]] = {}  # per GPU: (when, replay count)
 
     def read(self, signal: str, dev: Device) -> list[Finding]:
         t = self.thresholds()
         h = dev.handle
         out: list[Finding] = []
-        if signal == "width":
+        if signal == "replays":
+            out += self._replays(dev, t)
+        elif signal == "width":
             width = call(nv.nvmlDeviceGetCurrPcieLinkWidth, h)
             width_max = call(nv.nvmlDeviceGetMaxPcieLinkWidth, h)
             if (
@@ -475,6 +486,50 @@ class GpuPcieCheck(GpuCheck):
                     )
                 )
         return out
+
+    def _replays(self, dev: Device, t: GpuThresholds) -> list[Finding]:
+        """Replays per minute since the last read: a marginal link (riser, slot, retimer)
+        retransmits long before it trains narrower; DCGM warns above 8 a minute. The first read
+        of a GPU is only the baseline (a one-shot run never warns); a counter that went down was
+        reset with the driver and starts a new baseline."""
+        try:
+            values = call(nv.nvmlDeviceGetFieldValues, dev.handle, [(self.PCIE_REPLAY_COUNTER, 0)])
+        except nv.NVMLError_FunctionNotFound:  # a driver older than the call itself
+            return []
+        if values is NOT_SUPPORTED or values[0].nvmlReturn != nv.NVML_SUCCESS:
+            return []
+        count, now = _field_int(values[0]), self.clock()
+        prev = self._replays_seen.get(dev.uuid)
+        self._replays_seen[dev.uuid] = (now, count)
+        if prev is None or count < prev[1] or now <= prev[0]:
+            return []
+        per_min = (count - prev[1]) * 60.0 / (now - prev[0])
+        if per_min <= t.pcie_replays_per_min_warn:
+            return []
+        msg = (
+            f"{per_min:.0f} PCIe replays a minute (warning above "
+            f"{t.pcie_replays_per_min_warn:g}): a marginal link"
+        )
+        return [
+            self.problem(
+                dev,
+                Severity.WARNING,
+                "pcie.replays",
+                msg,
+                Action.INSPECT,
+                replays=count - prev[1],
+                per_min=round(per_min, 1),
+            )
+        ]
+
+
+# nvmlValueType_t -> the member of nvmlValue_t holding the number
+_VALUE_MEMBER = {1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _field_int(v: Any) -> int:
+    """A field value's number, by its type: a counter comes as 32 or 64 bits."""
+    return int(getattr(v.value, _VALUE_MEMBER.get(int(v.valueType), "ullVal")))
 
 
 class GpuThermalCheck(GpuCheck):

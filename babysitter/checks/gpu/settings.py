@@ -43,6 +43,9 @@ class GpuThresholds(Section):
     pcie_width_min_fraction: Annotated[
         float, Meta(gt=0, le=1, description="PCIe link width below this fraction of max warns")
     ] = 1.0
+    pcie_replays_per_min_warn: Annotated[
+        float, Meta(ge=0, description="PCIe replays a minute above this warn (DCGM: 8)")
+    ] = 8.0
     expected_nvlinks: Annotated[
         _Count | None,
         Meta(

@@ -28,6 +28,7 @@ SIGNALS: Mapping[str, Mapping[str, Interval]] = {
     "gpu.pcie": {
         "width": 30.0,  # a narrower link costs bandwidth, not the job
         "generation": 300.0,  # idle GPUs drop their generation: informational
+        "replays": 60.0,  # one field read per GPU; a rate, so a minute between reads
     },
     "gpu.thermal": {
         "thermal": 30.0,  # temperature, thresholds, clock-event reasons, utilisation
