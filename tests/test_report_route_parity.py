@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from starlette.types import ASGIApp
 
 from babysitter.config import Config
+from babysitter.controller.runtime import Controller
 from babysitter.controller.api import REPORTS_PATH
 from tests.fixtures.controller import Secrets, controller_config, set_up
 
@@ -43,15 +44,22 @@ Answer = tuple[int, Headers, bytes]
 
 
 @pytest.fixture
-def doors(secrets: Secrets, tmp_path) -> Iterator[tuple[ASGIApp, ASGIApp]]:
-    """(the served app: fast path in front, the FastAPI app alone), each on its own database."""
+def controllers(secrets: Secrets, tmp_path) -> Iterator[tuple[Controller, Controller]]:
+    """Two controllers alike, each on its own database: one per door."""
 
     def cfg(name: str) -> Config:
         url = f"sqlite:///{tmp_path / name}"
         return controller_config(secrets, url, controller={"max_body_bytes": MAX_BODY})
 
     with set_up(cfg("fast.db")) as fast, set_up(cfg("plain.db")) as plain:
-        yield fast.app(), plain.app().app
+        yield fast, plain
+
+
+@pytest.fixture
+def doors(controllers: tuple[Controller, Controller]) -> tuple[ASGIApp, ASGIApp]:
+    """(the served app: fast path in front, the FastAPI app alone)."""
+    fast, plain = controllers
+    return fast.app(), plain.app().app
 
 
 def post(app: ASGIApp, headers: Headers, chunks: list[bytes]) -> Answer:
@@ -132,6 +140,7 @@ EXTRAS = st.sampled_from(
         {"findings": "none"},
     ]
 )
+GOOD_EXTRAS = st.sampled_from([{}, {"kind": "event"}, {"metrics": {"gflops": 1.5}}])
 FINDINGS = st.lists(
     st.sampled_from(
         ["good", "good", "bad_severity", "missing_field", "unknown_key", "nul", "big_details", "x"]
@@ -142,10 +151,14 @@ FINDINGS = st.lists(
 
 @st.composite
 def bodies(draw: st.DrawFn) -> bytes:
-    node = draw(st.sampled_from(["node1", "node1", "node2", "-bad name-"]))
-    rid = draw(st.sampled_from([*REPORT_IDS, str(uuid.uuid4())]))
-    raw = json.dumps(_report(node, rid, draw(FINDINGS), draw(EXTRAS))).encode()
-    how = draw(st.sampled_from(["as is"] * 6 + ["cut", "junk", "nan", "huge", "oversize", "empty"]))
+    rid = draw(st.sampled_from(REPORT_IDS) | st.uuids(version=4).map(str))
+    if draw(st.booleans()):  # an agent's report, new or repeated
+        findings = draw(st.lists(st.just("good"), max_size=2))
+        raw = json.dumps(_report("node1", rid, findings, draw(GOOD_EXTRAS))).encode()
+    else:
+        node = draw(st.sampled_from(["node1", "node1", "node2", "-bad name-"]))
+        raw = json.dumps(_report(node, rid, draw(FINDINGS), draw(EXTRAS))).encode()
+    how = draw(st.sampled_from(["as is"] * 4 + ["cut", "junk", "nan", "huge", "oversize", "empty"]))
     if how == "cut":  # malformed JSON
         return raw[: draw(st.integers(0, len(raw) - 1))]
     if how == "junk":
@@ -172,11 +185,18 @@ def requests(draw: st.DrawFn, secrets: Secrets) -> tuple[Headers, list[bytes]]:
         "garbage": "not-a-token",
     }
     headers: Headers = []
-    for _ in range(draw(st.sampled_from([1, 1, 1, 0, 2]))):  # none, one, or repeated
+    agent = draw(st.booleans())  # an agent's headers: the case the fast path serves itself
+    if agent:
+        headers += [
+            (b"authorization", f"Bearer {tokens['node1']}".encode()),
+            (b"x-babysitter-node", b"node1"),
+        ]
+    # none, one or (beside an agent's own) more of each, in any order (shuffled below)
+    for _ in range(draw(st.sampled_from([0, 1] if agent else [1, 1, 1, 0, 2]))):
         scheme = draw(st.sampled_from(["Bearer", "Bearer", "bearer", "Basic"]))
         token = tokens[draw(st.sampled_from(sorted(tokens)))]
         headers.append((b"authorization", f"{scheme} {token}".encode()))
-    for _ in range(draw(st.sampled_from([1, 1, 0, 2]))):
+    for _ in range(draw(st.sampled_from([0, 1] if agent else [1, 1, 0, 2]))):
         node = draw(st.sampled_from(["node1", "node2", "", "node1\xff"]))
         headers.append((b"x-babysitter-node", node.encode("latin-1")))
     ctype = draw(
@@ -232,3 +252,20 @@ def test_the_generated_requests_reach_every_answer(doors, secrets):
 
     collect()
     assert seen >= {200, 202, 400, 401, 403, 413, 422}
+
+
+def test_a_store_outage_is_the_same_503_through_both_doors(controllers, doors, secrets):
+    """The database loses a table under a running controller: an agent's report gets the
+    same 503 (spool and retry) through either door."""
+    for ctl in controllers:
+        with ctl.store.engine.begin() as c:
+            c.exec_driver_sql("DROP TABLE findings")
+    headers = [
+        (b"authorization", f"Bearer {secrets.node('node1')}".encode()),
+        (b"x-babysitter-node", b"node1"),
+        (b"content-type", b"application/json"),
+    ]
+    body = json.dumps(_report("node1", REPORT_IDS[0], ["good"], {})).encode()
+    fast, plain = (post(app, headers, [body]) for app in doors)
+    assert fast[0] == 503 and "store unavailable" in json.loads(fast[2])["detail"]
+    assert fast == plain
