@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from starlette.types import ASGIApp
 
 from babysitter.config import Config
-from babysitter.controller.runtime import Controller
 from babysitter.controller.api import REPORTS_PATH
+from babysitter.controller.runtime import Controller
 from tests.fixtures.controller import Secrets, controller_config, set_up
 
 MAX_BODY = 96 * 1024  # above the 64 KiB metrics limit, so both limits can be reached
