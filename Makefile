@@ -2,6 +2,10 @@
 # Debian machine (as root) `make demo` installs what the demo runs on, `make test` what the
 # whole suite needs, `make test-unit` only the venv.
 SHELL := /bin/bash
+# Compiled modules and pytest's rewritten test modules are cached (__pycache__, ignored by git):
+# with PYTHONDONTWRITEBYTECODE set, every pytest worker and every CLI process a test starts
+# compiles the sources again (half of a `make test-unit` collection).
+unexport PYTHONDONTWRITEBYTECODE
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
@@ -108,9 +112,11 @@ fmt: venv
 test: .make/deb-test .make/deb-slurm-build venv
 	VENV=$(VENV) TEST_WORKERS=$(TEST_WORKERS) tests/run-suite.sh $(PYTEST_ARGS)
 
-# Tests with no Slurm, no Postgres and no docker (their tier comes from their fixtures).
+# In-process tests: no Slurm, no Postgres, no docker, no program started (their tier comes
+# from their fixtures and code, tests/conftest.py). One process: xdist workers would each
+# collect the suite again, which costs more than they save on 2 cores.
 test-unit: venv
-	$(VENV)/bin/pytest -m unit -n 2 -q $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m unit -q $(PYTEST_ARGS)
 
 demo: .make/deb-demo venv-demo
 	$(VENV)/bin/babysitter demo

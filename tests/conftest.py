@@ -1,10 +1,13 @@
 """Shared pytest set-up. Area fixtures live in tests/fixtures/<area>.py and are listed here.
 
-Tiers come from the fixtures a test uses (never marked by hand): a test whose fixtures start
-Slurm daemons is `slurm`, one on a real PostgreSQL `postgres`, one on the docker cluster
-`docker`; a test with none of them is `unit` (`make test-unit`: no Slurm, no Postgres, no
-docker). Under pytest-xdist, tests that share one session or module cluster fixture get the
-same xdist group, so each cluster is started once, on one worker (`--dist loadgroup`)."""
+Tiers come from the fixtures a test uses and from what its code does: a test whose fixtures
+start Slurm daemons is `slurm`, one on a real PostgreSQL `postgres`, one on the docker cluster
+`docker`; one whose code or tests/ helpers start a program (the controller, the agent, the CLI,
+Alertmanager) is `process`, one that imports torch `slow`; a test with none of them is `unit`
+(`make test-unit`: in-process logic, no Slurm, no Postgres, no docker, no programs started).
+Only where nothing in the code can tell is a tier marked by hand (`slow`: a 10,000-node run).
+Under pytest-xdist, tests that share one session or module cluster fixture get the same xdist
+group, so each cluster is started once, on one worker (`--dist loadgroup`)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from types import CodeType
 
 import pytest
 from _pytest.fixtures import FixtureDef
@@ -55,6 +59,78 @@ _GETFIXTUREVALUE = re.compile(r"""getfixturevalue\(\s*["'](\w+)["']""")
 
 # a cluster built in the test or fixture itself starts the host's Slurm daemons
 _STARTS_SLURM = re.compile(r"\b(?:SimCluster|DevCluster)\(")
+
+
+TESTS = Path(__file__).resolve().parent
+
+# What a test's code (or a helper of tests/ it calls) does that takes it out of `unit`:
+# starting a program (`process`: the controller, the agent, the CLI, Alertmanager, promtool) or
+# importing torch (`slow`: seconds of import on its own).
+_SPAWNS = frozenset(
+    {"Popen", "check_output", "check_call", "getoutput", "create_subprocess_exec", "fork"}
+    | {"create_subprocess_shell", "posix_spawn", "ProcessPoolExecutor"}
+)
+_HEAVY_IMPORTS = frozenset({"torch"})
+
+
+def _code_objects(func: object) -> list[CodeType]:
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return []
+    out, todo = [], [code]
+    while todo:  # nested functions, lambdas and comprehensions are their own code objects
+        c = todo.pop()
+        out.append(c)
+        todo += [k for k in c.co_consts if isinstance(k, CodeType)]
+    return out
+
+
+def _helpers(func: object) -> list[object]:
+    """Functions of tests/ that `func` names: module helpers, classes' methods."""
+    glb = getattr(func, "__globals__", {})
+    found: list[object] = []
+    for code in _code_objects(func):
+        for name in code.co_names:
+            obj = glb.get(name)
+            if obj is None or not _in_tests(obj):
+                continue
+            if inspect.isclass(obj):
+                for attr in vars(obj).values():
+                    attr = getattr(attr, "__func__", getattr(attr, "fget", attr))
+                    if inspect.isfunction(attr):
+                        found.append(attr)
+            elif inspect.isfunction(obj):
+                found.append(obj)
+    return found
+
+
+def _in_tests(obj: object) -> bool:
+    try:
+        return Path(inspect.getfile(obj)).resolve().is_relative_to(TESTS)  # type: ignore[arg-type]
+    except (TypeError, OSError):
+        return False
+
+
+@functools.cache  # per function: helpers are shared by many tests
+def _code_tiers(func: Callable[..., object] | None) -> frozenset[str]:
+    """`process` / `slow` for what a function and the tests/ helpers it calls do."""
+    tiers: set[str] = set()
+    seen: set[object] = set()
+    todo: list[object] = [func]
+    while todo:
+        f = todo.pop()
+        if f is None or f in seen or not _in_tests(f):
+            continue
+        seen.add(f)
+        for code in _code_objects(f):
+            names = set(code.co_names)
+            spawns = names & _SPAWNS or {"subprocess", "run"} <= names or {"os", "system"} <= names
+            if spawns:
+                tiers.add("process")
+            if names & _HEAVY_IMPORTS:
+                tiers.add("slow")
+        todo += _helpers(f)
+    return frozenset(tiers)
 
 
 @functools.cache  # per function, not per test: getsource tokenizes the whole file
@@ -100,8 +176,10 @@ def _closure_defs(item: pytest.Item) -> dict[str, FixtureDef[object]]:
     return defs
 
 
-def _tiers(item: pytest.Item, names: set[str]) -> set[str]:
-    tiers = {TIER_OF_FIXTURE[n] for n in names if n in TIER_OF_FIXTURE}
+def _tiers(item: pytest.Item, defs: dict[str, FixtureDef[object]]) -> set[str]:
+    tiers = {TIER_OF_FIXTURE[n] for n in defs if n in TIER_OF_FIXTURE}
+    for func in [getattr(item, "function", None), *(fd.func for fd in defs.values())]:
+        tiers |= _code_tiers(func)
     callspec = getattr(item, "callspec", None)
     # db_url runs each test on SQLite and on Postgres: only the Postgres variant needs a server
     if callspec is not None and callspec.params.get("db_url") == "postgres":
@@ -134,14 +212,18 @@ def _find(parent: dict[str, str], x: str) -> str:
     return x
 
 
+# tiers a test may carry by hand, where nothing in its code tells (a 10,000-node scale run)
+_HAND_TIERS = ("slow", "reliability", "slurm")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook turns xdist_group into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     parent: dict[str, str] = {}
     clusters_of: dict[str, set[str]] = {}
     for item in items:
         defs = _closure_defs(item)
-        tiers = _tiers(item, set(defs))
-        if not tiers and item.get_closest_marker("reliability") is None:
+        tiers = _tiers(item, defs)
+        if not tiers and not any(item.get_closest_marker(n) for n in _HAND_TIERS):
             tiers = {"unit"}
         for t in sorted(tiers):
             item.add_marker(getattr(pytest.mark, t))

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select, update
 
 from babysitter.config import parse_config
@@ -284,6 +285,7 @@ def test_a_restarted_controller_deletes_unknown_holds_and_closes_lost_orders(tmp
     assert w.slurm.holds(HOLD_PREFIX) == {}
 
 
+@pytest.mark.slow  # 10,000 simulated nodes: seconds of pure computation, no fixture tells
 def test_slurm_calls_stay_within_the_budget_at_10000_nodes(tmp_path):
     """Every node due at once (a fresh install): over 5 simulated minutes the schedule's Slurm
     calls stay within max_slurm_rpc_per_s plus its burst, and it still tests nodes at the rate

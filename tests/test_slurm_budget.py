@@ -10,6 +10,8 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from babysitter.config import parse_config
 from babysitter.controller.ingest import ReportWriter
 from babysitter.controller.remediation import RemediationEngine, make_engine
@@ -77,6 +79,7 @@ def _calls(tmp_path: Path, n: int, failing: int) -> tuple[Counter[str], Counter[
     return steady, failure, drained
 
 
+@pytest.mark.slow  # 10,000 simulated nodes: seconds of pure computation, no fixture tells
 def test_tick_slurm_calls_do_not_grow_with_cluster_size(tmp_path):
     small_steady, small_fail, small_drained = _calls(tmp_path, 50, failing=4)
     big_steady, big_fail, big_drained = _calls(tmp_path, 10_000, failing=32)
