@@ -7,7 +7,8 @@ run (pydantic stays where FastAPI needs it: the controller's API). Rules: names 
 case-insensitive, `__` descends into a section, a list/dict/section value is JSON, anything else
 a string converted to the key's type, the environment wins over the file key by key, and names
 that are no setting are ignored. A value check that needs code is a `__post_init__` raising
-`ValueError("<key>: <why>")`, so the error still names the key.
+`InvalidKey("<key>", "<why>")` (babysitter/settings.py), so the error still names the key; a
+refused config is explained by babysitter/config_errors.py from the models' types.
 
 Each section is its own model; a check's `[checks.<name>]` model lives in its own folder
 (babysitter/checks/<name>/settings.py, on the base in babysitter/settings.py) and is assembled
@@ -18,10 +19,8 @@ models).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import re
 import types
 import typing
 from collections.abc import Mapping
@@ -40,7 +39,7 @@ from babysitter.checks.xid.settings import XidCheckConfig
 from babysitter.errors import ConfigError
 from babysitter.finding import Severity
 from babysitter.hardware.profiles import PROFILES
-from babysitter.settings import Section
+from babysitter.settings import InvalidKey, Section, plain, section_fields, section_model
 
 DEFAULT_CONFIG_PATH = Path("/etc/babysitter/babysitter.toml")
 ENV_CONFIG = "BABYSITTER_CONFIG"
@@ -122,8 +121,8 @@ class AgentConfig(Section):
 
     def __post_init__(self) -> None:
         if self.hardware_profile is not None and self.hardware_profile not in PROFILES:
-            raise ValueError(
-                f"hardware_profile: unknown hardware profile (one of: {', '.join(PROFILES)})"
+            raise InvalidKey(
+                "hardware_profile", f"unknown hardware profile (one of: {', '.join(PROFILES)})"
             )
 
 
@@ -520,7 +519,7 @@ class AlertsConfig(Section):
     def __post_init__(self) -> None:
         for name in ROUTES:
             if getattr(self, name) is Severity.OK:
-                raise ValueError(f"{name}: a route's lowest severity is info, warning or critical")
+                raise InvalidKey(name, "a route's lowest severity is info, warning or critical")
 
 
 class ChecksConfig(Section):
@@ -547,40 +546,20 @@ class Config(Section):
     checks: ChecksConfig = field(default_factory=ChecksConfig)
 
 
-def _model(annotation: Any) -> type[Section] | None:
-    return annotation if isinstance(annotation, type) and issubclass(annotation, Section) else None
-
-
-def _plain(annotation: Any) -> Any:
-    """The type under Annotated[...] (constraints and descriptions stripped)."""
-    while typing.get_origin(annotation) is Annotated:
-        annotation = typing.get_args(annotation)[0]
-    return annotation
-
-
-@functools.cache
-def section_fields(model: type[Section]) -> Mapping[str, Any]:
-    """A section's keys and their types (Annotated kept: descriptions and constraints).
-    Cached: every BABYSITTER_* variable and every error message walks these, and resolving
-    the annotations is the costly part."""
-    hints = typing.get_type_hints(model, include_extras=True)
-    return types.MappingProxyType({name: hints[name] for name in model.__struct_fields__})
-
-
 def _is_json(annotation: Any) -> bool:
     """A value given as JSON in the environment: a section, list, dict, set or tuple (also
     inside `X | None`)."""
-    annotation = _plain(annotation)
+    annotation = plain(annotation)
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         return any(_is_json(a) for a in typing.get_args(annotation) if a is not type(None))
-    if _model(annotation) is not None:
+    if section_model(annotation) is not None:
         return True
     return (origin or annotation) in (list, dict, set, frozenset, tuple)
 
 
 def _is_bool(annotation: Any) -> bool:
-    annotation = _plain(annotation)
+    annotation = plain(annotation)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return any(_is_bool(a) for a in typing.get_args(annotation))
     return annotation is bool
@@ -623,7 +602,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
                 break  # not a section (BABYSITTER_CONFIG, ...): ignored, as always
             path.append(part)
             last = i == len(parts) - 1
-            sub = _model(_plain(ann))
+            sub = section_model(plain(ann))
             if not last and sub is not None:
                 model = sub
                 continue
@@ -663,63 +642,6 @@ REMOVED: dict[str, str] = {
 }
 
 
-_AT = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$", re.S)
-_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
-_KEYED = re.compile(r"^(?P<key>[a-z_][a-z0-9_.]*): (?P<msg>.*)$", re.S)
-
-
-def _lookup(data: Any, keys: list[str]) -> Any:
-    for k in keys:
-        if not isinstance(data, Mapping) or k not in data:
-            return None
-        data = data[k]
-    return data
-
-
-def _format_validation_error(err: msgspec.ValidationError, data: Any, origin: str) -> str:
-    """One line naming the key: `<section>.<key>: <why> (got <value>)`."""
-    text = str(err)
-    m = _AT.match(text)
-    msg, where = (m["msg"], m["path"]) if m else (text, "")
-    # `.a.b[...]`: a dict's key; msgspec does not say which one
-    keys = [k for k in where.replace("[...]", "").split(".") if k]
-    unknown = _UNKNOWN.match(msg)
-    keyed = _KEYED.match(msg)
-    if unknown:  # an unknown key, or one an older release had
-        keys.append(unknown["key"])
-        key = ".".join(keys)
-        return f"invalid configuration in {origin}: {key}: {REMOVED.get(key, 'unknown key')}"
-    if keyed and _model(_section_at(keys)) is not None:  # a section's __post_init__ check
-        keys += keyed["key"].split(".")
-        msg = keyed["msg"]
-    choices = _choices(keys)
-    if choices and msg.startswith("Invalid enum value"):
-        msg = f"not one of: {', '.join(choices)}"
-    key = ".".join(keys) or "<root>"
-    value = _lookup(data, keys)
-    shown = "" if value is None or isinstance(value, Mapping) else f" (got {value!r})"
-    return f"invalid configuration in {origin}: {key}: {msg}{shown}"
-
-
-def _section_at(keys: list[str]) -> Any:
-    model: Any = Config
-    for k in keys:
-        sub = _model(model) and section_fields(model).get(k)
-        if sub is None:
-            return None
-        model = _plain(sub)
-    return model
-
-
-def _choices(keys: list[str]) -> tuple[str, ...]:
-    """The values a Literal key takes (for the error message), else ()."""
-    section = _model(_section_at(keys[:-1])) if keys else None
-    if section is None:
-        return ()
-    ann = _plain(section_fields(section).get(keys[-1]))
-    return typing.get_args(ann) if typing.get_origin(ann) is Literal else ()
-
-
 def _dec_hook(tp: Any, obj: Any) -> Any:
     if tp is Path:
         if isinstance(obj, str):
@@ -732,9 +654,16 @@ def parse_config(data: Mapping[str, Any], origin: str = "the given settings") ->
     """Validate settings given as nested dicts (a parsed TOML file); ConfigError (one line,
     naming the key) on any problem."""
     try:
-        return msgspec.convert(data, Config, strict=False, str_keys=True, dec_hook=_dec_hook)
+        return _convert(data, Config)
     except msgspec.ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, data, origin)) from None
+        from babysitter.config_errors import explain  # only once a config is bad
+
+        why = explain(data, Config, _convert, REMOVED) or str(exc)
+        raise ConfigError(f"invalid configuration in {origin}: {why}") from None
+
+
+def _convert(data: Any, type_: Any) -> Any:
+    return msgspec.convert(data, type_, strict=False, str_keys=True, dec_hook=_dec_hook)
 
 
 def as_dict(section: Section, exclude_defaults: bool = False) -> dict[str, Any]:

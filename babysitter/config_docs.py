@@ -14,7 +14,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-from babysitter.config import ChecksConfig, Config, Section, section_fields
+from babysitter.config import ChecksConfig, Config
+from babysitter.settings import Section, section_fields
 
 # A development tool run from a checkout: the docs are not package data.
 PAGE = Path("docs/config.md")

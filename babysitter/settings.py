@@ -5,7 +5,11 @@ other."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import functools
+import types
+import typing
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, field
@@ -13,6 +17,37 @@ from msgspec import Meta, field
 
 class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A config section: keyword-only, unknown keys refused."""
+
+
+def section_model(annotation: Any) -> type[Section] | None:
+    """The Section an annotation is, else None."""
+    return annotation if isinstance(annotation, type) and issubclass(annotation, Section) else None
+
+
+def plain(annotation: Any) -> Any:
+    """The type under Annotated[...] (constraints and descriptions stripped)."""
+    while typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
+
+
+@functools.cache
+def section_fields(model: type[Section]) -> Mapping[str, Any]:
+    """A section's keys and their types (Annotated kept: descriptions and constraints).
+    Cached: every BABYSITTER_* variable and every error message walks these, and resolving
+    the annotations is the costly part."""
+    hints = typing.get_type_hints(model, include_extras=True)
+    return types.MappingProxyType({name: hints[name] for name in model.__struct_fields__})
+
+
+class InvalidKey(ValueError):
+    """A value check that needs code (a section's `__post_init__`) refused `key` (below the
+    section; dotted into a dict entry): the config error names it without parsing any text."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{key}: {why}")
+        self.key = key
+        self.why = why
 
 
 class CheckConfig(Section):
@@ -35,6 +70,6 @@ class CheckConfig(Section):
     def __post_init__(self) -> None:
         bad = sorted(k for k, x in self.signal_intervals.items() if x != "fast" and not x > 0)
         if bad:
-            raise ValueError(
-                f'signal_intervals: {", ".join(bad)}: an interval is seconds > 0 or "fast"'
+            raise InvalidKey(
+                "signal_intervals", f'{", ".join(bad)}: an interval is seconds > 0 or "fast"'
             )

@@ -140,3 +140,53 @@ def test_env_json_values_typos_and_merge_with_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("BABYSITTER_CHECKS__HOST__PATHS", "/not/json")
     with pytest.raises(ConfigError, match="BABYSITTER_CHECKS__HOST__PATHS"):
         load_config(p)
+
+
+@pytest.mark.parametrize(
+    ("toml", "line"),
+    [
+        # what a key expects comes from its type: bounds, choices in the model's order, items
+        (
+            "[policy]\nmax_drained_fraction = 7\n",
+            "policy.max_drained_fraction: expected a number > 0 and <= 1 (got 7)",
+        ),
+        (
+            "[slurm]\nbackend = 'carrier-pigeon'\n",
+            "slurm.backend: not one of: cli, rest, pyslurm (got 'carrier-pigeon')",
+        ),
+        ("[checks.host]\npaths = ['/a', 3]\n", "checks.host.paths[1]: expected a path"),
+        ("[checks.xid]\nactions = {abc = 'reboot'}\n", "checks.xid.actions.abc: a key here is an"),
+        (
+            '[checks.gpu]\nsignal_intervals = {"gpu.memory/sbe_volatile" = "slow"}\n',
+            'checks.gpu.signal_intervals."gpu.memory/sbe_volatile": expected a number or one of: '
+            "fast (got 'slow')",
+        ),
+        (
+            "[checks.gpu.thresholds]\ntemp_warn_margin = 3\n",
+            "checks.gpu.thresholds.temp_warn_margin: unknown key "
+            "(did you mean temp_warn_margin_c?)",
+        ),
+        (
+            "[checks.gpu.thresholds]\nretired_pages_max = 'many'\n",
+            "checks.gpu.thresholds.retired_pages_max: expected an integer >= 0 (got 'many')",
+        ),
+        (
+            "[checks.sdc]\nresult_timeout_s = 900\n",
+            "checks.sdc.result_timeout_s: must be shorter than hold_s (got 900)",
+        ),
+    ],
+)
+def test_a_refused_value_is_explained_from_the_keys_type(tmp_path, toml, line):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, toml))
+    text = str(err.value)
+    assert f"environment): {line}" in text and "\n" not in text, text
+
+
+def test_an_environment_value_is_explained_like_a_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("BABYSITTER_POLICY__MAX_DRAINED_FRACTION", "most")
+    monkeypatch.setenv("BABYSITTER_CHECKS__GPU__THRESHOLDS__SBE_VOLATILE_WARN", "20000")
+    with pytest.raises(ConfigError, match=r"policy\.max_drained_fraction: expected a number > 0"):
+        load_config(write(tmp_path, ""))
+    monkeypatch.delenv("BABYSITTER_POLICY__MAX_DRAINED_FRACTION")
+    assert load_config(write(tmp_path, "")).checks.gpu.thresholds.sbe_volatile_warn == 20_000

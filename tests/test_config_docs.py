@@ -7,8 +7,9 @@ from pathlib import Path
 
 import msgspec
 
-from babysitter.config import ChecksConfig, Config, section_fields
+from babysitter.config import ChecksConfig, Config
 from babysitter.config_docs import WRITE, page
+from babysitter.settings import section_fields
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "config.md"

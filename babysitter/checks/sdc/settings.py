@@ -7,7 +7,7 @@ from typing import Annotated, Literal, get_args
 
 from msgspec import Meta
 
-from babysitter.settings import CheckConfig
+from babysitter.settings import CheckConfig, InvalidKey
 
 # the dtypes the SDC test's host-side verifier supports (checks/sdc/runner.py NP_DTYPES)
 SdcDtype = Literal["float32", "float64", "float16"]
@@ -72,6 +72,6 @@ class SdcCheckConfig(CheckConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.inject is not None and len(self.inject) != 4:
-            raise ValueError("inject: [device, row, col, bit], four integers")
+            raise InvalidKey("inject", "[device, row, col, bit], four integers")
         if self.result_timeout_s >= self.hold_s:
-            raise ValueError("result_timeout_s must be shorter than hold_s")
+            raise InvalidKey("result_timeout_s", "must be shorter than hold_s")
