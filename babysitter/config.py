@@ -119,7 +119,30 @@ class AgentConfig(Section):
         ),
     ] = None
 
+    gpu_reset_command: Annotated[
+        list[str],
+        Meta(
+            min_length=1,
+            description="argv the agent runs when the controller orders a GPU reset (the "
+            "`reset_gpu` rung); {bus_id}, {uuid} and {index} name the GPU",
+        ),
+    ] = field(default_factory=lambda: ["nvidia-smi", "--gpu-reset", "-i", "{bus_id}"])
+    gpu_reset_timeout_s: Annotated[
+        float, Meta(gt=0, description="a reset command still running after this has failed")
+    ] = 120.0
+    gpu_reset_models: Annotated[
+        str,
+        Meta(
+            description="regex of the GPU models (NVML name) whose single-GPU reset is "
+            "supported; the agent refuses a reset of any other"
+        ),
+    ] = r"(?i)\b(A100|A800|A30|H100|H800|H200|H20|GH200|B100|B200|B300|GB200|GB300)\b"
+
     def __post_init__(self) -> None:
+        try:
+            re.compile(self.gpu_reset_models)
+        except re.error as exc:
+            raise ValueError(f"gpu_reset_models: not a regex: {exc}") from None
         if self.hardware_profile is not None and self.hardware_profile not in PROFILES:
             raise InvalidKey(
                 "hardware_profile", f"unknown hardware profile (one of: {', '.join(PROFILES)})"
@@ -461,6 +484,10 @@ class RemediationConfig(Section):
         int, Meta(ge=1, description="remediations within lemon_window_days that make a lemon")
     ] = 3
     lemon_window_days: Annotated[float, Meta(gt=0, description="the lemon ledger's window")] = 7.0
+    reset_timeout_s: Annotated[
+        float,
+        Meta(gt=0, description="an ordered GPU reset the agent has not answered this long fails"),
+    ] = 300.0
     nextstate: Annotated[
         Literal["DOWN", "RESUME"],
         Meta(

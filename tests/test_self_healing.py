@@ -203,6 +203,44 @@ def test_failed_validation_after_reboot_keeps_node_drained(healing: SimCluster):
     assert node_state(sim.info, "node2")[0] == "drain"
 
 
+def test_gpu_reset_heals_an_idle_gpu_and_a_busy_one_escalates_to_reboot(healing: SimCluster):
+    """A reset-class XID (48, double-bit ECC) through NVML on GPU 3 of both nodes. node1: the
+    agent runs the reset command (the sim heals that fake GPU), the validation job passes, the
+    node returns, no reboot. node2: a process still holds its GPU 3, so its agent refuses the
+    reset; the next rung, a reboot through Slurm, heals it."""
+    sim = healing
+    assert sim.info is not None
+    wait_for(lambda: _healthy(sim), 60, "2 healthy nodes")
+    sim.nodes["node2"].gpus.set(3, procs=1)
+    sim.inject_xid("node1", 3, 48)
+    sim.inject_xid("node2", 3, 48)
+    wait_for(lambda: sim.gpu_resets.get("node1", 0) == 1, 120, "node1's GPU reset")
+    wait_for(lambda: _in_service(sim, "node1"), 120, "node1 back in service")
+    wait_for(lambda: sim.reboots.get("node2", 0) == 1, 120, "node2's reboot")
+    wait_for(lambda: _in_service(sim, "node2"), 180, "node2 back in service")
+    assert sim.gpu_resets == {"node1": 1}  # node2's busy GPU was never reset
+    assert sim.reboots == {"node2": 1}  # node1 needed no reboot
+
+    (row,) = sim.api("/api/v1/ledger?node=node1")
+    assert (row["rung"], row["state"]) == ("reset_gpu", "passed")
+    assert row["fault_class"] == "xid.48"
+    # the GPU's identity as the agent reported it (the lemon count follows the board)
+    assert row["gpu_uuid"] and row["gpu_serial"] == "1650000000003"
+    assert len(_validation_jobs(sim, "node1")) == 1
+    resets = [a for a in sim.api("/api/v1/actions") if a["kind"] == "reset_gpu"]
+    assert {a["node"] for a in resets} == {"node1", "node2"}
+    assert all("XID 48" in a["reason"] and a["rule"] == "remediation" for a in resets)
+    assert {a["status"] for a in resets if a["node"] == "node2"} == {"done", "failed"}
+
+    rows = sim.api("/api/v1/ledger?node=node2")
+    assert [(r["rung"], r["state"]) for r in rows] == [
+        ("reboot", "passed"),
+        ("reset_gpu", "failed"),
+    ]
+    assert "1 process(es) still on GPU 3" in rows[1]["outcome"]
+    assert len(_validation_jobs(sim, "node2")) == 1
+
+
 def test_admin_drain_stays_until_admin_resume(tmp_path: Path):
     sim = SimCluster(tmp_path / "sim", n_nodes=1)
     sim.up()

@@ -13,6 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from babysitter.agent import reset
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
 from babysitter.agent.sticky import StickyFindings, read_boot_id
@@ -84,6 +85,8 @@ class Agent:
         # orders already taken: the controller repeats an order in every answer until it sees
         # the result
         self._orders_seen: deque[str] = deque(maxlen=64)
+        self._resetting = threading.Lock()  # one GPU reset at a time
+        self.reset_outcome: dict[str, Any] | None = None  # the last ordered reset's answer
         self.metrics = None
         if a.metrics_listen:
             from babysitter.agent.metrics import AgentMetrics
@@ -108,6 +111,8 @@ class Agent:
             "boot_id": self.sticky.boot_id,
             **extra,
         }
+        if self.reset_outcome is not None:
+            metrics[reset.METRIC] = self.reset_outcome
         return Report.new(self.node, findings, metrics, kind).to_json_dict()
 
     def emit_event(self, findings: list[Finding]) -> None:
@@ -209,6 +214,9 @@ class Agent:
             if not oid or oid in self._orders_seen:
                 continue
             self._orders_seen.append(oid)
+            if name == reset.ORDER:
+                self._reset_gpu(o)
+                continue
             check = next((c for c in self.checks if c.name == name and c.ordered), None)
             if check is None or is_hung(check) or check.name in self._running:
                 why = (
@@ -222,6 +230,36 @@ class Agent:
             log.info("order %s: running %s", oid, name)
             check.order = oid
             self._start(check)
+
+    def _reset_gpu(self, order: dict[str, Any]) -> None:
+        """A GPU reset the controller ordered, on a thread of its own (the command may take a
+        minute; the shipper's thread must not wait for it). One at a time."""
+        if not self._resetting.acquire(blocking=False):
+            busy = reset.ResetOutcome(
+                str(order.get("id", ""))[:64], False, True, "GPU reset refused: one is running"
+            )
+            self._reset_done(busy)
+            return
+
+        def run() -> None:
+            try:
+                self._reset_done(reset.carry_out(self.cfg.agent, order))
+            finally:
+                self._resetting.release()
+
+        threading.Thread(target=run, name="gpu-reset", daemon=True).start()
+
+    def _reset_done(self, out: reset.ResetOutcome) -> None:
+        """Report the outcome at once (a finding, and in the metrics of every report until the
+        next order); after a reset, that GPU's event findings from before it are over, and the
+        checks read the GPU again now."""
+        with self._lock:
+            self.reset_outcome = out.metric()
+        if out.ok and out.gpu is not None:
+            self.sticky.clear_component(f"gpu{out.gpu}", out.started_at)
+            self._due.clear()
+            self._wake.set()
+        self.shipper.submit(self._report([out.finding()], "event"))
 
     def _refuse_order(self, oid: str, name: str, why: str) -> None:
         f = Finding(

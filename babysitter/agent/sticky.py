@@ -111,3 +111,18 @@ class StickyFindings:
             if gone:
                 self._save()
         return len(gone)
+
+    def clear_component(self, component: str, before: float) -> int:
+        """Drop the event findings of one component (`gpu3`) observed before `before` (a wall
+        clock time): a reset of that GPU ended them."""
+        with self._lock:
+            gone = [
+                k
+                for k, f in self.findings.items()
+                if f.component == component and f.observed_at.timestamp() < before
+            ]
+            for k in gone:
+                del self.findings[k]
+            if gone:
+                self._save()
+        return len(gone)

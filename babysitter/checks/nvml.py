@@ -54,7 +54,7 @@ _lock = threading.Lock()
 _initialized = False
 # identity (name, UUID, PCI bus id) per index: read once, then only the handle lookup per call
 IDENTITY_TTL_S = 300.0
-_identity: dict[int, tuple[float, str, str, str]] = {}
+_identity: dict[int, tuple[float, str, str, str, str]] = {}
 _cached: tuple[float, list[Device], list[LostDevice]] | None = None
 
 
@@ -117,6 +117,7 @@ class Device:
     name: str
     uuid: str
     pci: str
+    serial: str = ""  # the board's serial ("" where NVML has none): the lemon ledger keys on it
 
     @property
     def component(self) -> str:
@@ -127,7 +128,15 @@ class Device:
         return f"GPU {self.index} ({self.uuid}, {self.pci})"
 
     def ids(self) -> dict[str, Any]:
-        return {"index": self.index, "uuid": self.uuid, "pci_bus_id": self.pci, "name": self.name}
+        out: dict[str, Any] = {
+            "index": self.index,
+            "uuid": self.uuid,
+            "pci_bus_id": self.pci,
+            "name": self.name,
+        }
+        if self.serial:
+            out["serial"] = self.serial
+        return out
 
 
 @dataclass
@@ -135,6 +144,15 @@ class LostDevice:
     index: int
     error: str
     code: int
+
+
+def _serial(handle: Any) -> str:
+    """The board serial; "" where NVML has none (consumer boards) or cannot read it."""
+    try:
+        v = call(pynvml.nvmlDeviceGetSerial, handle)
+    except pynvml.NVMLError:
+        return ""
+    return "" if v is NOT_SUPPORTED else printable(v)
 
 
 def devices(max_age_s: float = 0.0) -> tuple[list[Device], list[LostDevice]]:
@@ -160,12 +178,12 @@ def devices(max_age_s: float = 0.0) -> tuple[list[Device], list[LostDevice]]:
                 uuid = printable(call(nv.nvmlDeviceGetUUID, h))
                 pci_info = call(nv.nvmlDeviceGetPciInfo, h)
                 pci = "unknown" if pci_info is NOT_SUPPORTED else printable(pci_info.busId)
-                ident = (now, name, uuid, pci)
+                ident = (now, name, uuid, pci, _serial(h))
                 _identity[i] = ident
         except nv.NVMLError as exc:
             _identity.pop(i, None)  # whatever comes back after a reset is read anew
             lost.append(LostDevice(i, str(exc), exc.value))
             continue
-        ok.append(Device(i, h, ident[1], ident[2], ident[3]))
+        ok.append(Device(i, h, ident[1], ident[2], ident[3], ident[4]))
     _cached = (now, ok, lost)
     return list(ok), list(lost)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 REBOOT_FLAGS = frozenset({"REBOOT", "REBOOT_REQUESTED", "REBOOT_ISSUED"})
 CONFIG_TTL_S = 60.0  # slurm.conf's RebootProgram is re-read at most this often
+RESET_METRIC = "gpu_reset"  # the agent's answer to a reset order, in its report metrics
 LEMON_CONDITION = "lemon_node"  # the policy's own lemon alert is replaced by the ledger's
 
 
@@ -211,7 +213,12 @@ class Healer:
             if len(past) >= self.cfg.lemon_remediations:
                 self._lemon(node, fault, past, now, firing, common)
                 return
-            why_not = self._cannot(rung)
+            why_not = self._cannot(rung, fault)
+            while why_not and rung is Rung.RESET_GPU:
+                # a reset that cannot be ordered here: the next rung (a reboot) instead
+                common["evidence"]["reset_skipped"] = why_not
+                rung = self.ladder.after(fault.klass, fault.action, rung)
+                why_not = self._cannot(rung, fault)
             if why_not:
                 rung = Rung.INSPECT
                 common["evidence"]["skipped"] = why_not
@@ -275,10 +282,10 @@ class Healer:
         self.open[node] = self.ledger.history(node, limit=1)[0]
         log.info("%s: %s decided for %s (ledger row %s)", node, rung.value, fault.klass, rid)
 
-    def _cannot(self, rung: Rung) -> str:
-        """Why an automatic rung cannot run on this cluster ("" when it can)."""
-        if rung is Rung.RESET_GPU:
-            return "GPU reset orders to the agent are not available in this version"
+    def _cannot(self, rung: Rung, fault: Fault) -> str:
+        """Why an automatic rung cannot run on this cluster for this fault ("" when it can)."""
+        if rung is Rung.RESET_GPU and not (fault.gpu_uuid or fault.bus_id):
+            return "the fault names no GPU (no UUID, no PCI bus id) to reset"
         if rung is Rung.REBOOT and not self._reboot_program():
             return "slurm.conf has no RebootProgram, so `scontrol reboot` cannot complete"
         return ""
@@ -369,6 +376,9 @@ class Healer:
 
     # ---- an episode's progress
     def _issue(self, rem: Remediation, now: datetime, firing: list[Alert]) -> None:
+        if rem.rung is Rung.RESET_GPU:
+            self._order_reset(rem, now)
+            return
         if rem.rung is not Rung.REBOOT or not self._reboot_slots(rem.node):
             return
         sn = self.snapshot.nodes.get(rem.node)
@@ -402,6 +412,75 @@ class Healer:
         self._record("reboot", rem.node, reason, "scontrol reboot ASAP issued", rem.id)
         log.info("%s: reboot issued (%s)", rem.node, rem.fault)
 
+    def _order_reset(self, rem: Remediation, now: datetime) -> None:
+        """Order the reset from the node's agent: the order is this open ledger row, handed
+        to the agent in the answer to its next report (controller/orders.py), until it answers.
+        The node stays drained meanwhile (the policy drained it; hold() keeps it so)."""
+        target = rem.gpu_uuid or rem.evidence.get("bus_id")
+        self.ledger.move(
+            rem,
+            Phase.RESETTING,
+            now,
+            f"GPU reset of {target} ordered from the node's agent",
+            order_id=str(uuid.uuid4()),
+            issued_at=now.isoformat(),
+        )
+        self._record(
+            "reset_gpu",
+            rem.node,
+            f"reset_gpu: {rem.fault}",
+            f"ordered from the agent ({target})",
+            rem.id,
+        )
+        log.info("%s: GPU reset of %s ordered (%s)", rem.node, target, rem.fault)
+
+    def _resetting(self, rem: Remediation, now: datetime, firing: list[Alert]) -> None:
+        """The agent's answer to the reset order (its report metrics): done -> validation;
+        refused or failed -> the next rung; no answer within reset_timeout_s -> the next rung."""
+        ev = rem.evidence
+        row = self.store.node(rem.node) or {}
+        got = (row.get("metrics") or {}).get(RESET_METRIC)
+        if isinstance(got, dict) and got.get("order") == ev.get("order_id"):
+            message = str(got.get("message") or "")[:300]
+            if not got.get("ok"):
+                self._fail(rem, now, f"agent: {message}", firing)
+                return
+            self.ledger.move(
+                rem,
+                rem.state,
+                now,
+                message,
+                reset_done_at=now.isoformat(),
+                reset_duration_s=got.get("duration_s"),
+            )
+            self._record("reset_gpu", rem.node, f"reset_gpu: {rem.fault}", message, rem.id)
+            self._validate(rem, now, f"after GPU reset: {rem.fault}", firing)
+            return
+        issued = datetime.fromisoformat(ev["issued_at"])
+        if (now - issued).total_seconds() > self.cfg.reset_timeout_s:
+            self._fail(
+                rem,
+                now,
+                f"the agent did not answer the reset order in {self.cfg.reset_timeout_s:g} s",
+                firing,
+            )
+
+    def _validate(self, rem: Remediation, now: datetime, why: str, firing: list[Alert]) -> None:
+        """The rung is done: the validation job must pass before the node returns."""
+        outcome = self.validator.start(rem.node, why, now)
+        aid = self._validation_action(rem.node)
+        if aid is None:
+            self._fail(rem, now, outcome, firing)
+            return
+        self.ledger.move(
+            rem,
+            Phase.VALIDATING,
+            now,
+            outcome,
+            validation_action=aid,
+            validation_started_at=now.isoformat(),
+        )
+
     def _advance(
         self,
         rem: Remediation,
@@ -412,6 +491,8 @@ class Healer:
         sn = self.snapshot.nodes.get(rem.node)
         if rem.state is Phase.REBOOTING:
             self._rebooting(rem, sn, now, firing)
+        elif rem.state is Phase.RESETTING:
+            self._resetting(rem, now, firing)
         elif rem.state is Phase.VALIDATING:
             self._validating(rem, now, firing, clearing)
         elif (
@@ -456,19 +537,7 @@ class Healer:
                     rem, now, f"fault still there after the reboot: {persisting[0].message}", firing
                 )
                 return
-            outcome = self.validator.start(rem.node, f"after reboot: {rem.fault}", now)
-            aid = self._validation_action(rem.node)
-            if aid is None:
-                self._fail(rem, now, outcome, firing)
-                return
-            self.ledger.move(
-                rem,
-                Phase.VALIDATING,
-                now,
-                outcome,
-                validation_action=aid,
-                validation_started_at=now.isoformat(),
-            )
+            self._validate(rem, now, f"after reboot: {rem.fault}", firing)
             return
         if (now - issued).total_seconds() > self.cfg.reboot_timeout_s:
             why = f"not back {self.cfg.reboot_timeout_s:g} s after its reboot"

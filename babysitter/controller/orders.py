@@ -1,6 +1,7 @@
 """Orders for agents, handed out in the answer to their reports: a node learns what the
 controller wants from it without a request of its own (10,000 nodes polling would double the
-controller's load). The orders live in the database (controller/sdc_schedule.py writes them),
+controller's load). The orders live in the database (controller/sdc_schedule.py writes SDC
+tests, controller/healer.py GPU resets: an open ledger row in phase `resetting`),
 so any controller replica answers with them; each replica re-reads them at most once a second
 on a thread of its own, and the report path only looks a node up in a dict."""
 
@@ -9,20 +10,24 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from typing import Any
 
 from sqlalchemy import select
 
 from babysitter.controller import models as m
+from babysitter.controller.ledger import Phase
 from babysitter.controller.store import Store
 
 log = logging.getLogger(__name__)
 REFRESH_S = 1.0
 SDC_CHECK = "sdc.matmul"
+RESET_ORDER = "gpu.reset"  # the agent's babysitter/agent/reset.py ORDER
 
 
 class OrderBook:
-    def __init__(self, store: Store, refresh_s: float = REFRESH_S) -> None:
+    def __init__(self, store: Store, refresh_s: float = REFRESH_S, sdc: bool = True) -> None:
         self.store = store
+        self.sdc = sdc
         self.refresh_s = refresh_s
         self._orders: dict[str, bytes] = {}  # node -> the answer's `,"orders":[...]` part
         self._stop = threading.Event()
@@ -44,14 +49,34 @@ class OrderBook:
             self._stop.wait(self.refresh_s)
 
     def refresh(self) -> None:
-        t = m.sdc_schedule
+        orders: dict[str, list[dict[str, Any]]] = {}
+        t, r = m.sdc_schedule, m.remediations
         with self.store.engine.connect() as c:
-            rows = c.execute(select(t.c.node, t.c.order_id).where(t.c.order_id.is_not(None)))
-            self._orders = {
-                node: b',"orders":'
-                + json.dumps([{"check": SDC_CHECK, "id": oid}], separators=(",", ":")).encode()
-                for node, oid in rows
-            }
+            if self.sdc:
+                for node, oid in c.execute(
+                    select(t.c.node, t.c.order_id).where(t.c.order_id.is_not(None))
+                ):
+                    orders.setdefault(node, []).append({"check": SDC_CHECK, "id": oid})
+            resets = c.execute(
+                select(r.c.node, r.c.gpu_uuid, r.c.evidence)
+                .where(r.c.open.is_(True))
+                .where(r.c.state == Phase.RESETTING.value)
+            )
+            for node, uuid, evidence in resets:
+                ev = evidence or {}
+                if ev.get("order_id"):
+                    orders.setdefault(node, []).append(
+                        {
+                            "check": RESET_ORDER,
+                            "id": ev["order_id"],
+                            "uuid": uuid or "",
+                            "bus_id": ev.get("bus_id") or "",
+                        }
+                    )
+        self._orders = {
+            node: b',"orders":' + json.dumps(o, separators=(",", ":")).encode()
+            for node, o in orders.items()
+        }
 
     def answer_part(self, node: str) -> bytes:
         """What to add to a report's answer for `node` (b"" when nothing is ordered)."""

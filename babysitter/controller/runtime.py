@@ -101,8 +101,13 @@ class Controller:
             self.store, max_open_findings=c.max_open_findings_per_node, wake=self.wake
         )
         self.metrics = ControllerMetrics()
-        # orders for agents (the SDC schedule's), carried in the answers to their reports
-        self.orders = OrderBook(self.store) if cfg.checks.sdc.enabled else None
+        # orders for agents (the SDC schedule's tests, the healer's GPU resets), carried in the
+        # answers to their reports
+        self.orders = (
+            OrderBook(self.store, sdc=cfg.checks.sdc.enabled)
+            if cfg.checks.sdc.enabled or cfg.remediation.enabled
+            else None
+        )
         # one ingest service, shared by the report route and the fast path in front of it
         self.ingest = Ingest(
             self.writer, self.auth, self.metrics, c.max_body_bytes, orders=self.orders

@@ -88,6 +88,19 @@ class FakeGpus:
         self.events = []
         return self.write()
 
+    def reset_gpu(self, gpu: int) -> FakeGpus:
+        """What a GPU reset does to one GPU: volatile ECC counts zeroed, pending remaps and
+        retirements applied, a lost or hung GPU back, its pending events gone."""
+        volatile = ("lost", "dbe_volatile", "sbe_volatile", "remap_pending", "retired_pending")
+        prefix = f"gpu{gpu}."
+        for key in list(self.fields):
+            rest = key[len(prefix) :] if key.startswith(prefix) else None
+            if (rest is not None and (rest in volatile or rest.startswith(("err.", "delay")))) or (
+                key.startswith("event.") and self.fields[key].split(",")[0] == str(gpu)
+            ):
+                del self.fields[key]
+        return self.write()
+
     def set(self, gpu: int | None = None, /, **values: object) -> FakeGpus:
         """set(3, dbe_volatile=1) or set(init_error=9); None values remove the key."""
         for k, v in values.items():

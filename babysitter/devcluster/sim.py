@@ -124,6 +124,7 @@ class SimCluster:
     reboot_hook: bool = False
     reboots: dict[str, int] = field(default_factory=dict)  # power cycles per node, by the hook
     reboot_times: list[tuple[str, float, float]] = field(default_factory=list)  # node, t0, t1
+    gpu_resets: dict[str, int] = field(default_factory=dict)  # GPU resets per node, by the agent
     _watcher: threading.Thread | None = None
     _stop_watch: threading.Event = field(default_factory=threading.Event)
     env: dict[str, str] = field(default_factory=dict)  # BABYSITTER_* for every process
@@ -170,12 +171,12 @@ class SimCluster:
             lib = build()
             for node in self.info.nodes:
                 self._start_agent(node, lib)
-            if self.reboot_hook:
-                self._stop_watch.clear()
-                self._watcher = threading.Thread(
-                    target=self._watch_reboots, name="sim-reboots", daemon=True
-                )
-                self._watcher.start()
+            # power cycles (with a reboot hook) and GPU resets (the agents' reset command)
+            self._stop_watch.clear()
+            self._watcher = threading.Thread(
+                target=self._watch_reboots, name="sim-reboots", daemon=True
+            )
+            self._watcher.start()
         except Exception:
             self.down()
             raise
@@ -224,6 +225,16 @@ class SimCluster:
                 "sysfs_root": str(d / "sysfs"),
                 # a simulated reboot writes a new boot id: the agent forgets event findings
                 "boot_id_path": str(d / "boot_id"),
+                # the reset_gpu rung: this SimCluster heals the fake GPU (no nvidia-smi here)
+                "gpu_reset_command": [
+                    sys.executable,
+                    "-m",
+                    "babysitter.devcluster.simreboot",
+                    "reset",
+                    str(self.reboot_dir),
+                    node,
+                    "{index}",
+                ],
             },
             "slurm": self.slurm_section(),
             "checks.gpu": {"expected_count": 8, "interval_s": self.check_interval_s},
@@ -312,8 +323,15 @@ class SimCluster:
         return Path(self.base).resolve() / "reboots"
 
     def _watch_reboots(self) -> None:
-        """Carry out the power cycles the RebootProgram asks for (devcluster/simreboot.py)."""
+        """Carry out the power cycles the RebootProgram asks for and the GPU resets the agents'
+        reset command asks for (devcluster/simreboot.py)."""
         while not self._stop_watch.wait(0.1):
+            for req in sorted(self.reboot_dir.glob("*.reset")):
+                node, _, gpu = req.stem.rpartition(".gpu")
+                if node in self.nodes:
+                    self.nodes[node].gpus.reset_gpu(int(gpu))
+                    self.gpu_resets[node] = self.gpu_resets.get(node, 0) + 1
+                req.unlink(missing_ok=True)
             for req in sorted(self.reboot_dir.glob("*.req")):
                 node = req.stem
                 t0 = time.monotonic()
