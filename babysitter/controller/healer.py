@@ -582,15 +582,19 @@ class Healer:
             clearing.append((rem.node, "remediation_timeout"))
             log.info("%s: healed by %s and validated", rem.node, rem.rung.value)
             return
-        self._fail(rem, now, str(action["outcome"] or "validation failed"), firing)
+        # the validator drained it already, with `validation failed: ...` (this tick's Slurm
+        # snapshot predates that drain: it must not be drained again over that reason)
+        self._fail(rem, now, str(action["outcome"] or "validation failed"), firing, drained=True)
 
-    def _fail(self, rem: Remediation, now: datetime, why: str, firing: list[Alert]) -> None:
+    def _fail(
+        self, rem: Remediation, now: datetime, why: str, firing: list[Alert], drained: bool = False
+    ) -> None:
         """The rung did not heal the node: keep it out of service, record it and climb to
         the next rung."""
         sn = self.snapshot.nodes.get(rem.node)
         try:
             self.slurm.end_validation(reservation_name(rem.node))
-            if sn is None or not (sn.drained_or_draining and self._ours(sn)):
+            if not drained and (sn is None or not (sn.drained_or_draining and self._ours(sn))):
                 reason = f"{rem.rung.value} failed: {why}"
                 self.slurm.drain(rem.node, reason)
                 self.snapshot.moved_here([(rem.node, reason)], [])

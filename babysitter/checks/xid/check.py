@@ -101,24 +101,27 @@ class KmsgXidCheck(Check):
         self._open: dict[tuple[str, str], Finding] = {}  # sticky until the next reboot
         self.malformed_lines = 0
 
-    def _pci_to_gpu(self) -> dict[str, int]:
+    def _pci_to_gpu(self) -> dict[str, nvml.Device]:
         try:
             devs, _ = nvml.devices()
         except Exception:
             return {}
-        return {_norm_pci(d.pci): d.index for d in devs}
+        return {_norm_pci(d.pci): d for d in devs}
 
     def _line_finding(
         self,
-        pci_map: dict[str, int],
+        pci_map: dict[str, nvml.Device],
         overrides: dict[int, XidClass],
         pci: str,
         xid: int | None,
         rest: str,
     ) -> Finding:
-        gpu = pci_map.get(_norm_pci(pci))
+        dev = pci_map.get(_norm_pci(pci))
+        gpu = dev.index if dev is not None else None
         comp = f"gpu{gpu}" if gpu is not None else "host"
         where = f"GPU {gpu} (PCI {pci})" if gpu is not None else f"PCI {pci}"
+        # the board's identity, for the lemon ledger (a renamed node keeps its GPU's history)
+        ids = {"uuid": dev.uuid, **({"serial": dev.serial} if dev.serial else {})} if dev else {}
         if xid is None:
             return self.finding(
                 comp,
@@ -128,9 +131,10 @@ class KmsgXidCheck(Check):
                 Action.REBOOT,
                 pci_bus_id=pci,
                 rule="kmsg: fallen off the bus",
+                **ids,
             )
         return xid_finding(
-            self.name, xid, overrides, comp, where, rest, pci_bus_id=pci, source="kmsg"
+            self.name, xid, overrides, comp, where, rest, pci_bus_id=pci, source="kmsg", **ids
         )
 
     def run(self) -> list[Finding]:
@@ -158,7 +162,7 @@ class KmsgXidCheck(Check):
                     Action.INSPECT,
                 )
             ]
-        pci_map: dict[str, int] | None = None
+        pci_map: dict[str, nvml.Device] | None = None
         for line in new:
             # each line under its own error boundary: the offset has already moved past these
             # lines, so one that breaks the parser must not lose the real XIDs after it
