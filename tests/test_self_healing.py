@@ -85,6 +85,14 @@ def _validation_jobs(sim: SimCluster, node: str) -> list[str]:
     ]
 
 
+def _one_validation_job(sim: SimCluster, node: str) -> None:
+    """Exactly one validation job ran on NODE. Slurm writes a job's line to its completion log
+    when it has cleaned the job up, which may be after babysitter saw it completed and resumed
+    the node: wait for the line, then make sure there is one."""
+    wait_for(lambda: bool(_validation_jobs(sim, node)), 30, f"{node}'s validation job in sacct")
+    assert len(_validation_jobs(sim, node)) == 1
+
+
 def _fault_and_heal(sim: SimCluster, node: str, n: int) -> float:
     """XID 79 on NODE, then wait until babysitter brought it back; returns the seconds."""
     assert sim.info is not None
@@ -109,7 +117,7 @@ def test_reboot_validate_resume_then_lemon(healing: SimCluster, receiver: Receiv
     print(f"fault -> back in service {took:.1f} s")
     assert took < 180  # the issue's bar at default settings: 3 minutes
     assert sim.reboots == {"node1": 1}
-    assert len(_validation_jobs(sim, "node1")) == 1
+    _one_validation_job(sim, "node1")
     acts = sim.api("/api/v1/actions")
     drains = [a for a in acts if a["kind"] == "drain" and a["node"] == "node1"]
     assert len(drains) == 1 and "XID 79" in drains[0]["reason"]
@@ -229,7 +237,7 @@ def test_gpu_reset_heals_an_idle_gpu_and_a_busy_one_escalates_to_reboot(healing:
     assert row["fault_class"] == "xid.48"
     # the GPU's identity as the agent reported it (the lemon count follows the board)
     assert row["gpu_uuid"] and row["gpu_serial"] == "1650000000003"
-    assert len(_validation_jobs(sim, "node1")) == 1
+    _one_validation_job(sim, "node1")
     resets = [a for a in sim.api("/api/v1/actions") if a["kind"] == "reset_gpu"]
     assert {a["node"] for a in resets} == {"node1", "node2"}
     assert all("XID 48" in a["reason"] and a["rule"] == "remediation" for a in resets)
@@ -241,7 +249,7 @@ def test_gpu_reset_heals_an_idle_gpu_and_a_busy_one_escalates_to_reboot(healing:
         ("reset_gpu", "failed"),
     ]
     assert "1 process(es) still on GPU 3" in rows[1]["outcome"]
-    assert len(_validation_jobs(sim, "node2")) == 1
+    _one_validation_job(sim, "node2")
 
 
 def test_admin_drain_stays_until_admin_resume(tmp_path: Path):
