@@ -94,7 +94,7 @@ def carry_out(cfg: AgentConfig, order: dict[str, Any]) -> ResetOutcome:
         return refuse("the order names no GPU (no UUID, no PCI bus id)")
     try:
         found, lost = nvml.devices()
-    except pynvml.NVMLError as exc:
+    except (pynvml.NVMLError, nvml.NvmlUnavailable) as exc:
         return refuse(f"NVML cannot list the GPUs: {exc}")
     dev = next(
         (

@@ -149,8 +149,8 @@ class LostDevice:
 def _serial(handle: Any) -> str:
     """The board serial; "" where NVML has none (consumer boards) or cannot read it."""
     try:
-        v = call(pynvml.nvmlDeviceGetSerial, handle)
-    except pynvml.NVMLError:
+        v = call(nv.nvmlDeviceGetSerial, handle)
+    except nv.NVMLError:
         return ""
     return "" if v is NOT_SUPPORTED else printable(v)
 

@@ -64,6 +64,7 @@ NVML_FI_DEV_NVLINK_GET_STATE = 165
 
 _NAME_BUFFER = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
 _UUID_BUFFER = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE
+_SERIAL_BUFFER = 30  # NVML_DEVICE_SERIAL_BUFFER_SIZE
 
 # pynvml's own texts (NVMLError._errcode_to_string), so a finding reads the same either way
 _TEXT = {
@@ -260,6 +261,10 @@ def nvmlDeviceGetName(handle: c_void_p) -> str:
 
 def nvmlDeviceGetUUID(handle: c_void_p) -> str:
     return _text("nvmlDeviceGetUUID", handle, _UUID_BUFFER)
+
+
+def nvmlDeviceGetSerial(handle: c_void_p) -> str:
+    return _text("nvmlDeviceGetSerial", handle, _SERIAL_BUFFER)
 
 
 def nvmlDeviceGetPciInfo(handle: c_void_p) -> nvmlPciInfo_t:
