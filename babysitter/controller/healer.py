@@ -253,6 +253,8 @@ class Healer:
                 **common,
             )
             self._record("inspect", node, f"{rung.value}: {fault.summary}", why, rid)
+            # the node's episode now (this tick must not start another one on it)
+            self.open[node] = self.ledger.history(node, limit=1)[0]
             if skipped:
                 log.warning("%s: no automatic %s: %s", node, fault.klass, why)
                 return
