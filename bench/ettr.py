@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import heapq
 import json
 import math
 import sys
 import time
 import tomllib
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ MANIFESTS = ("crash", "hang", "silent")
 # lost-time categories besides the root causes
 CKPT, PLANNED, WRONG_DRAIN = "checkpoint writes", "planned maintenance", "wrong drains"
 IDEAL = "perfect detection (bound)"
+SELF_HEAL = "babysitter + self-healing"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,9 @@ class Arm:
     acts_on_job: bool  # requeues the job when it drains its node (else the job runs on / hangs)
     requeue: Latency = Latency()  # drain -> job pending again, when acts_on_job
     false_drains_per_node_day: float = 0.0
+    # babysitter's self-healing loop (detect -> drain -> reboot -> validate -> resume) less the
+    # reboot itself; None: a human reboots the node (after human_response_s)
+    self_heal: Latency | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,10 @@ class Model:
     wrapper_requeue_s: float
     human_response_s: tuple[float, float]
     human_sdc_s: tuple[float, float]
+    spare_nodes: int = 1_000_000  # restarts never wait for a repaired node
+    reboot_s: tuple[float, float] = (0.0, 0.0)
+    hardware_repair_s: tuple[float, float] = (0.0, 0.0)
+    heal_share: dict[str, float] = field(default_factory=dict)  # class -> fixed by a reboot
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -211,6 +220,7 @@ def build_model(
     if sum(c["count"] for c in inp["cause"]) != ref["unexpected"]:
         raise ValueError("cause counts do not add up to reference.unexpected")
     t = inp["timing"]
+    rep = inp.get("repair", {})
     return Model(
         gpus=gpus or inp["job"]["gpus"],
         days=days or inp["job"]["days"],
@@ -226,7 +236,15 @@ def build_model(
         wrapper_requeue_s=float(t["wrapper_requeue_s"]),
         human_response_s=(float(t["human_response_s"][0]), float(t["human_response_s"][1])),
         human_sdc_s=(float(t["human_sdc_s"][0]), float(t["human_sdc_s"][1])),
+        spare_nodes=int(rep.get("spare_nodes", 1_000_000)),
+        reboot_s=_pair(rep.get("reboot_s", [0, 0])),
+        hardware_repair_s=_pair(rep.get("hardware_repair_s", [0, 0])),
+        heal_share={k: float(v) for k, v in rep.get("heal_share", {}).items()},
     )
+
+
+def _pair(v: list[float]) -> tuple[float, float]:
+    return float(v[0]), float(v[1])
 
 
 # ---- measured figures -> arms
@@ -244,6 +262,21 @@ def _fault_drain_samples(results_dir: Path) -> tuple[dict[str, list[float]], boo
         return {k: [float(x) for x in v] for k, v in samples.items() if v}, at_defaults
     except (OSError, ValueError, AttributeError):
         return {}, False
+
+
+def _self_heal_samples(results_dir: Path) -> tuple[list[float], str]:
+    """The self-healing loop's time without its reboot (bench/self_heal.py: detect, drain,
+    wait for jobs, validation, resume), per injection; at default settings where measured."""
+    for name in ("self_heal_defaults", "self_heal"):
+        try:
+            doc = json.loads((results_dir / f"{name}.json").read_text())
+            got = [float(x["total"]) - float(x["reboot"]) for x in doc["details"]["samples"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if got:
+            intervals = doc.get("settings", {}).get("intervals", "sim settings")
+            return got, f"{name}.json of {doc.get('date', '?')}, {intervals}"
+    return [], ""
 
 
 SOAK_BOUND = "false drains per node-day, 95 % upper bound (soak)"
@@ -312,22 +345,34 @@ def build_arms(inp: dict[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[li
         "NHC wrong drains: assumed 0 per node-day (not measured; NHC's default checks here are "
         "GPU presence, ECC and IB port state, and its own false-drain rate is unknown)"
     )
+    heal, heal_how = _self_heal_samples(results_dir)
+    if heal:
+        notes.append(
+            f"babysitter self-healing loop without its reboot: measured, {len(heal)} samples, "
+            f"p50 {float(np.median(heal)):.1f} s ({heal_how}); the reboot is reboot_s"
+        )
+    else:
+        heal = [float(inp.get("repair", {}).get("fallback_self_heal_s", 180))]
+        notes.append(
+            f"babysitter self-healing loop: NOT MEASURED (no bench/results/self_heal*.json), "
+            f"fallback {heal[0]:g} s"
+        )
     inp = resolve_xids(inp)
     cls = inp["class"]
-    arms = [
-        Arm(
-            name="babysitter",
-            sees={k: float(c["babysitter_sees"]) for k, c in cls.items()},
-            latency={
-                "xid_drained": Latency(xid),
-                "ecc": Latency(dbe, poll_s=ecc_poll_s),
-                "ib": Latency(ib, poll_s=ib_poll_s),
-            },
-            acts_on_job=True,
-            requeue=Latency(req),
-            false_drains_per_node_day=fd,
-        )
-    ]
+    bs_arm = Arm(
+        name="babysitter",
+        sees={k: float(c["babysitter_sees"]) for k, c in cls.items()},
+        latency={
+            "xid_drained": Latency(xid),
+            "ecc": Latency(dbe, poll_s=ecc_poll_s),
+            "ib": Latency(ib, poll_s=ib_poll_s),
+        },
+        acts_on_job=True,
+        requeue=Latency(req),
+        false_drains_per_node_day=fd,
+    )
+    # the same tool with its self-healing on: reboot-class nodes come back by themselves
+    arms = [bs_arm, replace(bs_arm, name=SELF_HEAL, self_heal=Latency(tuple(heal)))]
     nhc = inp["nhc"]
     for interval in nhc["intervals_s"]:
         lat = Latency(scontrol, poll_s=float(interval), const_s=float(nhc["run_s"]))
@@ -348,6 +393,7 @@ def build_arms(inp: dict[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[li
             sees={k: 1.0 for k in cls},
             latency={k: zero for k in cls},
             acts_on_job=True,
+            self_heal=zero,  # and rebooted at once where a reboot fixes it
         )
     )
     notes.append(f"NHC run time {nhc['run_s']} s: not measured here (NHC not installed)")
@@ -364,7 +410,7 @@ class Draws:
     times: np.ndarray
     cause: np.ndarray
     klass: list[str]
-    u: np.ndarray  # (n, 5): see, pick, poll, requeue pick, human
+    u: np.ndarray  # (n, 7): see, pick, poll, requeue pick, human, healed by a reboot?, repair
     planned: np.ndarray
     seed: tuple[int, int]
 
@@ -387,7 +433,7 @@ def draw_replica(model: Model, seed: int, replica: int) -> Draws:
                 name = k
                 break
         klass.append(name)
-    u = rng.random((n, 5))
+    u = rng.random((n, 7))
     planned = np.sort(
         rng.uniform(0.0, horizon, int(rng.poisson(model.planned_rate * model.gpus * horizon)))
     )
@@ -413,6 +459,19 @@ def _restart_delay(model: Model, arm: Arm, klass: str, u: np.ndarray) -> float:
     return max(stop, out) + requeue + model.restart_s
 
 
+def _out_of_service(model: Model, arm: Arm, klass: str, u: np.ndarray) -> float:
+    """Seconds from a fault until its node is back in the pool: rebooted (by babysitter's loop
+    or by a human) where a reboot fixes the fault, else repaired by hand."""
+    if u[5] < model.heal_share.get(klass, 0.0):
+        reboot = model.reboot_s[0] + u[6] * (model.reboot_s[1] - model.reboot_s[0])
+        if arm.self_heal is not None:
+            return arm.self_heal.draw(u[6], 0.0) + reboot
+        lo, hi = model.human_response_s
+        return lo + u[4] * (hi - lo) + reboot
+    lo, hi = model.hardware_repair_s
+    return lo + u[6] * (hi - lo)
+
+
 @dataclass
 class RunResult:
     ettr: float
@@ -420,6 +479,7 @@ class RunResult:
     planned: int
     wrong_drains: int
     lost_s: dict[str, float]
+    node_out_s: float = 0.0  # node-seconds out of the pool for repair (capacity, not the job)
 
 
 def simulate(model: Model, arm: Arm, draws: Draws, interval_s: float) -> RunResult:
@@ -440,11 +500,23 @@ def simulate(model: Model, arm: Arm, draws: Draws, interval_s: float) -> RunResu
     last = CKPT
     counts = [0, 0, 0]
     fd_i = 0
+    out_until: list[float] = []  # when the nodes out for repair come back (a heap)
+    node_out = 0.0
     for t, kind, i in events:
         counts[kind] += 1
+        while out_until and out_until[0] <= t:
+            heapq.heappop(out_until)
         if kind == 0:
             key = model.causes[draws.cause[i]]
             delay = _restart_delay(model, arm, draws.klass[i], draws.u[i])
+            if model.classes[draws.klass[i]].exclude:
+                repair = _out_of_service(model, arm, draws.klass[i], draws.u[i])
+                node_out += min(repair, horizon - t)
+                heapq.heappush(out_until, t + repair)
+                # more nodes out than spares at the restart: it waits for the ones it lacks
+                still = sorted(r for r in out_until if r > t + delay)
+                if len(still) > model.spare_nodes:
+                    delay = still[len(still) - model.spare_nodes - 1] - t
         elif kind == 1:
             key = PLANNED
             delay = model.write_s + model.restart_s  # stops after a final checkpoint
@@ -479,7 +551,7 @@ def simulate(model: Model, arm: Arm, draws: Draws, interval_s: float) -> RunResu
         lost[CKPT] += k * model.write_s
     else:
         lost[last] -= run_start - horizon
-    return RunResult(productive / horizon, counts[0], counts[1], counts[2], dict(lost))
+    return RunResult(productive / horizon, counts[0], counts[1], counts[2], dict(lost), node_out)
 
 
 def ci95(values: np.ndarray) -> tuple[float, float]:
@@ -519,6 +591,7 @@ def run_arms(
                     "unexpected_mean": float(np.mean([r.unexpected for r in res])),
                     "planned_mean": float(np.mean([r.planned for r in res])),
                     "wrong_drains_mean": float(np.mean([r.wrong_drains for r in res])),
+                    "node_hours_out": float(np.mean([r.node_out_s for r in res])) / 3600,
                     "lost_hours": dict(sorted(lost.items(), key=lambda kv: -kv[1])),
                 }
             )
@@ -560,8 +633,9 @@ def render_md(res: dict[str, Any], model: Model, notes: list[str], headline_min:
         "check of the sampler). No arm is measured against Llama 3's own > 90 % ETTR.",
         "",
         "| arm | ETTR gain over no tool (paired, 95 % CI) | GPU-hours kept per run | "
-        "wrong drains per run (hours lost) | lost hours: biggest causes |",
-        "|---|---|---|---|---|",
+        "wrong drains per run (hours lost) | node-hours out for repair | "
+        "lost hours: biggest causes |",
+        "|---|---|---|---|---|---|",
     ]
     for a in arms:
         x = res["arms"][a][h]
@@ -569,7 +643,27 @@ def render_md(res: dict[str, Any], model: Model, notes: list[str], headline_min:
         gpu_h = g * model.horizon_s / 3600 * model.gpus
         top = ", ".join(f"{k} {v:.1f}" for k, v in list(x["lost_hours"].items())[:4])
         fd = f"{x['wrong_drains_mean']:.1f} ({x['lost_hours'].get(WRONG_DRAIN, 0.0):.1f} h)"
-        lines.append(f"| {a} | {g * 100:+.2f} ± {gh * 100:.2f} pp | {gpu_h:,.0f} | {fd} | {top} |")
+        out = f"{x.get('node_hours_out', 0.0):,.0f}"
+        lines.append(
+            f"| {a} | {g * 100:+.2f} ± {gh * 100:.2f} pp | {gpu_h:,.0f} | {fd} | {out} | {top} |"
+        )
+    if SELF_HEAL in res["arms"] and "babysitter" in res["arms"]:
+        on, off = res["arms"][SELF_HEAL][h], res["arms"]["babysitter"][h]
+        g, gh = paired_gain(on["ettr_samples"], off["ettr_samples"])
+        lines += [
+            "",
+            "Self-healing, both arms: `babysitter` has a human reboot a node drained for a "
+            f"reboot- or reset-class fault after {model.human_response_s[0] / 60:g}-"
+            f"{model.human_response_s[1] / 60:g} min (today's human response), "
+            f"`{SELF_HEAL}` has babysitter's loop do it in its measured time; either way the "
+            f"reboot takes {model.reboot_s[0] / 60:g}-{model.reboot_s[1] / 60:g} min and other "
+            f"faults wait {model.hardware_repair_s[0] / 86400:g}-"
+            f"{model.hardware_repair_s[1] / 86400:g} days for a repair. Nodes out for repair: "
+            f"{off.get('node_hours_out', 0.0):,.0f} -> {on.get('node_hours_out', 0.0):,.0f} "
+            f"node-hours per run. The job restarts on one of {model.spare_nodes} hot spares and "
+            f"waits for a repaired node only when none is free: ETTR {g * 100:+.2f} ± "
+            f"{gh * 100:.2f} pp with self-healing (paired).",
+        ]
     lines += ["", "Where the inputs came from:", ""] + [f"- {n}" for n in notes]
     lines += ["", "XID coverage, derived from the product's catalog (babysitter/hardware/xids.py):"]
     lines += [""] + [f"- {n}" for n in xid_coverage(load_inputs())]
@@ -654,6 +748,7 @@ VARIANTS: list[tuple[str, list[Any]]] = [
         "XID coverage: site override 74 = reset_gpu (NVLink XIDs drained)",
         [_set("babysitter.xid_overrides", {"74": "reset_gpu"})],
     ),
+    ("only 4 hot spare nodes", [_set("repair.spare_nodes", 4)]),
     ("humans answer in 5-30 min", [_set("timing.human_response_s", [300, 1800])]),
     ("humans answer in 1-8 h", [_set("timing.human_response_s", [3600, 28800])]),
     ("no undetectable share (checks see every GPU fault)", [_set("undetectable", 0)]),

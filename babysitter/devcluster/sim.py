@@ -113,7 +113,7 @@ class SimCluster:
     validation: dict[str, Any] = field(default_factory=dict)  # the [validation] section
     controller_extra: dict[str, Any] = field(default_factory=dict)  # more [controller] keys
     agent_interval_s: float = 1.0
-    check_interval_s: float = 1.0
+    check_interval_s: float | None = 1.0  # None: each check at its shipped interval
     extra_slurm_conf: list[str] = field(default_factory=list)
     ib_ports: int = 0  # simulated InfiniBand ports per node (0: no fabric)
     topology_leafs: int = 0  # >0: topology/tree over N leaf switches (devcluster --topology)
@@ -213,6 +213,7 @@ class SimCluster:
     def agent_config(self, node: str) -> dict[str, dict[str, Any]]:
         assert self.info is not None
         d = self.base / "nodes" / node
+        every = {} if self.check_interval_s is None else {"interval_s": self.check_interval_s}
         return {
             "agent": {
                 "controller_url": self.url,
@@ -237,12 +238,12 @@ class SimCluster:
                 ],
             },
             "slurm": self.slurm_section(),
-            "checks.gpu": {"expected_count": 8, "interval_s": self.check_interval_s},
-            "checks.xid": {"interval_s": self.check_interval_s},
+            "checks.gpu": {"expected_count": 8, **every},
+            "checks.xid": every,
             "checks.host": {"check_slurmd": False, "min_free_gb": 0, "paths": [str(d)]},
             "checks.infiniband": {
                 "expected_ports": self.ib_ports,
-                "interval_s": self.check_interval_s,
+                **every,
             },
         }
 
