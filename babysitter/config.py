@@ -139,10 +139,12 @@ class AgentConfig(Section):
     ] = r"(?i)\b(A100|A800|A30|H100|H800|H200|H20|GH200|B100|B200|B300|GB200|GB300)\b"
 
     def __post_init__(self) -> None:
+        import re  # here: `babysitter check` (Slurm's HealthCheckProgram) imports no more
+
         try:
             re.compile(self.gpu_reset_models)
         except re.error as exc:
-            raise ValueError(f"gpu_reset_models: not a regex: {exc}") from None
+            raise InvalidKey("gpu_reset_models", f"not a regex: {exc}") from None
         if self.hardware_profile is not None and self.hardware_profile not in PROFILES:
             raise InvalidKey(
                 "hardware_profile", f"unknown hardware profile (one of: {', '.join(PROFILES)})"
