@@ -190,3 +190,34 @@ def test_an_environment_value_is_explained_like_a_files(tmp_path, monkeypatch):
         load_config(write(tmp_path, ""))
     monkeypatch.delenv("BABYSITTER_POLICY__MAX_DRAINED_FRACTION")
     assert load_config(write(tmp_path, "")).checks.gpu.thresholds.sbe_volatile_warn == 20_000
+
+
+def _keys(model, prefix=()):
+    """Every key of every section, nested tables included: (dotted path, is a table)."""
+    from babysitter.settings import plain, section_fields, section_model
+
+    for name, ann in section_fields(model).items():
+        sub = section_model(plain(ann))
+        yield (*prefix, name), sub is not None
+        if sub is not None:
+            yield from _keys(sub, (*prefix, name))
+
+
+def test_every_key_given_a_value_of_no_type_of_its_is_named_by_its_error():
+    """The explanation walks the models, so no key falls through to msgspec's own text."""
+    from babysitter.config import Config, parse_config
+
+    checked = 0
+    for path, table in _keys(Config):
+        data: dict = {}
+        node = data
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = "not a table" if table else [{"bogus": []}]
+        with pytest.raises(ConfigError) as err:
+            parse_config(data, "x")
+        text = str(err.value)
+        assert text.startswith(f"invalid configuration in x: {'.'.join(path)}"), text
+        assert "expected" in text or "not one of" in text, text
+        checked += 1
+    assert checked > 100
