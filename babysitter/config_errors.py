@@ -79,7 +79,12 @@ def _section(
     except InvalidKey as exc:
         keys = exc.key.split(".")
         return [*path, *keys], exc.why + _got(_lookup(data, keys))
-    except (ValueError, TypeError) as exc:  # a check not (yet) saying its key: the section's
+    except (ValueError, TypeError) as exc:
+        # a check raising a plain ValueError("<key>: <why>"), this package's older convention
+        key, sep, why = str(exc).partition(": ")
+        keys = key.split(".")
+        if sep and keys[0] in fields:
+            return [*path, *keys], why + _got(_lookup(data, keys))
         return path, str(exc)
     return None
 

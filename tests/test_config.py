@@ -221,3 +221,22 @@ def test_every_key_given_a_value_of_no_type_of_its_is_named_by_its_error():
         assert "expected" in text or "not one of" in text, text
         checked += 1
     assert checked > 100
+
+
+def test_a_section_check_raising_a_plain_value_error_still_names_its_key():
+    """A section added with the older convention (ValueError("<key>: <why>")) keeps one line
+    naming the key."""
+    from babysitter.config import _convert
+    from babysitter.config_errors import explain
+    from babysitter.settings import Section
+
+    class Limits(Section):
+        low: int = 0
+        high: int = 10
+
+        def __post_init__(self) -> None:
+            if self.low > self.high:
+                raise ValueError("low: above high")
+
+    line = explain({"low": 11}, Limits, _convert, {})
+    assert line == "low: above high (got 11)"
