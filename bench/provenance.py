@@ -74,6 +74,14 @@ MEASURES: dict[str, tuple[str, ...]] = {
     ),
     "ettr": ("bench/ettr.py", "bench/data/ettr_inputs.toml", "babysitter/hardware/xids.py"),
     "nhc": ("babysitter", "bench/nhc.py", "bench/data/nhc_gpu_health.c"),
+    "newcomer": (
+        "Makefile",
+        "pyproject.toml",
+        "tests/conftest.py",
+        "babysitter/demo.py",
+        "babysitter/devcluster",
+        "bench/newcomer.py",
+    ),
 }
 # results another benchmark reads: it is stale too when they were measured after it
 INPUTS: dict[str, tuple[str, ...]] = {"ettr": ("fault_drain", "soak")}

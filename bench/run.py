@@ -22,6 +22,8 @@ from bench.common import REPO, RESULTS_DIR
 # writes bench/results/<last part of its name>.json.
 BENCHMARKS: list[tuple[str, int]] = [
     ("bench.sdc", 300),
+    # make test-unit, make demo warm (3 runs) and cold (a fresh clone and venv): ~4 min
+    ("bench.newcomer", 900),
     ("bench.agent_cost", 300),
     ("bench.fabric_scale", 300),  # a few seconds: correlation cost, 2k -> 32k nodes
     # real 10,000-node slurmctld (devcluster) with ingest at 2,000 reports/s

@@ -26,6 +26,7 @@ from babysitter.devcluster.install import SlurmInstall
 from babysitter.devcluster.procs import (
     MARKER,
     alive,
+    command_name,
     cwd_pids,
     marked_pids,
     read_pid,
@@ -506,7 +507,11 @@ class DevCluster:
                 p = read_pid(run / name)
                 if p:
                     terminate([p], grace_s=3)
-        left = terminate(set(tree) | set(self.pids()), grace_s=3)
+        rest = set(tree) | set(self.pids())
+        # slurmstepd outwaits a SIGTERM (it waits for its job): its job's processes get the
+        # SIGTERM and the grace, slurmstepd a SIGKILL after them instead of the whole grace
+        stepds = {p for p in rest if command_name(p) == "slurmstepd"}
+        left = terminate(rest - stepds, grace_s=3) + terminate(stepds, grace_s=0)
         munge = read_pid(run / "munged.pid") if run.exists() else None
         if munge:
             terminate([munge])

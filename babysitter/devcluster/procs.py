@@ -22,6 +22,14 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def command_name(pid: int) -> str:
+    """The process's name (/proc/<pid>/comm), "" when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def read_pid(pidfile: Path) -> int | None:
     try:
         return int(pidfile.read_text().strip())
