@@ -72,6 +72,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
         "bench/soak.py",
         "bench/slurm_standin.py",
     ),
+    "self_heal": ("babysitter", "bench/self_heal.py"),
+    "self_heal_defaults": ("babysitter", "bench/self_heal.py", "bench/self_heal_defaults.py"),
     "ettr": ("bench/ettr.py", "bench/data/ettr_inputs.toml", "babysitter/hardware/xids.py"),
     "nhc": ("babysitter", "bench/nhc.py", "bench/data/nhc_gpu_health.c"),
     "newcomer": (
@@ -84,7 +86,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
     ),
 }
 # results another benchmark reads: it is stale too when they were measured after it
-INPUTS: dict[str, tuple[str, ...]] = {"ettr": ("fault_drain", "soak")}
+INPUTS: dict[str, tuple[str, ...]] = {"ettr": ("fault_drain", "soak", "self_heal_defaults")}
 # generated files: a tree that differs from HEAD only here is not "dirty" code
 GENERATED = ("bench/results/", "bench/RESULTS.md")
 

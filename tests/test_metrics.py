@@ -103,12 +103,11 @@ def test_each_drained_node_shows_its_age_owner_and_remediation(secrets, tmp_path
             }
             client.post("/api/v1/reports", json=body, headers=secrets.headers(node))
         two_h = now - timedelta(hours=2)
-        c.store.set_node(
-            "n1", babysitter_drained=True, drain_reason="babysitter: gpu: lost", drained_at=two_h
-        )
+        # as babysitter records them: its own reason without the prefix, Slurm's with it
+        c.store.set_node("n1", babysitter_drained=True, drain_reason="gpu: lost", drained_at=two_h)
         c.store.set_node(
             "n2",
-            drain_reason="babysitter: [manual] swap the PSU",
+            drain_reason="[manual] swap the PSU",
             slurm_state="IDLE+DRAIN",
             slurm_reason="babysitter: [manual] swap the PSU",
             drained_at=two_h,
@@ -117,7 +116,12 @@ def test_each_drained_node_shows_its_age_owner_and_remediation(secrets, tmp_path
             "n3", slurm_state="IDLE+DRAIN", slurm_reason="cable work", drained_at=two_h
         )
         c.store.set_node(
-            "n4", babysitter_drained=True, drain_reason="babysitter: xid 79", drained_at=two_h
+            "n4",
+            babysitter_drained=True,
+            drain_reason="xid 79",
+            slurm_state="DOWN+DRAIN+REBOOT_ISSUED",
+            slurm_reason="babysitter: reboot: xid 79",
+            drained_at=two_h,
         )
         Ledger(c.store).add("n4", Rung.REBOOT, "xid.79", "xid 79", Phase.REBOOTING, now)
         before = client.get("/metrics").text

@@ -259,14 +259,30 @@ def test_gpu_reset_heals_an_idle_gpu_and_a_busy_one_escalates_to_reboot(healing:
     _one_validation_job(sim, "node2")
 
 
+def _drained_series(sim: SimCluster) -> dict[str, str]:
+    """node -> the labels of its babysitter_node_drained_seconds series on /metrics."""
+    text = httpx.get(sim.url + "/metrics", timeout=5).text
+    return {
+        line.split('node="')[1].split('"')[0]: line.split("{", 1)[1].split("}")[0]
+        for line in text.splitlines()
+        if line.startswith("babysitter_node_drained_seconds{")
+    }
+
+
 def test_admin_drain_stays_until_admin_resume(tmp_path: Path):
-    sim = SimCluster(tmp_path / "sim", n_nodes=1)
+    sim = SimCluster(tmp_path / "sim", n_nodes=2, policy={"max_drained_fraction": 1.0})
     sim.up()
     try:
         assert sim.info is not None
         wait_for(lambda: _healthy(sim), 60, "healthy")
         _post(sim, "/api/v1/nodes/node1/drain", {"reason": "swap the fan"})
         wait_for(lambda: node_state(sim.info, "node1")[0] == "drain", 30, "admin drain")
+        # someone drains node2 in Slurm itself: visible as a drain babysitter does not own
+        slurm(sim.info, "scontrol", "update", "nodename=node2", "state=drain", "reason=cable work")
+        wait_for(lambda: "node2" in _drained_series(sim), 30, "node2's drain on /metrics")
+        series = _drained_series(sim)
+        assert 'owner="admin"' in series["node1"] and 'remediation="none"' in series["node1"]
+        assert 'owner="other"' in series["node2"]
         # the node reports clean all along; ten reports later it is still the admin's
         reports = sim.api("/api/v1/nodes/node1")["consecutive_clean"]
         wait_for(
@@ -278,6 +294,9 @@ def test_admin_drain_stays_until_admin_resume(tmp_path: Path):
         assert state == "drain" and reason == "babysitter: [manual] swap the fan"
         _post(sim, "/api/v1/nodes/node1/resume")
         wait_for(lambda: _in_service(sim, "node1"), 30, "resumed")
+        wait_for(lambda: "node1" not in _drained_series(sim), 30, "node1 gone from /metrics")
+        # the other drain is still someone else's: babysitter never resumed it
+        assert node_state(sim.info, "node2") == ("drain", "cable work")
     finally:
         sim.down()
 
@@ -350,9 +369,10 @@ def test_six_faults_at_once_reboot_two_at_a_time(tmp_path: Path):
 
 
 def test_reboot_validate_resume_on_slurm_2511(tmp_path: Path, slurm2511_prefix: Path):
-    """The same loop on Slurm 25.11 built from source (slurmd -b, RebootProgram and
+    """The same loops on Slurm 25.11 built from source (slurmd -b, RebootProgram and
     `scontrol reboot ASAP nextstate=` as that version has them): XID 79 -> drain -> reboot
-    through Slurm -> validation job -> back in service, no human step."""
+    through Slurm -> validation job -> back in service, no human step; a failing validation
+    after the reboot keeps node2 drained; node1's fourth fault makes it a lemon."""
     base = (tmp_path / "sim").resolve()
     sim = SimCluster(
         base,
@@ -378,5 +398,21 @@ def test_reboot_validate_resume_on_slurm_2511(tmp_path: Path, slurm2511_prefix: 
         reboot = [a for a in sim.api("/api/v1/actions") if a["kind"] == "reboot"]
         assert len(reboot) == 1 and reboot[0]["node"] == "node1"
         assert _in_service(sim, "node2")
+
+        (base / "fail-node2").touch()
+        sim.inject_xid("node2", 5, 79, via="kmsg")
+        wait_for(
+            lambda: "validation failed" in node_state(sim.info, "node2")[1],
+            180,
+            "validation failed",
+        )
+        assert node_state(sim.info, "node2")[1].startswith("babysitter: validation failed")
+
+        for n in (2, 3):
+            _fault_and_heal(sim, "node1", n)
+        sim.inject_xid("node1", 3, 79, via="kmsg")
+        wait_for(lambda: "lemon" in node_state(sim.info, "node1")[1], 60, "lemon reason")
+        assert node_state(sim.info, "node1")[1].startswith("babysitter: lemon: 3 remediations")
+        assert sim.reboots == {"node1": 3, "node2": 1}
     finally:
         sim.down()

@@ -39,9 +39,9 @@ def refresh(
             )
         }
         drains = c.execute(
-            select(n.c.name, n.c.drain_reason, n.c.slurm_reason, n.c.drained_at).where(
-                or_(n.c.babysitter_drained, n.c.slurm_state.contains("DRAIN"))
-            )
+            select(
+                n.c.name, n.c.babysitter_drained, n.c.drain_reason, n.c.slurm_reason, n.c.drained_at
+            ).where(or_(n.c.babysitter_drained, n.c.slurm_state.contains("DRAIN")))
         ).all()
         remediating: dict[str, str] = {
             str(node): str(state)  # the newest open episode wins
@@ -62,13 +62,14 @@ def refresh(
     prefix = str(runtime_state.get("reason_prefix") or "babysitter:")
     # nodes resumed since the last scrape drop out (their alerts resolve)
     metrics.node_drained.clear()
-    for name, ours, theirs, at in drains:
+    for name, ours, reason, slurm_reason, at in drains:
         since = aware(at)
         if since is None:
             continue  # drained before this controller saw it: its age is unknown
-        metrics.node_drained.labels(
-            name, owner(ours or theirs or "", prefix), remediating.get(name, "none")
-        ).set(max(0.0, (now - since).total_seconds()))
+        who = owner(bool(ours), reason or "", slurm_reason or "", prefix)
+        metrics.node_drained.labels(name, who, remediating.get(name, "none")).set(
+            max(0.0, (now - since).total_seconds())
+        )
     # conditions that stopped firing go back to 0 (the series stays, so alerts resolve)
     for cond in {*firing, *_seen(metrics)}:
         metrics.firing.labels(cond).set(firing.get(cond, 0))
@@ -79,9 +80,16 @@ def _seen(metrics: ControllerMetrics) -> set[str]:
     return {s.labels["condition"] for fam in metrics.firing.collect() for s in fam.samples}
 
 
-def owner(reason: str, prefix: str) -> str:
-    """Who a drain belongs to, by its reason: `admin` (`babysitter drain`, which babysitter
-    never resumes), `babysitter` (its policy or its HealthCheckProgram mode), else `other`."""
-    if not reason.startswith(prefix):
-        return "other"
-    return "admin" if reason[len(prefix) :].lstrip().startswith(MANUAL_MARK) else "babysitter"
+def owner(babysitter_drained: bool, drain_reason: str, slurm_reason: str, prefix: str) -> str:
+    """Who a drain belongs to: `admin` (`babysitter drain`, marked [manual]; babysitter never
+    resumes it), `babysitter` (its policy, healer or HealthCheckProgram mode), else `other`.
+    Slurm's reason decides when the leader has written it (it carries the prefix); before
+    that, what babysitter recorded when it drained (its reason, without the prefix)."""
+    if slurm_reason:
+        if not slurm_reason.startswith(prefix):
+            return "other"
+        rest = slurm_reason[len(prefix) :].lstrip()
+        return "admin" if rest.startswith(MANUAL_MARK) else "babysitter"
+    if drain_reason.removeprefix(prefix).lstrip().startswith(MANUAL_MARK):
+        return "admin"
+    return "babysitter" if babysitter_drained else "other"

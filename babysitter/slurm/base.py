@@ -481,7 +481,11 @@ class OwnedClient(SlurmClient):
         # a reboot made it already (hold_for_validation): the job runs in that one
         self.sc.create_reservation(reservation, node, user, minutes, exist_ok=True)
         try:
-            self.resume(node)
+            cur = self.node(node)
+            # back from a reboot, Slurm may have returned it already (25.11: IDLE+MAINT in the
+            # reservation), and refuses to resume a node that is neither drained nor down
+            if cur.drained_or_draining or cur.down:
+                self.resume(node)
             return self.sc.sbatch(
                 [f"--reservation={reservation}", f"--nodelist={node}", *sbatch_args]
             )
