@@ -377,7 +377,7 @@ class ValidationConfig(Section):
 
 
 class FabricConfig(Section):
-    """Topology-aware correlation (controller/fabric.py): fabric findings from several nodes
+    """Topology-aware correlation (controller/loop/fabric.py): fabric findings from several nodes
     under one switch are one `switch_suspected` incident, not a drain and a page per node.
     Defaults: a leaf failure takes every port below it down within seconds, so a minute's
     window catches it whole while independent node faults (a few a day on 2,000 nodes) almost
@@ -430,7 +430,7 @@ _Count = Annotated[int, Meta(ge=1)]
 
 
 class BlastRadiusConfig(Section):
-    """Node-drain caps by scope (controller/blast.py): a tripped cap stops new node drains in
+    """Node-drain caps by scope (controller/loop/blast.py): a tripped cap stops new node drains in
     its scope only; resumes, switch incidents and other scopes go on. A scope is capped when
     its fraction or count is set (limit = the smaller, at least 1). Unset by default, so a
     site keeps the cluster-wide breaker ([policy] max_drained_fraction) it knows until it
@@ -448,7 +448,7 @@ class BlastRadiusConfig(Section):
     cluster_count: Annotated[_Count | None, Meta(description="nodes cluster-wide")] = None
 
 
-# the rungs of the remediation ladder (controller/ladder.py `Rung` has exactly these)
+# the rungs of the remediation ladder (controller/loop/ladder.py `Rung` has exactly these)
 RungName = Literal["reset_gpu", "reboot", "inspect", "rma"]
 
 

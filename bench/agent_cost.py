@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import babysitter as babysitter_pkg
-from babysitter.controller.auth import node_token
+from babysitter.controller.api.auth import node_token
 from babysitter.devcluster import simib
 from babysitter.devcluster.fakenvml import FakeGpus, build, read_calls
 from bench.common import figure, summary, wait_ready, write_result

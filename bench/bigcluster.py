@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from babysitter.controller.auth import node_token
+from babysitter.controller.api.auth import node_token
 from babysitter.devcluster import ClusterInfo, DevCluster
 from bench.common import percentile, summary, wait_ready
 

@@ -32,10 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from babysitter.controller import models as m
-from babysitter.controller.auth import node_token
-from babysitter.controller.ingest import NODE_STATE_UPDATE
-from babysitter.controller.store import Store
+from babysitter.controller.api.auth import node_token
+from babysitter.controller.api.ingest import NODE_STATE_UPDATE
+from babysitter.controller.db import models as m
+from babysitter.controller.db.store import Store
 from bench.common import figure, missing, summary, wait_ready, write_result
 
 NODES = 10_000

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from babysitter.controller.auth import node_token
+from babysitter.controller.api.auth import node_token
 from bench.bigcluster import (
     DBE,
     Load,

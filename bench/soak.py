@@ -57,9 +57,9 @@ from babysitter.agent.daemon import Agent
 from babysitter.checks.infiniband.check import STICKY_S, InfinibandCheck
 from babysitter.checks.xid.check import EVENT_XID, NvmlEvents
 from babysitter.config import Config, parse_config
-from babysitter.controller.ingest import ReportWriter
-from babysitter.controller.remediation import RemediationEngine, make_engine
-from babysitter.controller.store import Store
+from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.devcluster import simib
 from babysitter.devcluster.fakenvml import FakeGpus, build, preload
 from babysitter.finding import Severity
@@ -450,7 +450,10 @@ class Soak:
         wall0 = time.monotonic()
         host_check = "babysitter.checks.host.check._process_running"
         with ExitStack() as stack:
-            for target in ("babysitter.controller.store.now", "babysitter.controller.ingest.now"):
+            for target in (
+                "babysitter.controller.db.store.now",
+                "babysitter.controller.api.ingest.now",
+            ):
                 stack.enter_context(mock.patch(target, self.clock.now))
             stack.enter_context(mock.patch(host_check, self._process_running))
             self.controller_up()

@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from babysitter.controller.models import metadata
+from babysitter.controller.db.models import metadata
 
 config = context.config
 connection = config.attributes.get("connection")

@@ -1,5 +1,5 @@
 -- babysitter database schema (PostgreSQL), generated from
--- babysitter/controller/models.py; migrations live in sql/versions/.
+-- babysitter/controller/db/models.py; migrations live in sql/versions/.
 
 CREATE TABLE actions (
 	id BIGSERIAL NOT NULL, 

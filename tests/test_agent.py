@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from babysitter.agent.spool import Spool
-from babysitter.controller.store import Store
+from babysitter.controller.db.store import Store
 from tests.fixtures.controller import (
     ControllerProcess,
     Secrets,

@@ -39,13 +39,20 @@ def test_contracts_kept():
     ("module", "forbidden"),
     [
         # a check must not reach into the controller (it runs on every node)
-        ("checks/host/check.py", "babysitter.controller.policy"),
+        ("checks/host/check.py", "babysitter.controller.loop.policy"),
         # checks/all.py is the composition root: a check importing it would bring back
         # registration by import (and a cycle waiting to happen)
         ("checks/gpu/check.py", "babysitter.checks.all"),
+        # the controller is runtime -> api -> loop -> db: persistence knows nothing above it,
+        ("controller/db/store.py", "babysitter.controller.loop.policy"),
+        ("controller/db/models.py", "babysitter.controller.api.ingest"),
+        # the loop decides and acts without the HTTP side,
+        ("controller/loop/remediation.py", "babysitter.controller.api.auth"),
+        # and the API is assembled by runtime, never the other way
+        ("controller/api/app.py", "babysitter.controller.runtime"),
     ],
 )
-def test_contract_bites_when_a_check_imports_what_it_must_not(
+def test_contract_bites_when_a_module_imports_what_it_must_not(
     tmp_path: Path, module: str, forbidden: str
 ):
     shutil.copytree(REPO / "babysitter", tmp_path / "babysitter")

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from babysitter.cli import audit_cmd
 from babysitter.cli.tree import cli
 from babysitter.cli.when import parse_duration, parse_time
-from babysitter.controller import audit
+from babysitter.controller.db import audit
 from tests.fixtures.reports import DBE, wire_report
 from tests.fixtures.slurm import node_state, wait_for
 from tests.test_remediation import XID79, engine, send, tick
@@ -148,7 +148,7 @@ def test_cli_audit(ctl, secrets, monkeypatch):
 
 
 def test_audit_entries_are_pruned_after_their_retention(ctl):
-    from babysitter.controller.retention import Retention
+    from babysitter.controller.db.retention import Retention
 
     now = datetime.now(UTC)
     days = ctl.cfg.controller.audit_retention_days

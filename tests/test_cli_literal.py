@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from babysitter.cli import read_cmd
 from babysitter.cli.tree import cli
-from babysitter.controller.ingest import ReportWriter
+from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.runtime import Controller
 from babysitter.finding import Finding, Severity
 from babysitter.report import Report

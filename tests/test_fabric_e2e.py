@@ -15,11 +15,11 @@ import pytest
 
 from babysitter.cli.read_cmd import guard_lines
 from babysitter.config import parse_config
-from babysitter.controller import audit
-from babysitter.controller.guard_api import guard_view
-from babysitter.controller.ingest import ReportWriter
-from babysitter.controller.remediation import RemediationEngine, make_engine
-from babysitter.controller.store import Store
+from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.db import audit
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.guard import guard_view
+from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.devcluster import ClusterInfo, DevCluster
 from babysitter.devcluster.receiver import Receiver
 from babysitter.finding import Finding
@@ -375,7 +375,7 @@ def test_a_failing_correlation_leaves_node_faults_to_the_node_policy(
 ):
     """Fault isolation: when the fabric step raises, the tick goes on as if there were no
     correlation (an IB fault is a node fault again), and the error is counted."""
-    import babysitter.controller.fabric_loop as fabric_loop
+    import babysitter.controller.loop.fabric_loop as fabric_loop
 
     def broken(*_a: object, **_k: object) -> None:
         raise RuntimeError("correlation bug")

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from babysitter.controller.api import create_app
-from babysitter.controller.auth import Principal
-from babysitter.controller.fastpath import IngestFastPath
-from babysitter.controller.ingest import Ingest, Refused
+from babysitter.controller.api.app import create_app
+from babysitter.controller.api.auth import Principal
+from babysitter.controller.api.fastpath import IngestFastPath
+from babysitter.controller.api.ingest import Ingest, Refused
 from tests.fixtures.reports import wire_report
 
 

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from babysitter.config import parse_config
-from babysitter.controller import jobs
-from babysitter.controller.ingest import ReportWriter
-from babysitter.controller.remediation import make_engine
-from babysitter.controller.store import Store
+from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop import jobs
+from babysitter.controller.loop.remediation import make_engine
 from babysitter.devcluster.receiver import Receiver
 from babysitter.report import Report
 from babysitter.slurm.cli import CliSlurmClient

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from babysitter.controller.ingest import ReportRejected, ReportWriter
-from babysitter.controller.store import Store
+from babysitter.controller.api.ingest import ReportRejected, ReportWriter
+from babysitter.controller.db.store import Store
 from babysitter.finding import Finding, Severity
 from babysitter.report import Report
 from tests.fixtures.controller import ControllerProcess, Secrets, controller_config, free_port

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from babysitter.controller.jobs import decide_requeue, max_requeues
+from babysitter.controller.loop.jobs import decide_requeue, max_requeues
 from tests.fixtures.slurm import wait_for
 
 
@@ -39,8 +39,8 @@ def test_a_stuck_item_is_not_restarted_and_a_full_pool_fails_fast(tmp_path):
     import threading
 
     from babysitter.config import Config
-    from babysitter.controller.remediation import make_engine
-    from babysitter.controller.store import Store
+    from babysitter.controller.db.store import Store
+    from babysitter.controller.loop.remediation import make_engine
     from babysitter.slurm.cli import CliSlurmClient
 
     store = Store(f"sqlite:///{tmp_path / 'b.db'}")

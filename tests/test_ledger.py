@@ -7,9 +7,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from babysitter.controller.ladder import Rung
-from babysitter.controller.ledger import Ledger, Phase
-from babysitter.controller.store import Store
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.ladder import Rung
+from babysitter.controller.loop.ledger import Ledger, Phase
 
 NOW = datetime(2026, 11, 26, 4, 0, tzinfo=UTC)
 WEEK = timedelta(days=7)

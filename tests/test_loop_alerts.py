@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from babysitter.config import parse_config
-from babysitter.controller.remediation import make_engine
-from babysitter.controller.store import Store
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.remediation import make_engine
 from babysitter.slurm.cli import CliSlurmClient
 from tests.fixtures.slurm import node_state, wait_for
 from tests.test_remediation import XID79, send

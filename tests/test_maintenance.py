@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from babysitter.cli.when import parse_time
-from babysitter.controller.maintenance_api import nodes_of
+from babysitter.controller.api.maintenance_api import nodes_of
 from babysitter.devcluster.receiver import Receiver
 from babysitter.devcluster.sim import SimCluster
 from tests.fixtures.slurm import node_state, slurm, wait_for
@@ -139,8 +139,8 @@ def test_self_healing_leaves_nodes_in_maintenance_alone(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from babysitter.config import parse_config
-    from babysitter.controller.healer import Healer
-    from babysitter.controller.store import Store
+    from babysitter.controller.db.store import Store
+    from babysitter.controller.loop.healer import Healer
 
     store = Store(f"sqlite:///{tmp_path / 'h.db'}")
     store.upgrade()
@@ -152,7 +152,7 @@ def test_self_healing_leaves_nodes_in_maintenance_alone(tmp_path, monkeypatch):
     # both held nodes are babysitter's drains with a fault (their findings in one read)
     monkeypatch.setattr(healer, "_startable", lambda sn: True)
     monkeypatch.setattr(
-        "babysitter.controller.healer.policy_rows",
+        "babysitter.controller.loop.healer.policy_rows",
         lambda store, names: [{"name": n, "open_findings": []} for n in names],
     )
     monkeypatch.setattr(

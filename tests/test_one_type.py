@@ -13,8 +13,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from babysitter.controller import api, api_read, fastpath, ingest, models
-from babysitter.controller.policy import (
+from babysitter.controller.api import api_read, fastpath, ingest
+from babysitter.controller.api import app as api
+from babysitter.controller.db import models
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.policy import (
     ClusterFacts,
     Decision,
     NodeFacts,
@@ -24,7 +27,6 @@ from babysitter.controller.policy import (
     node_verdict,
 )
 from babysitter.controller.runtime import Controller
-from babysitter.controller.store import Store
 from babysitter.finding import Action, Finding, Severity
 from babysitter.report import Report
 from tests.fixtures.controller import Secrets, offline_agent_config

@@ -20,9 +20,9 @@ from sqlalchemy import text
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
 from babysitter.config import parse_config
-from babysitter.controller.ingest import ReportWriter
-from babysitter.controller.remediation import make_engine
-from babysitter.controller.store import Store
+from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.remediation import make_engine
 from babysitter.finding import Finding
 from babysitter.report import Report
 from babysitter.slurm.cli import CliSlurmClient

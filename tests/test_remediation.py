@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from babysitter.config import parse_config
-from babysitter.controller.ingest import ReportWriter
-from babysitter.controller.remediation import RemediationEngine, make_engine
-from babysitter.controller.store import Store
+from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding
 from babysitter.report import Report
 from babysitter.slurm.cli import CliSlurmClient

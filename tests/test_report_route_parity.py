@@ -1,4 +1,4 @@
-"""The report route has two doors: the ASGI fast path (controller/fastpath.py) in front of the
+"""The report route has two doors: the ASGI fast path (controller/api/fastpath.py) in front of the
 app, and the FastAPI route behind it. Generated requests, good and bad, go through both and
 must get the same status, headers and body bytes.
 
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from starlette.types import ASGIApp
 
 from babysitter.config import Config
-from babysitter.controller.api import REPORTS_PATH
+from babysitter.controller.api.app import REPORTS_PATH
 from babysitter.controller.runtime import Controller
 from tests.fixtures.controller import Secrets, controller_config, set_up
 

@@ -1,4 +1,4 @@
-"""Retention (controller/retention.py) against SQLite and a real Postgres: clean reports are
+"""Retention (controller/db/retention.py) against SQLite and a real Postgres: clean reports are
 thinned after clean_report_minutes, reports with findings stay for retention_days, deletes go
 in small batches from a thread of their own."""
 
@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import update
 
 from babysitter.config import ControllerConfig
-from babysitter.controller import models as m
-from babysitter.controller.ingest import ReportWriter
-from babysitter.controller.retention import Retention
-from babysitter.controller.store import Store
+from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.db import models as m
+from babysitter.controller.db.retention import Retention
+from babysitter.controller.db.store import Store
 from babysitter.finding import Finding, Severity
 from babysitter.report import Report
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from babysitter.controller.sdc_schedule import HOLD_PREFIX
-from babysitter.controller.store import Store
-from babysitter.controller.stragglers import perf_from_metrics
-from babysitter.controller.tickstore import perf_metrics
+from babysitter.controller.db.store import Store
+from babysitter.controller.db.tickstore import perf_metrics
+from babysitter.controller.loop.sdc_schedule import HOLD_PREFIX
+from babysitter.controller.loop.stragglers import perf_from_metrics
 from babysitter.devcluster.sim import SimCluster
 from tests.fixtures.slurm import node_state, slurm, submit, wait_for
 

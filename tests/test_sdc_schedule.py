@@ -1,6 +1,6 @@
-"""The SDC schedule (controller/sdc_schedule.py) against the in-memory Slurm stand-in and a real
-store: what it holds and when, what it never touches, what it costs slurmctld at 10,000 nodes,
-and how it picks up after a restart. The same schedule on a real Slurm devcluster is in
+"""The SDC schedule (controller/loop/sdc_schedule.py) against the in-memory Slurm stand-in and a
+real store: what it holds and when, what it never touches, what it costs slurmctld at 10,000
+nodes, and how it picks up after a restart. The same schedule on a real Slurm devcluster is in
 tests/test_sdc_e2e.py."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy import select, update
 
 from babysitter.config import parse_config
-from babysitter.controller import models as m
-from babysitter.controller.ingest import ReportWriter
-from babysitter.controller.orders import OrderBook
-from babysitter.controller.sdc_schedule import HOLD_PREFIX, SdcScheduler, schedule_rows
-from babysitter.controller.store import Store
+from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.api.orders import OrderBook
+from babysitter.controller.db import models as m
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.sdc_schedule import HOLD_PREFIX, SdcScheduler, schedule_rows
 from babysitter.report import Report
 from babysitter.slurm.client import SlurmJob, SlurmNode
 from bench.slurm_standin import InMemorySlurm

@@ -233,7 +233,7 @@ def test_babysit_spec_still_reads_good_ones():
 
 
 def test_job_names_up_to_slurms_1024_are_stored(db_url):
-    from babysitter.controller.store import Store
+    from babysitter.controller.db.store import Store
 
     store = Store(db_url)
     store.upgrade()

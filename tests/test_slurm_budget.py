@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from babysitter.config import parse_config
-from babysitter.controller.ingest import ReportWriter
-from babysitter.controller.remediation import RemediationEngine, make_engine
-from babysitter.controller.store import Store
+from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding
 from babysitter.report import Report
 from babysitter.slurm.client import SlurmJob
@@ -138,7 +138,7 @@ def test_steady_tick_passes_only_nodes_that_may_need_a_decision(tmp_path):
     with store.engine.begin() as c:
         from sqlalchemy import update
 
-        from babysitter.controller import models as m
+        from babysitter.controller.db import models as m
 
         c.execute(update(m.nodes).where(m.nodes.c.name != silent).values(last_report_at=later))
     engine.tick(later)

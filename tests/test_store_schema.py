@@ -5,14 +5,14 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from babysitter.controller.models import metadata
-from babysitter.controller.schema_sql import PATH, render
-from babysitter.controller.store import Store
+from babysitter.controller.db.models import metadata
+from babysitter.controller.db.schema_sql import PATH, render
+from babysitter.controller.db.store import Store
 
 
 def test_schema_sql_matches_models():
     assert PATH.read_text() == render(), (
-        "sql/schema.sql is stale: run python -m babysitter.controller.schema_sql --write"
+        "sql/schema.sql is stale: run python -m babysitter.controller.db.schema_sql --write"
     )
 
 
@@ -33,8 +33,8 @@ def test_retention_prunes_old_reports(db_url):
 
     from sqlalchemy import update
 
-    from babysitter.controller import models as m
-    from babysitter.controller.ingest import ReportWriter
+    from babysitter.controller.api.ingest import ReportWriter
+    from babysitter.controller.db import models as m
     from babysitter.finding import Finding, Severity
     from babysitter.report import Report
 

@@ -1,4 +1,4 @@
-"""Straggler policy (babysitter/controller/stragglers.py) on synthetic fleets: pure functions,
+"""Straggler policy (babysitter/controller/loop/stragglers.py) on synthetic fleets: pure functions,
 so the fleets are data. Seeded noise, many measurement rounds."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from babysitter.config import parse_config
-from babysitter.controller.stragglers import (
+from babysitter.controller.loop.stragglers import (
     NodePerf,
     StragglerSettings,
     Streak,
@@ -185,9 +185,9 @@ def _fleet_tick(tmp_path: Path, action: str) -> tuple[list[str], Any]:
     import uuid
     from datetime import UTC, datetime
 
-    from babysitter.controller.ingest import ReportWriter
-    from babysitter.controller.remediation import make_engine
-    from babysitter.controller.store import Store
+    from babysitter.controller.api.ingest import ReportWriter
+    from babysitter.controller.db.store import Store
+    from babysitter.controller.loop.remediation import make_engine
     from babysitter.report import Report
     from bench.slurm_standin import InMemorySlurm
 
@@ -246,7 +246,7 @@ def test_engine_drains_a_straggler_when_configured(tmp_path: Path):
 
 
 def test_perf_from_metrics_ignores_garbage():
-    from babysitter.controller.stragglers import perf_from_metrics
+    from babysitter.controller.loop.stragglers import perf_from_metrics
 
     assert perf_from_metrics("n1", {"perf_gflops": {"gflops": ["x"]}}) is None
     assert perf_from_metrics("n1", {"perf_busbw": "fast"}) is None

@@ -11,9 +11,9 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from babysitter.controller import audit
+from babysitter.controller.api.ui.session import COOKIE, Sessions
+from babysitter.controller.db import audit
 from babysitter.controller.runtime import Controller
-from babysitter.controller.ui.session import COOKIE, Sessions
 from tests.fixtures.reports import DBE, wire_report
 
 
@@ -134,7 +134,7 @@ def test_the_read_token_cannot_change_anything(ctl, secrets):
 def test_fleet_is_grouped_by_partition_and_leaf_switch(ctl, secrets):
     from types import SimpleNamespace
 
-    from babysitter.controller.ui.routes import layout_of
+    from babysitter.controller.api.ui.routes import layout_of
 
     slurm_nodes = {
         "node1": SimpleNamespace(partitions=("batch",)),

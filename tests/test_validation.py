@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from babysitter.controller.policy import ClusterFacts, NodeFacts, PolicySettings, decide
-from babysitter.controller.validation import NodeValidation, read_verdict, summarise
+from babysitter.controller.loop.policy import ClusterFacts, NodeFacts, PolicySettings, decide
+from babysitter.controller.loop.validation import NodeValidation, read_verdict, summarise
 from babysitter.devcluster.fakenvml import build
 from babysitter.devcluster.receiver import Receiver
 from babysitter.devcluster.sim import SimCluster

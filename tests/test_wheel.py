@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from babysitter.controller.auth import node_token
+from babysitter.controller.api.auth import node_token
 from tests.fixtures.controller import free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """The `reset_gpu` rung on the node: the controller orders a reset of one GPU in its answer to a
-report (controller/orders.py); the agent, never the controller over ssh, runs the site's reset
+report (controller/api/orders.py); the agent, never the controller over ssh, runs the site's reset
 command (`[agent] gpu_reset_command`, default `nvidia-smi --gpu-reset -i <bus id>`) under a
 time limit, and only when NVML shows the GPU with no processes and its model is one whose
 single-GPU reset is supported. Anything it cannot tell is a refusal, never a reset: the

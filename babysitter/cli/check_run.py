@@ -163,7 +163,7 @@ def _slurm_drain(cfg: Config, node: str, findings: list[Finding], unknown: bool)
     program's stderr)."""
     # the policy module only for its mark; the Slurm client only when asked to drain
     from babysitter.cli.hclog import healthcheck_log
-    from babysitter.controller.policy import HEALTHCHECK_MARK
+    from babysitter.controller.loop.policy import HEALTHCHECK_MARK
     from babysitter.slurm.client import SlurmError, SlurmNotOwned
     from babysitter.slurm.factory import make_client
 

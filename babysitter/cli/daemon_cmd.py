@@ -40,7 +40,7 @@ def agent(state: State) -> None:
 @pass_state
 def token(state: State, node: str, path: Path | None) -> None:
     """Print NODE's API token (derived from the cluster secret), or write it to a file."""
-    from babysitter.controller.auth import node_token
+    from babysitter.controller.api.auth import node_token
     from babysitter.secretfile import read_secret, write_private
 
     secret = read_secret(state.config.controller.cluster_secret_file, "cluster secret")
@@ -61,7 +61,7 @@ def db() -> None:
 @pass_state
 def db_upgrade(state: State) -> None:
     """Apply migrations (Alembic, sql/)."""
-    from babysitter.controller.store import Store
+    from babysitter.controller.db.store import Store
 
     store = Store(state.config.controller.database_url)
     try:

@@ -15,17 +15,17 @@ from fastapi import APIRouter, Request
 from sqlalchemy import text
 
 from babysitter.config import Config
-from babysitter.controller.api import create_app
-from babysitter.controller.auth import Authenticator, Principal
-from babysitter.controller.connguard import connection_cap, guarded_protocol
-from babysitter.controller.fastpath import IngestFastPath
-from babysitter.controller.ingest import Ingest, ReportWriter
-from babysitter.controller.maintenance import Maintenance
-from babysitter.controller.metrics import ControllerMetrics
-from babysitter.controller.orders import OrderBook
-from babysitter.controller.remediation import RemediationEngine, make_engine
-from babysitter.controller.store import Store
-from babysitter.controller.wake import DrainWake
+from babysitter.controller.api.app import create_app
+from babysitter.controller.api.auth import Authenticator, Principal
+from babysitter.controller.api.connguard import connection_cap, guarded_protocol
+from babysitter.controller.api.fastpath import IngestFastPath
+from babysitter.controller.api.ingest import Ingest, ReportWriter
+from babysitter.controller.api.orders import OrderBook
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.maintenance import Maintenance
+from babysitter.controller.loop.metrics import ControllerMetrics
+from babysitter.controller.loop.remediation import RemediationEngine, make_engine
+from babysitter.controller.loop.wake import DrainWake
 from babysitter.errors import ConfigError
 from babysitter.sdnotify import notify, watchdog_interval_s
 from babysitter.secretfile import check_private, read_secret
@@ -140,7 +140,7 @@ class Controller:
             self.state["leaf_of"] = self._leaf_of
             self.add_loop("remediation", self.engine.tick)
         # its own thread: a prune never delays a policy tick
-        from babysitter.controller.retention import Retention
+        from babysitter.controller.db.retention import Retention
 
         # the leader prunes; an ingest-only replica on SQLite prunes its own database
         self.retention = Retention(
@@ -188,7 +188,7 @@ class Controller:
     def _wait_next_tick(self, started: float, interval: float) -> None:
         """Sleep until the next tick is due, or until ingest stores a new drain-worthy
         finding (then tick at once, but never sooner than MIN_TICK_GAP_S after the last;
-        news from several nodes is first gathered into one tick, see controller/wake.py)."""
+        news from several nodes is first gathered into one tick, see controller/loop/wake.py)."""
         self._stop.wait(max(0.0, MIN_TICK_GAP_S - (time.monotonic() - started)))
         if self.wake.event.wait(max(0.0, interval - (time.monotonic() - started))):
             self.wake.gather(self._stop)
@@ -226,8 +226,8 @@ class Controller:
         return self.engine.snapshot.topology.leaf(node) if self.engine is not None else None
 
     def _ui_router(self, reader: Dependency, admin: Dependency) -> APIRouter:
-        from babysitter.controller.ui.routes import layout_of, ui_router
-        from babysitter.controller.ui.session import Sessions
+        from babysitter.controller.api.ui.routes import layout_of, ui_router
+        from babysitter.controller.api.ui.session import Sessions
 
         c = self.cfg.controller
         return ui_router(
@@ -241,14 +241,14 @@ class Controller:
         )
 
     def _maintenance_router(self, reader: Dependency, admin: Dependency) -> APIRouter:
-        from babysitter.controller.maintenance_api import maintenance_router
+        from babysitter.controller.api.maintenance_api import maintenance_router
 
         return maintenance_router(self.maintenance(), reader, admin)
 
     def maintenance(self) -> Maintenance:
         """The maintenance windows service, with this controller's Slurm client (the
         engine's, or one of its own on a replica) and Alertmanager when configured."""
-        from babysitter.controller.maintenance import Alertmanager
+        from babysitter.controller.loop.maintenance import Alertmanager
         from babysitter.slurm.factory import make_client
 
         if self.engine is not None:

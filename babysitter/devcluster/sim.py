@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from babysitter.controller.auth import node_token
+from babysitter.controller.api.auth import node_token
 from babysitter.devcluster import simib
 from babysitter.devcluster.cluster import ClusterInfo, DevCluster
 from babysitter.devcluster.fakenvml import FakeGpus, build

@@ -34,7 +34,7 @@ SIGNATURES: list[tuple[str, re.Pattern[str], Severity]] = [
         Severity.CRITICAL,
     ),
     # the InfiniBand transport failing under the job (a link or switch, not the GPUs): the
-    # controller correlates these by switch (controller/fabric.py)
+    # controller correlates these by switch (controller/loop/fabric.py)
     (
         "nccl.transport_error",
         re.compile(

@@ -1,0 +1,88 @@
+"""The read routes (admin or read token): nodes, findings, jobs, actions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+
+from babysitter.controller.api.auth import Principal
+from babysitter.controller.db.store import Store, now
+from babysitter.controller.loop.ledger import Ledger
+from babysitter.controller.loop.policy import node_verdict, rule_description
+from babysitter.finding import Finding, Severity
+
+LEDGER_IN_NODE_VIEW = 20
+
+
+def read_router(
+    store: Store, runtime_state: dict[str, Any], reader: Callable[[Request], Principal]
+) -> APIRouter:
+    router = APIRouter(prefix="/api/v1")
+
+    @router.get("/nodes")
+    def list_nodes(_: Principal = Depends(reader)) -> list[dict[str, Any]]:
+        return [node_view(n, runtime_state) for n in store.node_rows()]
+
+    @router.get("/nodes/{name}")
+    def get_node(name: str, _: Principal = Depends(reader)) -> dict[str, Any]:
+        n = store.node(name)
+        if n is None:
+            raise HTTPException(404, f"unknown node {name}")
+        # the node's remediations, newest first (docs/self-healing.md)
+        history = [r.to_json() for r in Ledger(store).history(name, LEDGER_IN_NODE_VIEW)]
+        return {**node_view(n, runtime_state), "ledger": history}
+
+    @router.get("/findings")
+    def list_findings(
+        node: str | None = None,
+        since: datetime | None = None,
+        severity: Severity | None = None,
+        limit: int = Query(1000, ge=1, le=10_000),
+        _: Principal = Depends(reader),
+    ) -> list[dict[str, Any]]:
+        return store.findings(node=node, since=since, severity=severity, limit=limit)
+
+    @router.get("/jobs")
+    def list_jobs(_: Principal = Depends(reader)) -> list[dict[str, Any]]:
+        return [dict(j) for j in store.jobs()]
+
+    @router.get("/actions")
+    def list_actions(
+        status: str | None = None, _: Principal = Depends(reader)
+    ) -> list[dict[str, Any]]:
+        # every action says which rule caused it and what that rule means (policy.Rule)
+        return [
+            {**a, "rule_description": rule_description(a["rule"])}
+            for a in store.actions(status=status)
+        ]
+
+    return router
+
+
+def node_view(n: dict[str, Any], runtime_state: dict[str, Any]) -> dict[str, Any]:
+    """What the API shows for a node. The verdict is the policy's own function on the node's
+    stored findings and heartbeat (the answer the remediation loop acts on); a validation job
+    the loop is running shows as `validating`."""
+    timeout = float(runtime_state.get("heartbeat_timeout_s", 120))
+    last = n.get("last_report_at")
+    age = None if last is None else (now() - last).total_seconds()
+    open_findings: list[Finding] = n.get("open_findings") or []
+    verdict, _ = node_verdict(open_findings, age, timeout)
+    if verdict != "unknown" and n.get("verdict") == "validating":
+        verdict = "validating"
+    return {
+        "name": n["name"],
+        "verdict": verdict,
+        "last_report_at": last,
+        "heartbeat_age_s": None if age is None else round(age, 1),
+        "open_findings": [f.to_json_dict() for f in open_findings],
+        "worst_severity": n.get("worst_severity", Severity.OK),
+        "consecutive_clean": n.get("consecutive_clean", 0),
+        "babysitter_drained": bool(n.get("babysitter_drained")),
+        "drain_reason": n.get("drain_reason"),
+        "slurm_state": n.get("slurm_state"),
+        "slurm_reason": n.get("slurm_reason"),
+    }

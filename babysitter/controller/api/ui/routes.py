@@ -1,0 +1,198 @@
+"""The status page's routes: GET pages for a viewer (the read token or the admin token, as a
+bearer header like the API, or the cookie the login form sets), and the login form itself.
+Nothing here writes to the store or to Slurm: the page has no buttons, only links."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from importlib.resources import files
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, FunctionLoader, select_autoescape
+from starlette.requests import ClientDisconnect
+
+from babysitter.controller.api.auth import Authenticator
+from babysitter.controller.api.ingest import bearer_token
+from babysitter.controller.api.ui import views
+from babysitter.controller.api.ui.session import COOKIE, LIFETIME_S, Sessions
+from babysitter.controller.db import audit
+from babysitter.controller.db.store import Store
+from babysitter.report import NODE_NAME
+
+LOGIN_PATH = "/ui/login"
+MAX_LOGIN_BODY = 4096
+TEMPLATES = files("babysitter.controller.api.ui") / "templates"
+
+
+def _template(name: str) -> str | None:
+    # only names written in this module reach here; a missing one is a bug, shown as such
+    path = TEMPLATES / name
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def environment() -> Environment:
+    env = Environment(
+        loader=FunctionLoader(_template),
+        # node names, finding messages and reasons come from nodes and users: always escaped
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["ago"] = _ago
+    env.filters["when"] = _when
+    return env
+
+
+def _when(at: datetime | str | None) -> str:
+    if at is None:
+        return ""
+    if isinstance(at, str):
+        return at
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def ui_router(
+    store: Store,
+    auth: Authenticator,
+    sessions: Sessions,
+    runtime_state: dict[str, Any],
+    layout: views.Layout,
+    refresh_s: float,
+    secure_cookie: bool,
+) -> APIRouter:
+    router = APIRouter(prefix="/ui", include_in_schema=False)
+    env = environment()
+
+    def viewer(request: Request) -> str | None:
+        """The viewer's role, from a bearer token or the login cookie; None: not logged in."""
+        token = bearer_token(request.headers.get("authorization", ""))
+        if token is not None:
+            p = auth.identify(token)
+            return p.role if p is not None and p.role in ("admin", "read") else None
+        return sessions.role(request.cookies.get(COOKIE))
+
+    def page(request: Request, template: str, status: int = 200, **ctx: Any) -> Response:
+        role = viewer(request)
+        if role is None:
+            # a script with a wrong token gets a 401; a browser goes to the login form
+            if request.headers.get("authorization"):
+                return HTMLResponse("token not valid for the status page", status_code=401)
+            return RedirectResponse(LOGIN_PATH, status_code=303)
+        html = env.get_template(template).render(
+            role=role, refresh_s=refresh_s, path=request.url.path, **ctx
+        )
+        return HTMLResponse(html, status_code=status, headers=_headers())
+
+    @router.get("", response_class=HTMLResponse)
+    def fleet_page(request: Request) -> Response:
+        return page(request, "fleet.html", fleet=views.fleet(store, runtime_state, layout))
+
+    @router.get("/nodes/{name}", response_class=HTMLResponse)
+    def node_page(request: Request, name: str = Path(pattern=NODE_NAME)) -> Response:
+        if viewer(request) is None:
+            return page(request, "fleet.html")  # the login redirect, before any lookup
+        data = views.node_page(store, runtime_state, name)
+        if data is None:
+            return page(request, "missing.html", status=404, name=name)
+        return page(request, "node.html", p=data)
+
+    @router.get("/audit", response_class=HTMLResponse)
+    def audit_page(request: Request, node: str | None = None) -> Response:
+        rows = audit.entries(store, node=node, limit=500) if viewer(request) else []
+        return page(request, "audit.html", entries=rows, node=node)
+
+    _add_login_routes(router, env, auth, sessions, secure_cookie)
+    return router
+
+
+def _add_login_routes(
+    router: APIRouter,
+    env: Environment,
+    auth: Authenticator,
+    sessions: Sessions,
+    secure_cookie: bool,
+) -> None:
+    """The login form, its check of a typed token, and logout."""
+
+    @router.get("/login", response_class=HTMLResponse)
+    def login_form(request: Request) -> Response:
+        return _login(env, None)
+
+    @router.post("/login", response_class=HTMLResponse)
+    async def login(request: Request) -> Response:
+        """Check a token typed into the form; a valid admin or read token gets a viewing
+        cookie. Writes nothing but the cookie."""
+        try:
+            body = await request.body()
+        except ClientDisconnect:  # cut off past MAX_LOGIN_BODY (api.AdminBodyGuard)
+            return _login(env, "request too large", 413)
+        if len(body) > MAX_LOGIN_BODY:
+            return _login(env, "request too large", 413)
+        token = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0].strip()
+        p = auth.identify(token) if token else None
+        if p is None or p.role not in ("admin", "read"):
+            return _login(env, "not a valid read or admin token", 403)
+        resp = RedirectResponse("/ui", status_code=303)
+        resp.set_cookie(
+            COOKIE,
+            sessions.issue(p.role),
+            max_age=LIFETIME_S,
+            httponly=True,
+            samesite="strict",
+            secure=secure_cookie,
+            path="/ui",
+        )
+        return resp
+
+    @router.get("/logout")
+    def logout() -> Response:
+        resp = RedirectResponse(LOGIN_PATH, status_code=303)
+        resp.delete_cookie(COOKIE, path="/ui")
+        return resp
+
+
+def _headers() -> dict[str, str]:
+    # no scripts at all on these pages: the browser refuses any that got in
+    return {
+        "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+        "img-src 'self' data:; form-action 'self'; frame-ancestors 'none'",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-store",
+    }
+
+
+def _login(env: Environment, error: str | None, status: int = 200) -> Response:
+    html = env.get_template("login.html").render(error=error)
+    return HTMLResponse(html, status_code=status, headers=_headers())
+
+
+def layout_of(
+    engine_nodes: Callable[[], dict[str, Any]], leaf_of: Callable[[str], str | None]
+) -> views.Layout:
+    """The groups of each node on the fleet page: its Slurm partitions (the remediation
+    engine's snapshot), each split by leaf switch where Slurm has a topology."""
+
+    def layout() -> dict[str, tuple[str, ...]]:
+        out = {}
+        for name, n in engine_nodes().items():
+            leaf = leaf_of(name)
+            parts = tuple(n.partitions) or (views.NO_PARTITION,)
+            out[name] = tuple(f"{p} · switch {leaf}" if leaf else p for p in parts)
+        return out
+
+    return layout

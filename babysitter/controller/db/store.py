@@ -1,0 +1,403 @@
+"""The store (the repository): SQLite (WAL) by default, Postgres via psycopg 3. Rows are read
+back as the controller's types at this boundary (stored_severity, stored_finding). Reports
+come in through the batching writer in controller/api/ingest.py."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypedDict, cast
+
+from sqlalchemy import (
+    Engine,
+    String,
+    bindparam,
+    create_engine,
+    delete,
+    event,
+    func,
+    select,
+    update,
+)
+
+from babysitter.controller.db import models as m
+from babysitter.finding import Action, Finding, Severity
+from babysitter.job import BabysitSpec
+
+log = logging.getLogger(__name__)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def aware(dt: datetime | None) -> datetime | None:
+    """SQLite hands datetimes back naive; everything here is UTC."""
+    if dt is None:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+# NaN/Infinity are not JSON: Postgres refuses them, SQLite would keep text no JSON reader takes.
+# Refused when the value is bound (a data error: that report alone is refused, see _write_loop).
+_json = functools.partial(json.dumps, allow_nan=False)
+
+
+_SEVERITIES = {str(s): s for s in Severity}
+_ACTIONS = {str(a): a for a in Action}
+_unreadable_logged: set[str] = set()
+
+
+def stored_severity(value: object) -> Severity:
+    """A severity read back from the database, as the enum. Only ingest writes it (from a
+    validated Finding), so anything else was written by hand or by a broken version: it is
+    logged (once per value) and read as WARNING, never as ok. A health daemon must not
+    call a node healthy because of a word it cannot read, and must not drain it for one
+    either: WARNING makes the node suspect, shown as such, not drained."""
+    sev = _SEVERITIES.get(value) if isinstance(value, str) else None
+    if sev is None:
+        _unreadable(f"severity {value!r}", Severity.WARNING)
+        return Severity.WARNING
+    return sev
+
+
+def stored_action(value: object) -> Action:
+    """A recommended action read back from the database; unknown ones read as INSPECT (logged)."""
+    act = _ACTIONS.get(value) if isinstance(value, str) else None
+    if act is None:
+        _unreadable(f"action {value!r}", Action.INSPECT)
+        return Action.INSPECT
+    return act
+
+
+def _unreadable(what: str, read_as: str) -> None:
+    if what not in _unreadable_logged and len(_unreadable_logged) < 100:
+        _unreadable_logged.add(what)
+        log.error("unknown %s in the database: read as %s", what, read_as)
+
+
+def stored_finding(d: dict[str, Any]) -> Finding:
+    """An open finding as stored in a node's row (Finding.to_json_dict, written by ingest),
+    back as a Finding. One that no longer validates (a severity or action nobody can read,
+    written by hand or by another version) is still read, with its enums mapped as
+    stored_severity/stored_action say, rather than dropped or ranked ok."""
+    try:
+        return Finding.from_dict(d)  # the common case
+    except ValueError:
+        pass
+    observed = d.get("observed_at")
+    try:
+        when = datetime.fromisoformat(observed) if isinstance(observed, str) else None
+    except ValueError:
+        when = None
+    details = d.get("details")
+    return Finding.unchecked(
+        check=str(d.get("check", "")),
+        component=str(d.get("component", "")),
+        severity=stored_severity(d.get("severity")),
+        code=str(d.get("code", "")),
+        message=str(d.get("message", "")),
+        action=stored_action(d.get("action", "none")),
+        observed_at=aware(when) or now(),
+        details=details if isinstance(details, dict) else {},
+    )
+
+
+class HistoryEntry(TypedDict, total=False):
+    """One entry of a job's history (jobs.history, JSON): what babysitter did or hit."""
+
+    event: str  # requeue | held | error
+    at: str  # ISO time
+    restart_count: int
+    why: str
+    error: str
+    excluded: list[str]
+    resume_point: str | None
+    checkpoint: str
+
+
+class JobRow(TypedDict, total=False):
+    """A row of the jobs table, as the repository hands it out."""
+
+    job_id: int
+    name: str | None
+    user: str | None
+    nodes: list[str]
+    state: str | None
+    babysit: BabysitSpec
+    restart_count: int
+    requeues: int
+    resume_point: str | None
+    history: list[HistoryEntry]
+    first_seen_at: datetime | None
+    updated_at: datetime | None
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url,
+            connect_args={"timeout": 30, "check_same_thread": False},
+            json_serializer=_json,
+        )
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoint
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=5,
+        max_overflow=5,
+        pool_timeout=10,
+        connect_args={"connect_timeout": 5},
+        json_serializer=_json,
+    )
+
+
+def _insert(engine: Engine) -> Any:
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    return postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+
+
+class Store:
+    """The repository: nodes, findings, actions, jobs, alerts and kv, read and written in
+    the controller's own terms (severities as `Severity`, open findings as `Finding`). Reports
+    are written by the batching writer (controller/api/ingest.py), not here."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.insert = _insert(self.engine)
+
+    # ---- lifecycle
+    def upgrade(self) -> None:
+        from babysitter.controller.db.migrations import upgrade
+
+        upgrade(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def ping(self) -> bool:
+        try:
+            with self.engine.connect() as c:
+                c.execute(select(1))
+            return True
+        except Exception:
+            return False
+
+    # ---- reads
+    def node_rows(self) -> list[dict[str, Any]]:
+        with self.engine.connect() as c:
+            return [
+                self._node(r._asdict()) for r in c.execute(select(m.nodes).order_by(m.nodes.c.name))
+            ]
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        with self.engine.connect() as c:
+            row = c.execute(select(m.nodes).where(m.nodes.c.name == name)).first()
+        return self._node(row._asdict()) if row else None
+
+    @staticmethod
+    def _node(d: dict[str, Any]) -> dict[str, Any]:
+        """A node row with its types restored: aware datetimes, open findings as `Finding`s,
+        the worst severity as `Severity`."""
+        for k in ("first_seen_at", "last_report_at", "drained_at"):
+            d[k] = aware(d.get(k))
+        d["open_findings"] = [stored_finding(f) for f in d.get("open_findings") or []]
+        d["worst_severity"] = stored_severity(d.get("worst_severity", "ok"))
+        return d
+
+    def findings(
+        self,
+        node: str | None = None,
+        since: datetime | None = None,
+        severity: Severity | None = None,
+        limit: int = 1000,
+    ) -> list[dict[str, Any]]:
+        """Finding history, newest first; `severity`: that severity or worse."""
+        q = select(m.findings).order_by(m.findings.c.id.desc()).limit(limit)
+        if node:
+            q = q.where(m.findings.c.node == node)
+        if since:
+            q = q.where(m.findings.c.observed_at >= since)
+        if severity:
+            q = q.where(m.findings.c.severity.in_([str(s) for s in Severity if s >= severity]))
+        with self.engine.connect() as c:
+            rows = [r._asdict() for r in c.execute(q)]
+        for r in rows:
+            r["observed_at"] = aware(r["observed_at"])
+            r["severity"] = stored_severity(r["severity"])
+            r["action"] = stored_action(r["action"])
+        return rows
+
+    def count(self, table: str) -> int:
+        t = m.metadata.tables[table]
+        with self.engine.connect() as c:
+            return int(c.execute(select(func.count()).select_from(t)).scalar_one())
+
+    def report_ids(self) -> list[str]:
+        with self.engine.connect() as c:
+            return [r[0] for r in c.execute(select(m.reports.c.report_id))]
+
+    # ---- node state written by the policy loop
+    def update_nodes(self, changes: dict[str, dict[str, Any]]) -> None:
+        """Many node updates in one transaction (the policy loop writes verdicts for
+        thousands of nodes; one statement per column set, executemany)."""
+        by_cols: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for name, values in changes.items():
+            by_cols.setdefault(tuple(sorted(values)), []).append({"b_name": name, **values})
+        with self.engine.begin() as c:
+            for cols, rows in by_cols.items():
+                stmt = (
+                    update(m.nodes)
+                    .where(m.nodes.c.name == bindparam("b_name"))
+                    .values({col: bindparam(col) for col in cols})
+                )
+                c.execute(stmt, rows)
+
+    def set_node(self, name: str, **values: Any) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(m.nodes).where(m.nodes.c.name == name).values(**values))
+
+    # ---- actions
+    def record_action(
+        self,
+        kind: str,
+        *,
+        node: str | None = None,
+        job_id: int | None = None,
+        reason: str | None = None,
+        rule: str | None = None,
+        requested_by: str = "policy",
+        status: str = "pending",
+        outcome: str | None = None,
+        dry_run: bool = False,
+    ) -> int:
+        ts = now()
+        with self.engine.begin() as c:
+            res = c.execute(
+                m.actions.insert().values(
+                    kind=kind,
+                    node=node,
+                    job_id=job_id,
+                    reason=reason,
+                    rule=rule,
+                    requested_by=requested_by,
+                    status=status,
+                    outcome=outcome,
+                    dry_run=dry_run,
+                    attempts=0,
+                    created_at=ts,
+                    done_at=ts if status != "pending" else None,
+                    next_attempt_at=ts,
+                )
+            )
+            pk = res.inserted_primary_key
+            assert pk is not None
+            return int(pk[0])
+
+    def actions(self, status: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        q = select(m.actions).order_by(m.actions.c.id.desc()).limit(limit)
+        if status:
+            q = q.where(m.actions.c.status == status)
+        with self.engine.connect() as c:
+            rows = [r._asdict() for r in c.execute(q)]
+        for r in rows:
+            for k in ("created_at", "done_at", "next_attempt_at"):
+                r[k] = aware(r[k])
+        return rows
+
+    def pending_actions(self) -> list[dict[str, Any]]:
+        return sorted(self.actions(status="pending"), key=lambda a: a["id"])
+
+    def update_action(self, action_id: int, **values: Any) -> None:
+        with self.engine.begin() as c:
+            c.execute(update(m.actions).where(m.actions.c.id == action_id).values(**values))
+
+    # ---- jobs
+    def upsert_job(self, job_id: int, **values: Any) -> None:
+        ts = now()
+        values = _clamped(m.jobs, values)
+        with self.engine.begin() as c:
+            exists = c.execute(select(m.jobs.c.job_id).where(m.jobs.c.job_id == job_id)).first()
+            if exists:
+                c.execute(
+                    update(m.jobs).where(m.jobs.c.job_id == job_id).values(**values, updated_at=ts)
+                )
+            else:
+                values.setdefault("babysit", {})
+                c.execute(
+                    m.jobs.insert().values(job_id=job_id, first_seen_at=ts, updated_at=ts, **values)
+                )
+
+    def jobs(self) -> list[JobRow]:
+        with self.engine.connect() as c:
+            rows = [r._asdict() for r in c.execute(select(m.jobs).order_by(m.jobs.c.job_id))]
+        for r in rows:
+            r["first_seen_at"] = aware(r["first_seen_at"])
+            r["updated_at"] = aware(r["updated_at"])
+        return [cast(JobRow, r) for r in rows]
+
+    # ---- alerts
+    def upsert_alert(self, key: str, **values: Any) -> None:
+        with self.engine.begin() as c:
+            if c.execute(select(m.alerts.c.key).where(m.alerts.c.key == key)).first():
+                c.execute(update(m.alerts).where(m.alerts.c.key == key).values(**values))
+            else:
+                c.execute(m.alerts.insert().values(key=key, **values))
+
+    def alerts(self) -> list[dict[str, Any]]:
+        with self.engine.connect() as c:
+            rows = [r._asdict() for r in c.execute(select(m.alerts))]
+        for r in rows:
+            r["severity"] = stored_severity(r["severity"])
+        return rows
+
+    # ---- kv
+    def kv_get(self, key: str, default: Any = None) -> Any:
+        with self.engine.connect() as c:
+            row = c.execute(select(m.kv.c.value).where(m.kv.c.key == key)).first()
+        return row[0] if row else default
+
+    def kv_set(self, key: str, value: Any) -> None:
+        ts = now()
+        with self.engine.begin() as c:
+            if c.execute(select(m.kv.c.key).where(m.kv.c.key == key)).first():
+                c.execute(update(m.kv).where(m.kv.c.key == key).values(value=value, updated_at=ts))
+            else:
+                c.execute(m.kv.insert().values(key=key, value=value, updated_at=ts))
+
+    # ---- retention
+    def prune(self, older_than_days: float) -> int:
+        cutoff = now() - timedelta(days=older_than_days)
+        with self.engine.begin() as c:
+            old = select(m.reports.c.report_id).where(m.reports.c.received_at < cutoff)
+            c.execute(delete(m.findings).where(m.findings.c.report_id.in_(old)))
+            res = c.execute(delete(m.reports).where(m.reports.c.received_at < cutoff))
+            return int(res.rowcount or 0)
+
+
+def _clamped(table: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """Strings cut to their column's width (Postgres refuses longer ones; SQLite would keep
+    them): job names, users and states come from users and Slurm."""
+    out = dict(values)
+    for k, v in values.items():
+        col = table.c.get(k)
+        width = col.type.length if col is not None and isinstance(col.type, String) else None
+        if isinstance(v, str) and width is not None and len(v) > width:
+            out[k] = v[:width]
+    return out

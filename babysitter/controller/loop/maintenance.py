@@ -1,0 +1,293 @@
+"""Maintenance windows: nodes an admin is working on. While a window is open babysitter neither
+drains nor pages for its nodes; Slurm holds them in a MAINT reservation (no user job starts
+there) and Alertmanager, where configured, silences alerts labelled with their names.
+
+`start` opens a window (reservation, silence, audit entry); `end` closes it early; `expire`,
+called every tick by the remediation loop, closes the windows whose deadline has passed. Each
+step that could not be done (Slurm refused the reservation, Alertmanager unreachable) is kept
+in the window's `note` and shown, never taken as done.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import httpx
+from sqlalchemy import select, update
+
+from babysitter.controller.db import audit
+from babysitter.controller.db import models as m
+from babysitter.controller.db.store import Store, aware, now
+from babysitter.slurm.client import SlurmClient, SlurmError
+
+log = logging.getLogger(__name__)
+RESERVATION_PREFIX = "babysitter_maint_"
+AM_TIMEOUT_S = 5.0
+
+
+class WindowState(StrEnum):
+    ACTIVE = "active"
+    ENDED = "ended"
+
+
+@dataclass(frozen=True)
+class Window:
+    id: int
+    nodes: tuple[str, ...]
+    hostlist: str
+    reason: str
+    created_by: str
+    starts_at: datetime
+    ends_at: datetime
+    state: WindowState
+    ended_at: datetime | None = None
+    reservation: str | None = None
+    silence_id: str | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "nodes": list(self.nodes),
+            "hostlist": self.hostlist,
+            "reason": self.reason,
+            "created_by": self.created_by,
+            "starts_at": self.starts_at.isoformat(),
+            "ends_at": self.ends_at.isoformat(),
+            "ended_at": self.ended_at.isoformat() if self.ended_at else None,
+            "state": str(self.state),
+            "reservation": self.reservation,
+            "silence_id": self.silence_id,
+            "notes": list(self.notes),
+        }
+
+
+def _window(r: dict[str, Any]) -> Window:
+    return Window(
+        id=int(r["id"]),
+        nodes=tuple(r["nodes"] or ()),
+        hostlist=r["hostlist"],
+        reason=r["reason"],
+        created_by=r["created_by"],
+        starts_at=aware(r["starts_at"]) or now(),
+        ends_at=aware(r["ends_at"]) or now(),
+        # only this module writes it; anything else reads as active (the safer way: not paged
+        # is visible on the page, a drain during maintenance is not undone)
+        state=WindowState.ENDED if r["state"] == WindowState.ENDED else WindowState.ACTIVE,
+        ended_at=aware(r["ended_at"]),
+        reservation=r["reservation"],
+        silence_id=r["silence_id"],
+        notes=tuple(n for n in (r["note"] or "").split("\n") if n),
+    )
+
+
+def windows(store: Store, active_only: bool = True, limit: int = 200) -> list[Window]:
+    t = m.maintenance_windows
+    q = select(t).order_by(t.c.id.desc()).limit(limit)
+    if active_only:
+        q = q.where(t.c.state == WindowState.ACTIVE)
+    with store.engine.connect() as c:
+        return [_window(r._asdict()) for r in c.execute(q)]
+
+
+def nodes_in_maintenance(store: Store) -> dict[str, Window]:
+    """node -> its open window (the latest, when several cover it)."""
+    out: dict[str, Window] = {}
+    for w in sorted(windows(store), key=lambda w: w.id):
+        for n in w.nodes:
+            out[n] = w
+    return out
+
+
+def reservation_name(window_id: int) -> str:
+    return f"{RESERVATION_PREFIX}{window_id}"
+
+
+class Alertmanager:
+    """Silences through Alertmanager's v2 API (`POST /api/v2/silences`, `DELETE
+    /api/v2/silence/ID`)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base = base_url.rstrip("/")
+
+    def silence(self, nodes: tuple[str, ...], until: datetime, by: str, comment: str) -> str:
+        body = {
+            "matchers": [
+                {
+                    "name": "node",
+                    "value": "|".join(re.escape(n) for n in nodes),
+                    "isRegex": True,
+                    "isEqual": True,
+                }
+            ],
+            "startsAt": now().isoformat(),
+            "endsAt": until.isoformat(),
+            "createdBy": by,
+            "comment": comment,
+        }
+        r = httpx.post(f"{self.base}/api/v2/silences", json=body, timeout=AM_TIMEOUT_S)
+        r.raise_for_status()
+        return str(r.json()["silenceID"])
+
+    def expire(self, silence_id: str) -> None:
+        r = httpx.delete(f"{self.base}/api/v2/silence/{silence_id}", timeout=AM_TIMEOUT_S)
+        if r.status_code != 404:  # already expired or deleted by someone: nothing to do
+            r.raise_for_status()
+
+
+class Maintenance:
+    def __init__(
+        self,
+        store: Store,
+        slurm: SlurmClient | None,
+        alertmanager: Alertmanager | None,
+        reservation_user: str = "root",
+    ) -> None:
+        self.store = store
+        self.slurm = slurm
+        self.am = alertmanager
+        self.reservation_user = reservation_user
+
+    def start(
+        self, nodes: list[str], hostlist: str, until: datetime, reason: str, by: str
+    ) -> Window:
+        """Open a window: the row first (so the loop stops draining/paging at once), then the
+        Slurm reservation and the Alertmanager silence, each noted if it failed."""
+        t = m.maintenance_windows
+        at = now()
+        with self.store.engine.begin() as c:
+            res = c.execute(
+                t.insert().values(
+                    nodes=sorted(set(nodes)),
+                    hostlist=hostlist,
+                    reason=reason,
+                    created_by=by,
+                    starts_at=at,
+                    ends_at=until,
+                    state=WindowState.ACTIVE,
+                )
+            )
+            pk = res.inserted_primary_key
+            assert pk is not None
+            wid = int(pk[0])
+        notes: list[str] = []
+        reservation = None
+        if self.slurm is None:
+            notes.append("no Slurm reservation: this controller has no Slurm client")
+        else:
+            minutes = max(1, math.ceil((until - at).total_seconds() / 60))
+            try:
+                self.slurm.reserve_maintenance(
+                    reservation_name(wid), sorted(set(nodes)), self.reservation_user, minutes
+                )
+                reservation = reservation_name(wid)
+            except SlurmError as exc:
+                notes.append(f"Slurm reservation failed: {exc}")
+        silence = None
+        if self.am is not None:
+            try:
+                silence = self.am.silence(
+                    tuple(sorted(set(nodes))), until, by, f"babysitter maintenance: {reason}"
+                )
+            except (httpx.HTTPError, KeyError, ValueError) as exc:
+                notes.append(f"Alertmanager silence failed: {exc}")
+        with self.store.engine.begin() as c:
+            c.execute(
+                update(t)
+                .where(t.c.id == wid)
+                .values(reservation=reservation, silence_id=silence, note="\n".join(notes) or None)
+            )
+        self._audit("maintenance_start", wid, nodes, by, reason, notes, at)
+        w = self.get(wid)
+        assert w is not None
+        return w
+
+    def get(self, wid: int) -> Window | None:
+        t = m.maintenance_windows
+        with self.store.engine.connect() as c:
+            r = c.execute(select(t).where(t.c.id == wid)).first()
+        return _window(r._asdict()) if r else None
+
+    def end(self, nodes: list[str], by: str) -> list[Window]:
+        """End the open windows covering any of `nodes`; returns them."""
+        wanted = set(nodes)
+        out = []
+        for w in windows(self.store):
+            if wanted & set(w.nodes):
+                out.append(self._close(w, by, "ended by an admin"))
+        return out
+
+    def expire(self, at: datetime | None = None) -> list[Window]:
+        """Close the windows whose deadline has passed (called every tick, one read when
+        none has); returns the windows still open."""
+        at = at or now()
+        still = []
+        for w in windows(self.store):
+            if w.ends_at <= at:
+                self._close(w, audit.Actor.MAINTENANCE, "deadline reached")
+            else:
+                still.append(w)
+        return still
+
+    def _close(self, w: Window, by: str, why: str) -> Window:
+        notes: list[str] = []
+        if w.reservation and self.slurm is not None:
+            try:
+                self.slurm.end_maintenance(w.reservation)
+            except SlurmError as exc:
+                notes.append(f"could not delete reservation {w.reservation}: {exc}")
+        if w.silence_id and self.am is not None:
+            try:
+                self.am.expire(w.silence_id)
+            except httpx.HTTPError as exc:
+                notes.append(f"could not expire silence {w.silence_id}: {exc}")
+        at = now()
+        t = m.maintenance_windows
+        with self.store.engine.begin() as c:
+            c.execute(
+                update(t)
+                .where(t.c.id == w.id)
+                .values(
+                    state=WindowState.ENDED,
+                    ended_at=at,
+                    note="\n".join([*w.notes, *notes]) or None,
+                )
+            )
+        self._audit("maintenance_end", w.id, list(w.nodes), by, why, notes, at)
+        closed = self.get(w.id)
+        assert closed is not None
+        return closed
+
+    def _audit(
+        self,
+        kind: str,
+        wid: int,
+        nodes: list[str],
+        by: str,
+        reason: str,
+        notes: list[str],
+        at: datetime,
+    ) -> None:
+        result = audit.AuditResult.FAILED if notes else audit.AuditResult.DONE
+        audit.record(
+            self.store,
+            *(
+                audit.AuditEntry(
+                    kind=kind,
+                    actor=by,
+                    result=result,
+                    node=n,
+                    rule="maintenance",
+                    reason=reason,
+                    outcome=f"window {wid}" + (": " + "; ".join(notes) if notes else ""),
+                    at=at,
+                )
+                for n in sorted(set(nodes))
+            ),
+        )

@@ -1,0 +1,225 @@
+"""Validation before a node returns (HyperPod / cluster-health-scanner style): when a drained
+node's fault clears, the policy decides `validate` instead of `resume`; this module runs
+`babysitter validate` on the node as a Slurm job and turns its outcome into the node's fate.
+
+How the job can run on a node nobody else may use: Slurm never starts a job on a DRAINED node,
+not even in a reservation (checked on 22.05). So babysitter first creates a MAINT reservation
+on the node for the admin user, then resumes the node *inside* it: only the validation job can
+start there. Pass -> the reservation is deleted and the node is back in service. Fail -> the
+node is drained again (`babysitter: validation failed: ...`) and on-call is told; after
+`validation.max_attempts` failures it waits for an admin (lemon alert).
+
+Each validation is an action of kind `validate` (status running -> done | failed, job id,
+outcome), so it shows in `/api/v1/actions`, `babysitter status` and the node history.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from babysitter.config import Config
+from babysitter.controller.db import audit
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.alerts import Alert
+from babysitter.finding import Severity
+from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNotFound, SlurmUnavailable
+
+log = logging.getLogger(__name__)
+
+KIND = "validate"
+RULE = "validate_before_resume"
+# Job states that are not a verdict yet
+UNFINISHED = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"}
+VERDICT_TAIL = 64 * 1024  # the verdict is the last JSON line of the job's output
+
+
+def reservation_name(node: str) -> str:
+    return f"babysitter_validate_{node}"
+
+
+@dataclass(frozen=True)
+class NodeValidation:
+    """What the policy needs to know about a node's validations since its last fault drain."""
+
+    state: str = ""  # "" none | running | passed | failed
+    failures: int = 0
+
+
+def summarise(actions: list[dict[str, Any]]) -> dict[str, NodeValidation]:
+    """Per node: the latest validation and the failures since the node's last policy drain
+    (actions newest first, as the store returns them)."""
+    out: dict[str, NodeValidation] = {}
+    closed: set[str] = set()
+    for a in actions:
+        node = a["node"]
+        if not node or node in closed:
+            continue
+        if a["kind"] == "drain" and a["requested_by"] == "policy" and a["status"] == "done":
+            closed.add(node)  # older validations belong to an earlier fault
+            continue
+        if a["kind"] != KIND:
+            continue
+        cur = out.get(node, NodeValidation())
+        state = cur.state or {"running": "running", "done": "passed"}.get(a["status"], "failed")
+        out[node] = NodeValidation(state, cur.failures + (a["status"] == "failed"))
+    return out
+
+
+def read_verdict(path: Path) -> dict[str, Any] | None:
+    """The last JSON object line of the job's output; bounded read, no link followed (the
+    output directory is the controller's, but the job wrote the file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - VERDICT_TAIL), os.SEEK_SET)
+        tail = os.read(fd, VERDICT_TAIL).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+    for line in reversed(tail.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                return doc
+    return None
+
+
+class Validator:
+    def __init__(self, cfg: Config, store: Store, slurm: SlurmClient) -> None:
+        self.cfg = cfg.validation
+        self.enabled = cfg.validation.enabled(cfg.policy)
+        self.store = store
+        self.slurm = slurm
+
+    def _argv(self, node: str) -> list[str]:
+        c = self.cfg
+        args = [
+            "--job-name=babysitter-validate",
+            f"--time={c.time_limit_min}",
+            f"--output={c.output_dir / f'validate-{node}-%j.out'}",
+            "--no-requeue",
+            "--exclusive",
+        ]
+        if c.partition:
+            args.append(f"--partition={c.partition}")
+        args += [a.replace("{node}", node) for a in c.sbatch_args]
+        command = [a.replace("{node}", node) for a in c.command]
+        return [*args, "--wrap", shlex.join(command)]
+
+    def start(self, node: str, reason: str, now: datetime) -> str:
+        aid = self.store.record_action(
+            KIND, node=node, reason=reason, rule=RULE, requested_by="policy", status="running"
+        )
+        try:
+            self.cfg.output_dir.mkdir(parents=True, exist_ok=True)
+            job = self.slurm.start_validation(
+                node,
+                reservation_name(node),
+                self.cfg.user,
+                self.cfg.time_limit_min + 5,
+                self._argv(node),
+            )
+        except (SlurmError, OSError) as exc:
+            outcome = f"could not start the validation job: {exc}"
+            self.store.update_action(aid, status="failed", done_at=now, outcome=outcome)
+            audit.record_actions(self.store, [aid], now)
+            log.warning("%s: %s", node, outcome)
+            return outcome
+        outcome = f"validation job {job} running on {node} (reservation {reservation_name(node)})"
+        self.store.update_action(aid, job_id=job, attempts=1, outcome=outcome)
+        log.info("%s", outcome)
+        return outcome
+
+    def poll(
+        self, now: datetime, firing: list[Alert], clearing: list[tuple[str | None, str]]
+    ) -> None:
+        """Turn finished validation jobs into resume-or-drain; called every tick."""
+        running = [a for a in self.store.actions(status="running") if a["kind"] == KIND]
+        for a in running:
+            job = a["job_id"]
+            if job is None:
+                continue
+            try:
+                state, code = self.slurm.validation_outcome(job)
+            except SlurmUnavailable:
+                return  # ask again next tick
+            except SlurmNotFound:
+                state, code = "VANISHED", ""
+            except SlurmError as exc:
+                log.warning("validation job %s: %s", job, exc)
+                continue
+            if state in UNFINISHED:
+                continue
+            self._finish(a, state, code, now, firing, clearing)
+
+    def _finish(
+        self,
+        a: dict[str, Any],
+        state: str,
+        code: str,
+        now: datetime,
+        firing: list[Alert],
+        clearing: list[tuple[str | None, str]],
+    ) -> None:
+        node, job = a["node"], a["job_id"]
+        verdict = read_verdict(self.cfg.output_dir / f"validate-{node}-{job}.out")
+        passed = state == "COMPLETED" and code.startswith("0:") and (verdict or {}).get("ok", True)
+        try:
+            self.slurm.end_validation(reservation_name(node))
+        except SlurmError as exc:
+            log.warning("%s: could not delete the validation reservation: %s", node, exc)
+        if passed:
+            self.store.update_action(
+                a["id"], status="done", done_at=now, outcome=f"passed (job {job})"
+            )
+            audit.record_actions(self.store, [a["id"]], now)
+            self.store.set_node(node, babysitter_drained=False, drain_reason=None)
+            clearing += [(node, "node_unhealthy"), (node, "validation_failed")]
+            log.info("%s passed validation job %s: back in service", node, job)
+            return
+        failures = [str(f) for f in (verdict or {}).get("failures", [])][:3]
+        detail = "; ".join(failures) or f"job {job} ended {state} exit {code or '?'}"
+        reason = f"validation failed: {detail}"
+        self.store.update_action(a["id"], status="failed", done_at=now, outcome=reason)
+        try:
+            self.slurm.drain(node, reason)
+            drained = "drained again"
+        except SlurmError as exc:
+            drained = f"could not drain: {exc}"
+        self.store.set_node(node, babysitter_drained=True, drain_reason=reason, consecutive_clean=0)
+        drain_id = self.store.record_action(
+            "drain",
+            node=node,
+            reason=reason,
+            rule=RULE,
+            requested_by="validation",
+            status="done",
+            outcome=drained,
+        )
+        audit.record_actions(self.store, [a["id"], drain_id], now)
+        firing.append(Alert(node, "validation_failed", Severity.CRITICAL, reason, drained, now))
+        total = summarise(self.store.actions(limit=5000)).get(node, NodeValidation()).failures
+        if total >= self.cfg.max_attempts:
+            firing.append(
+                Alert(
+                    node,
+                    "validation_lemon",
+                    Severity.CRITICAL,
+                    f"{node} failed validation {total} times: lemon node, needs an admin",
+                    "stays drained; no more automatic validation",
+                    now,
+                )
+            )
