@@ -35,7 +35,11 @@ class Receiver:
 
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.url = f"http://{host}:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # shutdown() waits for the loop's next poll: at the default 0.5 s, every test and
+        # demo that closes a receiver waited half a second for it
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
 
     def bodies(self, path: str) -> list[Any]:
