@@ -106,9 +106,10 @@ def _figures(unit: dict[str, Any], warm: list[dict[str, Any]], cold: dict[str, A
             "s",
             goal="<= 30 s",
             met=unit["exit"] == 0 and unit["seconds"] <= 30,
-            cpu_s=unit["cpu_s"],
             tests=unit["passed"],
-        )
+        ),
+        # the wall time follows the load of a shared machine; the CPU it costs does not
+        figure("make test-unit, CPU time of all its processes", unit["cpu_s"], "s"),
     ]
     drains = [w["first_drain_s"] for w in warm if w["ok"] and w["first_drain_s"] is not None]
     totals = [w["total_s"] for w in warm if w["ok"]]
