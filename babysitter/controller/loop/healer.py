@@ -236,41 +236,7 @@ class Healer:
             )
             return
         if not rung.automatic:
-            skipped = common["evidence"].get("skipped")
-            why = skipped or f"the {fault.klass} ladder says {rung.value}"
-            # a rung this cluster cannot run leaves the node as babysitter without
-            # self-healing would (drained, paged by its node_unhealthy alert; a human's
-            # reboot that clears the fault returns it); an inspect/rma the ladder chose, or
-            # one after a failed rung, holds it for an admin and pages on its own
-            common["evidence"]["hold"] = not skipped
-            rid = self.ledger.add(
-                node,
-                rung,
-                fault.klass,
-                fault.summary,
-                Phase.INSPECT,
-                now,
-                outcome=f"stays drained for a human: {why}",
-                **common,
-            )
-            self._record("inspect", node, f"{rung.value}: {fault.summary}", why, rid)
-            # the node's episode now (this tick must not start another one on it)
-            self.open[node] = self.ledger.history(node, limit=1)[0]
-            if skipped:
-                log.warning("%s: no automatic %s: %s", node, fault.klass, why)
-                return
-            firing.append(
-                Alert(
-                    node,
-                    "remediation_inspect",
-                    Severity.CRITICAL,
-                    f"{node} needs {'an RMA' if rung is Rung.RMA else 'hardware inspection'}: "
-                    f"{fault.summary}",
-                    f"stays drained, no automatic remediation: {why}",
-                    now,
-                    details={"fault_class": fault.klass, "rung": rung.value},
-                )
-            )
+            self._hold_for_human(node, fault, rung, now, firing, common)
             return
         rid = self.ledger.add(
             node,
@@ -284,6 +250,53 @@ class Healer:
         )
         self.open[node] = self.ledger.history(node, limit=1)[0]
         log.info("%s: %s decided for %s (ledger row %s)", node, rung.value, fault.klass, rid)
+
+    def _hold_for_human(
+        self,
+        node: str,
+        fault: Fault,
+        rung: Rung,
+        now: datetime,
+        firing: list[Alert],
+        common: dict[str, Any],
+    ) -> None:
+        """A rung no automation runs (inspect, rma, or one this cluster cannot run): the
+        node stays drained for an admin, in the ledger and, for the ladder's own choice, paged."""
+        skipped = common["evidence"].get("skipped")
+        why = skipped or f"the {fault.klass} ladder says {rung.value}"
+        # a rung this cluster cannot run leaves the node as babysitter without
+        # self-healing would (drained, paged by its node_unhealthy alert; a human's
+        # reboot that clears the fault returns it); an inspect/rma the ladder chose, or
+        # one after a failed rung, holds it for an admin and pages on its own
+        common["evidence"]["hold"] = not skipped
+        rid = self.ledger.add(
+            node,
+            rung,
+            fault.klass,
+            fault.summary,
+            Phase.INSPECT,
+            now,
+            outcome=f"stays drained for a human: {why}",
+            **common,
+        )
+        self._record("inspect", node, f"{rung.value}: {fault.summary}", why, rid)
+        # the node's episode now (this tick must not start another one on it)
+        self.open[node] = self.ledger.history(node, limit=1)[0]
+        if skipped:
+            log.warning("%s: no automatic %s: %s", node, fault.klass, why)
+            return
+        firing.append(
+            Alert(
+                node,
+                "remediation_inspect",
+                Severity.CRITICAL,
+                f"{node} needs {'an RMA' if rung is Rung.RMA else 'hardware inspection'}: "
+                f"{fault.summary}",
+                f"stays drained, no automatic remediation: {why}",
+                now,
+                details={"fault_class": fault.klass, "rung": rung.value},
+            )
+        )
 
     def _cannot(self, rung: Rung, fault: Fault) -> str:
         """Why an automatic rung cannot run on this cluster for this fault ("" when it can)."""
