@@ -168,13 +168,13 @@ def test_ib_down_under_one_leaf_is_one_incident_and_the_nodes_return_together(
         assert alert["nodes"] == LEAF1 and job in alert["details"]["jobs"]
         assert "leaf1" in alert["summary"] and str(job) in alert["summary"]
         # one drain call for the four: one action each, all settled at once by the fabric step
-        drains = [a for a in store.actions() if a["kind"] == "drain"]
-        assert sorted(a["node"] for a in drains) == LEAF1
-        assert {(a["rule"], a["requested_by"], a["status"]) for a in drains} == {
+        drains = [a for a in store.actions() if a.kind == "drain"]
+        assert sorted(a.node for a in drains) == LEAF1
+        assert {(a.rule, a.requested_by, a.status) for a in drains} == {
             ("switch_suspected", "fabric", "done")
         }
-        [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
-        assert rq["job_id"] == job and rq["node"] == ",".join(LEAF1)
+        [rq] = [a for a in store.actions() if a.kind == "requeue"]
+        assert rq.job_id == job and rq.node == ",".join(LEAF1)
         wait_for(lambda: tick(eng) is None and cl.job(job).restart_count == 1, 60, "requeued")
         assert not set(cl.job(job).nodes) & set(LEAF1)
         g = guard_view(store)
@@ -211,9 +211,9 @@ def test_ib_down_under_one_leaf_is_one_incident_and_the_nodes_return_together(
             15,
             "leaf1 nodes resumed",
         )
-        resumes = [a for a in store.actions() if a["kind"] == "resume"]
-        assert sorted(a["node"] for a in resumes) == LEAF1
-        assert {a["rule"] for a in resumes} == {"switch_recovered"}
+        resumes = [a for a in store.actions() if a.kind == "resume"]
+        assert sorted(a.node for a in resumes) == LEAF1
+        assert {a.rule for a in resumes} == {"switch_recovered"}
         assert bodies(receiver)[-1] == (None, "switch_suspected_leaf1", "resolved")
         assert not any(b[1] == "node_unhealthy" for b in bodies(receiver))
         assert guard_view(store)["switch_incidents"] == []
@@ -253,8 +253,8 @@ def test_keep_in_service_alerts_once_drains_nothing_and_moves_the_jobs(cluster, 
         assert {node_state(cluster, n)[1] for n in cluster.nodes} == {""}  # nothing drained
         assert bodies(receiver) == [(None, "switch_suspected_leaf2", "firing")]
         assert "left 4 node(s) in service" in receiver.bodies("/hook")[0]["action_taken"]
-        [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
-        assert rq["job_id"] == job and rq["node"] == ",".join(LEAF2)
+        [rq] = [a for a in store.actions() if a.kind == "requeue"]
+        assert rq.job_id == job and rq.node == ",".join(LEAF2)
     finally:
         eng.close()
 
@@ -437,7 +437,7 @@ def test_a_fault_of_its_own_on_a_node_under_a_suspected_switch_stays_a_node_faul
             send(store, "node6")
             tick(eng)
         wait_for(lambda: node_state(cluster, "node6")[0] == "idle", 15, "node6 resumed")
-        [own] = [a for a in store.actions() if a["kind"] == "resume" and a["node"] == "node6"]
-        assert own["rule"] == "fault_cleared"
+        [own] = [a for a in store.actions() if a.kind == "resume" and a.node == "node6"]
+        assert own.rule == "fault_cleared"
     finally:
         eng.close()

@@ -200,6 +200,13 @@ def test_actions_show_what_their_rule_means(client: TestClient, secrets: Secrets
     assert r.status_code == 202
     (a,) = client.get("/api/v1/actions", headers=bearer(secrets.read)).json()
     assert a["rule"] == "manual" and a["rule_description"] == Rule.MANUAL.description
+    # the API's shape of an action: every column of the actions table, plus the description
+    assert list(a) == [
+        *("id", "kind", "node", "job_id", "reason", "rule", "requested_by", "status"),
+        *("outcome", "dry_run", "attempts", "created_at", "done_at", "next_attempt_at"),
+        "rule_description",
+    ]
+    assert (a["kind"], a["status"], a["dry_run"], a["attempts"]) == ("drain", "pending", False, 0)
 
 
 @pytest.mark.parametrize(

@@ -196,14 +196,14 @@ def test_slurmctld_down_during_a_fault_storm(clean_cluster, devcluster_obj, tmp_
     for _ in range(10):
         engine.tick()
         time.sleep(0.2)
-    drains = [a for a in store.actions() if a["kind"] == "drain" and a["status"] == "done"]
-    requeues = [a for a in store.actions() if a["kind"] == "requeue" and a["status"] == "done"]
+    drains = [a for a in store.actions() if a.kind == "drain" and a.status == "done"]
+    requeues = [a for a in store.actions() if a.kind == "requeue" and a.status == "done"]
     print(
         f"\nslurmctld down {down_s} s: drains intended 3, done {len(drains)}; "
         f"requeues {len(requeues)}"
     )
-    assert sorted(a["node"] for a in drains) == ["node1", "node2", "node3"]
-    assert [a["job_id"] for a in requeues] == [job]
+    assert sorted(a.node for a in drains) == ["node1", "node2", "node3"]
+    assert [a.job_id for a in requeues] == [job]
     assert client.job(job).restart_count == 1
     store.close()
 

@@ -14,6 +14,8 @@ import pytest
 
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.db import models
+from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding
@@ -84,8 +86,8 @@ def test_fault_drains_alerts_then_resumes_after_clean_reports(clean_cluster, sto
     assert fired["node"] == "node2" and fired["state"] == "firing"
     assert "drained node2" in fired["action_taken"] and fired["what_to_do"]
     tick(eng)  # nothing new: no second drain, no second alert
-    drains = [a for a in store.actions() if a["kind"] == "drain"]
-    assert len(drains) == 1 and drains[0]["rule"] == "critical_finding"
+    drains = [a for a in store.actions() if a.kind == "drain"]
+    assert len(drains) == 1 and drains[0].rule == "critical_finding"
     assert len(receiver.bodies("/hook")) == 1
 
     send(store, "node2")
@@ -113,9 +115,7 @@ def test_admin_drained_node_is_left_alone(clean_cluster, store, receiver):
         send(store, "node3")
         tick(eng)
     assert node_state(clean_cluster, "node3") == ("drain", "admin maintenance")
-    assert not [
-        a for a in store.actions() if a["node"] == "node3" and a["kind"] in ("drain", "resume")
-    ]
+    assert not [a for a in store.actions() if a.node == "node3" and a.kind in ("drain", "resume")]
     assert receiver.bodies("/hook")[0]["condition"] == "node_unhealthy_not_ours"
 
 
@@ -136,7 +136,7 @@ def test_guard_three_of_four_fail(clean_cluster, store, receiver):
     store.record_action("guard_reset", rule="manual", requested_by="admin")
     tick(eng)
     assert store.kv_get("guard_tripped") is False
-    assert [a["status"] for a in store.actions() if a["kind"] == "guard_reset"] == ["done"]
+    assert [a.status for a in store.actions() if a.kind == "guard_reset"] == ["done"]
 
 
 def test_dry_run_changes_nothing_in_slurm(clean_cluster, store, receiver):
@@ -146,8 +146,8 @@ def test_dry_run_changes_nothing_in_slurm(clean_cluster, store, receiver):
     tick(eng)
     tick(eng)
     assert all(node_state(clean_cluster, n)[0] == "idle" for n in clean_cluster.nodes)
-    acts = [a for a in store.actions() if a["kind"] == "drain"]
-    assert len(acts) == 2 and all(a["dry_run"] and a["status"] == "done" for a in acts)
+    acts = [a for a in store.actions() if a.kind == "drain"]
+    assert len(acts) == 2 and all(a.dry_run and a.status == "done" for a in acts)
     assert any("dry-run" in b["action_taken"] for b in receiver.bodies("/hook"))
 
 
@@ -161,8 +161,8 @@ def test_slurmctld_down_then_back_drains_exactly_once(clean_cluster, devcluster_
         send(store, "node2", XID79)
         for _ in range(3):
             tick(eng)
-        pending = [a for a in store.actions() if a["kind"] == "drain"]
-        assert len(pending) == 1 and pending[0]["status"] == "pending"
+        pending = [a for a in store.actions() if a.kind == "drain"]
+        assert len(pending) == 1 and pending[0].status == "pending"
     finally:
         devcluster_obj.start_slurmctld()
     wait_for(
@@ -172,8 +172,8 @@ def test_slurmctld_down_then_back_drains_exactly_once(clean_cluster, devcluster_
     )
     for _ in range(3):
         tick(eng)
-    drains = [a for a in store.actions() if a["kind"] == "drain"]
-    assert len(drains) == 1 and drains[0]["status"] == "done"
+    drains = [a for a in store.actions() if a.kind == "drain"]
+    assert len(drains) == 1 and drains[0].status == "done"
 
 
 def test_requeue_waits_out_a_slurmctld_outage_and_runs_once(
@@ -193,16 +193,16 @@ def test_requeue_waits_out_a_slurmctld_outage_and_runs_once(
     send(store, node, XID79)
     tick(eng)  # drain; the follow-up `requeue_jobs` is recorded
     tick(eng)  # the follow-up lists the node's babysat jobs: one `requeue` action
-    [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
-    assert rq["status"] == "pending" and rq["job_id"] == job
+    [rq] = [a for a in store.actions() if a.kind == "requeue"]
+    assert rq.status == "pending" and rq.job_id == job
     devcluster_obj.stop_slurmctld()
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             tick(eng)
             time.sleep(1)
-        [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
-        assert rq["status"] == "pending" and rq["attempts"] >= 1 and "wait" in rq["outcome"]
+        [rq] = [a for a in store.actions() if a.kind == "requeue"]
+        assert rq.status == "pending" and rq.attempts >= 1 and "wait" in rq.outcome
     finally:
         devcluster_obj.start_slurmctld()
     wait_for(
@@ -212,8 +212,8 @@ def test_requeue_waits_out_a_slurmctld_outage_and_runs_once(
     )
     for _ in range(3):
         tick(eng)
-    [rq] = [a for a in store.actions() if a["kind"] == "requeue"]
-    assert rq["status"] == "done" and cl.job(job).restart_count == 1
+    [rq] = [a for a in store.actions() if a.kind == "requeue"]
+    assert rq.status == "done" and cl.job(job).restart_count == 1
     [row] = [j for j in store.jobs() if j["job_id"] == job]
     assert row["requeues"] == 1
     eng.close()
@@ -274,3 +274,29 @@ def test_job_that_requires_the_bad_node_is_not_stranded_silently(
     [a] = [b for b in receiver.bodies("/hook") if b["condition"] == f"job_unplaceable_{job}"]
     assert "requires node(s) node2" in a["summary"]
     eng.close()
+
+
+def test_an_action_row_this_version_cannot_read_is_never_carried_out(clean_cluster, store):
+    """Rows written by hand or by another version: a kind nobody here knows reads as
+    `unknown` and its pending run fails saying why; a status nobody knows reads as failed and
+    never runs. Neither drains anything."""
+    eng = engine(store, clean_cluster)
+    for n in clean_cluster.nodes:
+        send(store, n)
+    at = datetime.now(UTC)
+    row = {"reason": "x", "requested_by": "admin", "attempts": 0, "dry_run": False}
+    with store.engine.begin() as c:
+        for kind, node, status in (("power_off", "node2", "pending"), ("drain", "node3", "new")):
+            c.execute(
+                models.actions.insert().values(
+                    kind=kind, node=node, status=status, created_at=at, next_attempt_at=at, **row
+                )
+            )
+    tick(eng)
+    by_node = {a.node: a for a in store.actions()}
+    assert by_node["node2"].kind is ActionKind.UNKNOWN
+    assert by_node["node2"].status is ActionStatus.FAILED
+    assert "cannot execute unknown" in str(by_node["node2"].outcome)
+    assert by_node["node3"].status is ActionStatus.FAILED and by_node["node3"].attempts == 0
+    assert node_state(clean_cluster, "node2")[0] == "idle"
+    assert node_state(clean_cluster, "node3")[0] == "idle"

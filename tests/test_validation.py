@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.loop.policy import ClusterFacts, NodeFacts, PolicySettings, decide
 from babysitter.controller.loop.validation import NodeValidation, read_verdict, summarise
 from babysitter.devcluster.fakenvml import build
@@ -58,8 +59,8 @@ def test_no_second_job_while_one_runs_and_an_admin_after_max_attempts():
 
 
 def test_summarise_counts_failures_since_the_last_fault_drain():
-    def act(kind: str, status: str, by: str = "policy") -> dict:
-        return {"node": "n1", "kind": kind, "status": status, "requested_by": by}
+    def act(kind: str, status: str, by: str = "policy") -> Action:
+        return Action(ActionKind(kind), node="n1", status=ActionStatus(status), requested_by=by)
 
     newest_first = [
         act("validate", "running"),

@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from babysitter.controller.api.auth import Principal
 from babysitter.controller.db import audit
+from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.db.store import Store
+from babysitter.controller.loop.policy import Rule
 from babysitter.report import NODE_NAME
 
 
@@ -25,8 +27,8 @@ class DrainIn(BaseModel):
 def admin_router(store: Store, admin: Callable[[Request], Principal]) -> APIRouter:
     router = APIRouter(prefix="/api/v1")
 
-    def pending(request: Request, kind: str, **what: Any) -> dict[str, Any]:
-        aid = store.record_action(kind, rule="manual", requested_by="admin", **what)
+    def pending(request: Request, kind: ActionKind, **what: Any) -> dict[str, Any]:
+        aid = store.record_action(kind, rule=Rule.MANUAL, requested_by="admin", **what)
         node = what.get("node")
         audit.record(
             store,
@@ -37,7 +39,7 @@ def admin_router(store: Store, admin: Callable[[Request], Principal]) -> APIRout
                 node=node,
                 job_id=what.get("job_id"),
                 action_id=aid,
-                rule="manual",
+                rule=Rule.MANUAL,
                 reason=what.get("reason"),
                 evidence=audit.evidence(store, [node]).get(node, []) if node else [],
             ),
@@ -51,23 +53,23 @@ def admin_router(store: Store, admin: Callable[[Request], Principal]) -> APIRout
         name: str = Path(pattern=NODE_NAME),
         p: Principal = Depends(admin),
     ) -> dict[str, Any]:
-        return pending(request, "drain", node=name, reason=body.reason)
+        return pending(request, ActionKind.DRAIN, node=name, reason=body.reason)
 
     @router.post("/nodes/{name}/resume", status_code=202)
     def resume(
         request: Request, name: str = Path(pattern=NODE_NAME), p: Principal = Depends(admin)
     ) -> dict[str, Any]:
-        return pending(request, "resume", node=name)
+        return pending(request, ActionKind.RESUME, node=name)
 
     @router.post("/jobs/{job_id}/requeue", status_code=202)
     def requeue(
         request: Request, job_id: int = Path(gt=0, lt=2**53), p: Principal = Depends(admin)
     ) -> dict[str, Any]:
-        return pending(request, "requeue", job_id=job_id)
+        return pending(request, ActionKind.REQUEUE, job_id=job_id)
 
     @router.post("/guard/reset", status_code=202)
     def guard_reset(request: Request, p: Principal = Depends(admin)) -> dict[str, Any]:
-        return pending(request, "guard_reset")
+        return pending(request, ActionKind.GUARD_RESET)
 
     return router
 

@@ -12,8 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from babysitter.controller.api.api_admin import who
 from babysitter.controller.api.auth import Principal
 from babysitter.controller.db import audit
+from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store, now
 from babysitter.controller.loop.ledger import Ledger
+from babysitter.controller.loop.policy import Rule
 from babysitter.report import NODE_NAME
 
 
@@ -57,12 +59,12 @@ def ledger_router(
         person = who(request)
         n = ledger.clear(name, f"admin ({person})" if person else "admin", now(), why)
         aid = store.record_action(
-            "ledger_clear",
+            ActionKind.LEDGER_CLEAR,
             node=name,
             reason=why,
-            rule="manual",
+            rule=Rule.MANUAL,
             requested_by="admin",
-            status="done",
+            status=ActionStatus.DONE,
             outcome=f"cleared {n} remediation(s)",
         )
         audit.record_actions(store, [aid])

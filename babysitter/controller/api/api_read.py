@@ -55,7 +55,7 @@ def read_router(
     ) -> list[dict[str, Any]]:
         # every action says which rule caused it and what that rule means (policy.Rule)
         return [
-            {**a, "rule_description": rule_description(a["rule"])}
+            {**a.to_json(), "rule_description": rule_description(a.rule)}
             for a in store.actions(status=status)
         ]
 

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import delete, select
 
 from babysitter.controller.db import models as m
-from babysitter.controller.db.store import Store, aware, now
+from babysitter.controller.db.store import Store, aware, now, stored_action_row
 
 MAX_EVIDENCE = 20  # findings kept per entry: a node with 256 open ones is summarised
 MAX_TEXT = 2000
@@ -143,26 +143,27 @@ def record_actions(
         return []
     a = m.actions
     with store.engine.connect() as c:
-        rows = [r._asdict() for r in c.execute(select(a).where(a.c.id.in_(sorted(action_ids))))]
-    found = evidence(store, [r["node"] for r in rows if r["node"]])
+        q = select(a).where(a.c.id.in_(sorted(action_ids)))
+        rows = [stored_action_row(r._mapping) for r in c.execute(q)]
+    found = evidence(store, [r.node for r in rows if r.node])
     entries = []
     for r in rows:
-        result = _result(r["status"], bool(r["dry_run"]))
+        result = _result(r.status, r.dry_run)
         if result is None:
             continue
         entries.append(
             AuditEntry(
-                kind=r["kind"],
-                actor=actor_of(r["requested_by"]),
+                kind=r.kind,
+                actor=actor_of(r.requested_by),
                 result=result,
-                node=r["node"],
-                job_id=r["job_id"],
-                action_id=r["id"],
-                rule=r["rule"],
-                reason=r["reason"],
-                outcome=r["outcome"],
-                evidence=found.get(r["node"], []) if r["node"] else [],
-                at=at or aware(r["done_at"]) or now(),
+                node=r.node,
+                job_id=r.job_id,
+                action_id=r.id,
+                rule=r.rule,
+                reason=r.reason,
+                outcome=r.outcome,
+                evidence=found.get(r.node, []) if r.node else [],
+                at=at or r.done_at or now(),
             )
         )
     record(store, *entries)

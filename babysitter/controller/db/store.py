@@ -12,6 +12,7 @@ from typing import Any, TypedDict, cast
 
 from sqlalchemy import (
     Engine,
+    RowMapping,
     String,
     bindparam,
     create_engine,
@@ -23,6 +24,8 @@ from sqlalchemy import (
 )
 
 from babysitter.controller.db import models as m
+from babysitter.controller.db.actions import Action as Recorded
+from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.finding import Action, Finding, Severity
 from babysitter.job import BabysitSpec
 
@@ -47,6 +50,8 @@ _json = functools.partial(json.dumps, allow_nan=False)
 
 _SEVERITIES = {str(s): s for s in Severity}
 _ACTIONS = {str(a): a for a in Action}
+_KINDS = {str(k): k for k in ActionKind}
+_STATUSES = {str(s): s for s in ActionStatus}
 _unreadable_logged: set[str] = set()
 
 
@@ -70,6 +75,47 @@ def stored_action(value: object) -> Action:
         _unreadable(f"action {value!r}", Action.INSPECT)
         return Action.INSPECT
     return act
+
+
+def stored_kind(value: object) -> ActionKind:
+    """An action's kind read back from the database; an unknown one reads as UNKNOWN (logged),
+    which the executor never carries out: a pending one fails, it counts as no drain."""
+    kind = _KINDS.get(value) if isinstance(value, str) else None
+    if kind is None:
+        _unreadable(f"action kind {value!r}", ActionKind.UNKNOWN)
+        return ActionKind.UNKNOWN
+    return kind
+
+
+def stored_status(value: object) -> ActionStatus:
+    """An action's status read back; an unknown one reads as FAILED (logged), as the audit
+    log reads it: never as done, and never run again."""
+    status = _STATUSES.get(value) if isinstance(value, str) else None
+    if status is None:
+        _unreadable(f"action status {value!r}", ActionStatus.FAILED)
+        return ActionStatus.FAILED
+    return status
+
+
+def stored_action_row(r: RowMapping) -> Recorded:
+    """A row of the actions table as an `Action`: its enums read as stored_kind/stored_status
+    say, its datetimes aware."""
+    return Recorded(
+        id=int(r["id"]),
+        kind=stored_kind(r["kind"]),
+        node=r["node"],
+        job_id=r["job_id"],
+        reason=r["reason"],
+        rule=r["rule"],
+        requested_by=str(r["requested_by"]),
+        status=stored_status(r["status"]),
+        outcome=r["outcome"],
+        dry_run=bool(r["dry_run"]),
+        attempts=int(r["attempts"] or 0),
+        created_at=aware(r["created_at"]),
+        done_at=aware(r["done_at"]),
+        next_attempt_at=aware(r["next_attempt_at"]),
+    )
 
 
 def _unreadable(what: str, read_as: str) -> None:
@@ -276,53 +322,48 @@ class Store:
     # ---- actions
     def record_action(
         self,
-        kind: str,
+        kind: ActionKind,
         *,
         node: str | None = None,
         job_id: int | None = None,
         reason: str | None = None,
-        rule: str | None = None,
+        rule: str | None = None,  # a loop.policy.Rule
         requested_by: str = "policy",
-        status: str = "pending",
+        status: ActionStatus = ActionStatus.PENDING,
         outcome: str | None = None,
         dry_run: bool = False,
     ) -> int:
-        ts = now()
-        with self.engine.begin() as c:
-            res = c.execute(
-                m.actions.insert().values(
-                    kind=kind,
-                    node=node,
-                    job_id=job_id,
-                    reason=reason,
-                    rule=rule,
-                    requested_by=requested_by,
-                    status=status,
-                    outcome=outcome,
-                    dry_run=dry_run,
-                    attempts=0,
-                    created_at=ts,
-                    done_at=ts if status != "pending" else None,
-                    next_attempt_at=ts,
-                )
-            )
-            pk = res.inserted_primary_key
-            assert pk is not None
-            return int(pk[0])
+        a = Recorded(
+            kind=kind,
+            node=node,
+            job_id=job_id,
+            reason=reason,
+            rule=rule,
+            requested_by=requested_by,
+            status=status,
+            outcome=outcome,
+            dry_run=dry_run,
+        )
+        return self.record(a).id
 
-    def actions(self, status: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+    def record(self, a: Recorded) -> Recorded:
+        """Insert an action (created now; done now unless pending); returns it with its id."""
+        a = a.created(now())
+        with self.engine.begin() as c:
+            pk = c.execute(m.actions.insert().values(**a.columns())).inserted_primary_key
+            assert pk is not None
+            return a.recorded(int(pk[0]))
+
+    def actions(self, status: str | None = None, limit: int = 1000) -> list[Recorded]:
+        """Actions, newest first; `status`: an ActionStatus (another word matches none)."""
         q = select(m.actions).order_by(m.actions.c.id.desc()).limit(limit)
         if status:
-            q = q.where(m.actions.c.status == status)
+            q = q.where(m.actions.c.status == str(status))
         with self.engine.connect() as c:
-            rows = [r._asdict() for r in c.execute(q)]
-        for r in rows:
-            for k in ("created_at", "done_at", "next_attempt_at"):
-                r[k] = aware(r[k])
-        return rows
+            return [stored_action_row(r._mapping) for r in c.execute(q)]
 
-    def pending_actions(self) -> list[dict[str, Any]]:
-        return sorted(self.actions(status="pending"), key=lambda a: a["id"])
+    def pending_actions(self) -> list[Recorded]:
+        return sorted(self.actions(status=ActionStatus.PENDING), key=lambda a: a.id)
 
     def update_action(self, action_id: int, **values: Any) -> None:
         with self.engine.begin() as c:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import String, and_, bindparam, cast, false, or_, select, true, update
 
 from babysitter.controller.db import models as m
+from babysitter.controller.db.actions import Action, ActionStatus
 from babysitter.controller.db.store import Store, aware, stored_finding
 
 # larger name sets than this are read as a full pass (a long IN list costs more than a scan)
@@ -110,31 +111,44 @@ def xid_history(store: Store, since: datetime) -> dict[str, list[tuple[str, int,
     return out
 
 
-def record_actions(store: Store, actions: list[dict[str, Any]], at: datetime) -> list[int]:
-    """Insert pending actions (kind, node, reason, rule, requested_by, dry_run) in one
-    transaction; returns their ids in order."""
-    ids = []
+def record_actions(store: Store, actions: list[Action], at: datetime) -> list[Action]:
+    """Insert pending actions in one transaction; returns them recorded (with their ids), in
+    order."""
+    out = []
     with store.engine.begin() as c:
         for a in actions:
-            res = c.execute(
-                m.actions.insert().values(
-                    **a, status="pending", attempts=0, created_at=at, next_attempt_at=at
-                )
-            )
-            pk = res.inserted_primary_key
+            a = replace(a, status=ActionStatus.PENDING).created(at)
+            pk = c.execute(m.actions.insert().values(**a.columns())).inserted_primary_key
             assert pk is not None
-            ids.append(int(pk[0]))
-    return ids
+            out.append(a.recorded(int(pk[0])))
+    return out
+
+
+@dataclass(frozen=True)
+class Drained:
+    node: str
+    reason: str
+    ours: bool = True  # babysitter's to resume (an admin's manual drain is not)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of an action."""
+
+    action_id: int
+    status: ActionStatus
+    outcome: str
+    attempts: int = 1
 
 
 @dataclass
 class Settled:
     """Outcomes of a batch of drains/resumes, written in one transaction."""
 
-    drained: list[tuple[str, str]] = field(default_factory=list)  # (node, reason)
+    drained: list[Drained] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
-    actions: list[tuple[int, str, str]] = field(default_factory=list)  # (id, status, outcome)
-    follow_ups: list[dict[str, Any]] = field(default_factory=list)  # new pending actions
+    actions: list[Outcome] = field(default_factory=list)
+    follow_ups: list[Action] = field(default_factory=list)  # new pending actions
 
 
 def settle(store: Store, s: Settled, at: datetime) -> None:
@@ -145,11 +159,11 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
                 update(n)
                 .where(n.c.name == bindparam("b_name"))
                 .values(
-                    babysitter_drained=True,
+                    babysitter_drained=bindparam("b_ours"),
                     drain_reason=bindparam("b_reason"),
                     drained_at=at,
                 ),
-                [{"b_name": node, "b_reason": reason} for node, reason in s.drained],
+                [{"b_name": d.node, "b_reason": d.reason, "b_ours": d.ours} for d in s.drained],
             )
         if s.resumed:
             c.execute(
@@ -159,11 +173,8 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
                 [{"b_name": node} for node in s.resumed],
             )
         for f in s.follow_ups:
-            c.execute(
-                a.insert().values(
-                    **f, status="pending", attempts=0, created_at=at, next_attempt_at=at
-                )
-            )
+            row = replace(f, status=ActionStatus.PENDING).created(at)
+            c.execute(a.insert().values(**row.columns()))
         if s.actions:
             c.execute(
                 update(a)
@@ -172,10 +183,15 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
                     status=bindparam("b_status"),
                     outcome=bindparam("b_outcome"),
                     done_at=at,
-                    attempts=1,
+                    attempts=bindparam("b_attempts"),
                 ),
                 [
-                    {"b_id": aid, "b_status": st, "b_outcome": out[:1000]}
-                    for aid, st, out in s.actions
+                    {
+                        "b_id": o.action_id,
+                        "b_status": str(o.status),
+                        "b_outcome": o.outcome[:1000],
+                        "b_attempts": o.attempts,
+                    }
+                    for o in s.actions
                 ],
             )

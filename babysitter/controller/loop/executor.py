@@ -12,8 +12,9 @@ from functools import partial
 from typing import Any
 
 from babysitter.controller.db import audit
+from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store, aware
-from babysitter.controller.db.tickstore import Settled, settle
+from babysitter.controller.db.tickstore import Drained, Outcome, Settled, settle
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.guard import GUARD_KEY
 from babysitter.controller.loop.jobs import REQUEUE_RULE, JobTracker
@@ -24,7 +25,6 @@ from babysitter.finding import Severity
 from babysitter.slurm.client import (
     SlurmClient,
     SlurmError,
-    SlurmNotFound,
     SlurmNotOwned,
     SlurmUnavailable,
 )
@@ -57,6 +57,12 @@ def node_alert(
         clearing.append((d.node, "node_unhealthy"))
 
 
+def requeue_follow_up(node: str, reason: str) -> Action:
+    """A drain's follow-up: requeue the node's babysat jobs, an action of its own, retried
+    like any other."""
+    return Action(ActionKind.REQUEUE_JOBS, node=node, reason=reason, rule=REQUEUE_RULE)
+
+
 def first_critical(evidence: list[dict[str, Any]]) -> datetime | None:
     """When the earliest critical finding of an audit entry's evidence was observed."""
     times = []
@@ -68,6 +74,12 @@ def first_critical(evidence: list[dict[str, Any]]) -> datetime | None:
         except ValueError:
             continue
     return min((t for t in times if t is not None), default=None)
+
+
+Batch = list[tuple[Action, Decision]]
+Results = list[tuple[Action, Decision, SlurmError | None]]
+# what each kind needs to be carried out; without it the action fails
+NEEDS_NODE = frozenset({ActionKind.DRAIN, ActionKind.RESUME, ActionKind.REQUEUE_JOBS})
 
 
 class ActionExecutor:
@@ -90,9 +102,58 @@ class ActionExecutor:
         self.bounded = bounded  # runs one job's work with a time limit
         self.isolated = isolated  # the engine's per-item error boundary
         self.item_timeout_s = item_timeout_s
-        self.batch: list[tuple[dict[str, Any], Decision]] = []  # this tick's real drains/resumes
+        self.batch: Batch = []  # this tick's real drains/resumes
         self._job_listing: list[Any] | None = None  # shared by this tick's requeue_jobs actions
+        # how each kind is carried out (not in here: never executed, e.g. UNKNOWN)
+        self._runners: dict[ActionKind, Callable[[Action, datetime], str]] = {
+            ActionKind.DRAIN: self._drain,
+            ActionKind.RESUME: self._resume,
+            ActionKind.REQUEUE_JOBS: self._requeue_jobs,
+            ActionKind.REQUEUE: self._requeue,
+            ActionKind.GUARD_RESET: self._guard_reset,
+        }
 
+    # ---- completions: what a kind done in Slurm changes, written once for every path
+    @staticmethod
+    def _drained(a: Action, reason: str, s: Settled) -> None:
+        """A drain done: the node marked drained (babysitter's, unless an admin's), the
+        requeue of its babysat jobs queued, the action done."""
+        assert a.node is not None
+        s.drained.append(Drained(a.node, reason, ours=not a.manual))
+        s.follow_ups.append(requeue_follow_up(a.node, reason))
+        s.actions.append(Outcome(a.id, ActionStatus.DONE, "ok", a.attempts + 1))
+
+    @staticmethod
+    def _resumed(a: Action, s: Settled) -> None:
+        """A resume done: the node ours no more, its clean count restarted, the action done."""
+        assert a.node is not None
+        s.resumed.append(a.node)
+        s.actions.append(Outcome(a.id, ActionStatus.DONE, "ok", a.attempts + 1))
+
+    def _count(self, a: Action, status: str) -> None:
+        if a.kind is ActionKind.DRAIN and status in ("done", "failed"):
+            self.metrics.drains.labels(status).inc()
+        elif a.kind is ActionKind.RESUME and status == "done":
+            self.metrics.resumes.labels("done").inc()
+        elif a.kind is ActionKind.REQUEUE and status == "failed" and a.job_id:
+            self.metrics.requeues.labels("failed").inc()
+
+    def _slurm_error(self, a: Action, err: SlurmError, now: datetime) -> str:
+        """Record what Slurm answered instead: wait for it, not ours, or failed."""
+        if isinstance(err, SlurmUnavailable):
+            # skip the rest of this tick's Slurm calls instead of waiting out each timeout
+            self.snapshot.ok = False
+            return self._retry_later(a, now, f"waiting: {err}")
+        if isinstance(err, SlurmNotOwned):
+            self.store.update_action(a.id, status="skipped", done_at=now, outcome=str(err))
+            return "skipped"
+        self.store.update_action(
+            a.id, status="failed", done_at=now, attempts=a.attempts + 1, outcome=str(err)[:1000]
+        )
+        self._count(a, "failed")
+        return "failed"
+
+    # ---- the tick's drains and resumes, batched
     def execute_batch(
         self, now: datetime, firing: list[Alert], clearing: list[tuple[str | None, str]]
     ) -> None:
@@ -100,13 +161,29 @@ class ActionExecutor:
         which re-checks ownership of exactly its nodes first (a rack of 32 nodes failing
         alike is one lookup and one `scontrol update NodeName=a,b,...`)."""
         batch, self.batch = self.batch, []
-        groups: dict[tuple[str, str], list[tuple[dict[str, Any], Decision]]] = {}
+        if batch:
+            self.snapshot.stale = True
+        results = self._call_grouped(batch)
+        # every outcome in one transaction; item by item if that fails
+        outcomes = self.isolated("settle", lambda: self._settle_many(results, now)) or {}
+        settled = []
+        for a, d, err in results:
+            outcome = outcomes.get(a.id) or self.isolated(
+                f"action {a.kind} {d.node}", partial(self._settle, a, err, now)
+            )
+            node_alert(d, outcome or "failed", firing, clearing, now)
+            if outcome != "pending":
+                settled.append(a.id)
+        self.isolated("audit", lambda: self._audit(settled, now))
+
+    def _call_grouped(self, batch: Batch) -> Results:
+        """One Slurm call per (kind, reason) group; each action with Slurm's answer for its
+        node (None: done)."""
+        groups: dict[tuple[str, str], Batch] = {}
         for a, d in batch:
             key = (d.kind, d.reason if d.kind == "drain" else "")
             groups.setdefault(key, []).append((a, d))
-        if batch:
-            self.snapshot.stale = True
-        results: list[tuple[dict[str, Any], Decision, SlurmError | None]] = []
+        results: Results = []
         for (kind, reason), items in groups.items():
             nodes = [str(d.node) for _, d in items]
             try:
@@ -120,99 +197,48 @@ class ActionExecutor:
             for a, d in items:
                 err = res.get(str(d.node), SlurmError(f"{kind} {d.node}: no answer for it"))
                 results.append((a, d, err))
-        # every outcome in one transaction; item by item if that fails
-        outcomes = self.isolated("settle", lambda: self._settle_many(results, now)) or {}
-        settled = []
-        for a, d, err in results:
-            outcome = outcomes.get(a["id"]) or self.isolated(
-                f"action {a['kind']} {d.node}", partial(self._settle, a, err, now)
-            )
-            node_alert(d, outcome or "failed", firing, clearing, now)
-            if outcome != "pending":
-                settled.append(a["id"])
-        self.isolated("audit", lambda: self._audit(settled, now))
+        return results
 
-    def _settle_many(
-        self, results: list[tuple[dict[str, Any], Decision, SlurmError | None]], now: datetime
-    ) -> dict[int, str]:
+    def _settle_many(self, results: Results, now: datetime) -> dict[int, str]:
         """Record the outcomes of a batch of drains/resumes in one transaction (those waiting
         for Slurm are rescheduled one by one); returns action id -> status."""
-        out: dict[int, str] = {}
         s = Settled()
         for a, _, err in results:
-            aid, kind, node, reason = a["id"], a["kind"], a["node"], a.get("reason") or ""
             if isinstance(err, SlurmUnavailable):
                 continue  # _settle reschedules it
             if isinstance(err, SlurmNotOwned):
-                s.actions.append((aid, "skipped", str(err)))
-                out[aid] = "skipped"
+                s.actions.append(Outcome(a.id, ActionStatus.SKIPPED, str(err)))
             elif err is not None:
-                s.actions.append((aid, "failed", str(err)))
-                out[aid] = "failed"
-            elif kind == "drain":
-                s.drained.append((node, reason))
-                # the drain's follow-up is an action of its own, retried like any other
-                s.follow_ups.append(
-                    {
-                        "kind": "requeue_jobs",
-                        "node": node,
-                        "reason": reason,
-                        "rule": REQUEUE_RULE,
-                        "requested_by": "policy",
-                        "dry_run": False,
-                    }
-                )
-                s.actions.append((aid, "done", "ok"))
-                out[aid] = "done"
+                s.actions.append(Outcome(a.id, ActionStatus.FAILED, str(err)))
+            elif a.kind is ActionKind.DRAIN:
+                self._drained(a, a.reason or "", s)
             else:
-                s.resumed.append(node)
-                s.actions.append((aid, "done", "ok"))
-                out[aid] = "done"
+                self._resumed(a, s)
         settle(self.store, s, now)
-        self.snapshot.moved_here(s.drained, s.resumed)
+        self.snapshot.moved_here([(d.node, d.reason) for d in s.drained], s.resumed)
+        out = {o.action_id: str(o.status) for o in s.actions}
         for a, _, _ in results:
-            status = out.get(a["id"])
-            if a["kind"] == "drain" and status in ("done", "failed"):
-                self.metrics.drains.labels(status).inc()
-            elif a["kind"] == "resume" and status == "done":
-                self.metrics.resumes.labels("done").inc()
+            self._count(a, out.get(a.id, "pending"))
         return out
 
-    def _settle(self, a: dict[str, Any], err: SlurmError | None, now: datetime) -> str:
+    def _settle(self, a: Action, err: SlurmError | None, now: datetime) -> str:
         """Record the outcome of a batched drain/resume of one node; returns its status."""
-        aid, kind, node, reason = a["id"], a["kind"], a["node"], a.get("reason") or ""
-        if isinstance(err, SlurmUnavailable):
-            self.snapshot.ok = False
-            return self._retry_later(a, now, f"waiting: {err}")
-        if isinstance(err, SlurmNotOwned):
-            self.store.update_action(aid, status="skipped", done_at=now, outcome=str(err))
-            return "skipped"
         if err is not None:
-            self.store.update_action(
-                aid, status="failed", done_at=now, attempts=1, outcome=str(err)[:1000]
-            )
-            if kind == "drain":
-                self.metrics.drains.labels("failed").inc()
-            return "failed"
-        if kind == "drain":
-            self.store.set_node(node, babysitter_drained=True, drain_reason=reason, drained_at=now)
-            self.metrics.drains.labels("done").inc()
-            # the drain's follow-up is an action of its own, retried like any other
-            self.store.record_action(
-                "requeue_jobs", node=node, reason=reason, rule=REQUEUE_RULE, requested_by="policy"
-            )
+            return self._slurm_error(a, err, now)
+        s = Settled()
+        if a.kind is ActionKind.DRAIN:
+            self._drained(a, a.reason or "", s)
         else:
-            self.store.set_node(
-                node, babysitter_drained=False, drain_reason=None, consecutive_clean=0
-            )
-            self.metrics.resumes.labels("done").inc()
-        self.store.update_action(aid, status="done", done_at=now, attempts=1, outcome="ok")
+            self._resumed(a, s)
+        settle(self.store, s, now)
+        self._count(a, "done")
         return "done"
 
-    def run_pending(self, pending: list[dict[str, Any]], now: datetime) -> None:
-        due = [a for a in pending if not ((nxt := aware(a["next_attempt_at"])) and nxt > now)]
+    # ---- pending actions, one by one
+    def run_pending(self, pending: list[Action], now: datetime) -> None:
+        due = [a for a in pending if not ((nxt := a.next_attempt_at) and nxt > now)]
         # every node drained in one tick: one job listing for all of their requeue_jobs
-        nodes = [a["node"] for a in due if a["kind"] == "requeue_jobs" and a["node"]]
+        nodes = [a.node for a in due if a.kind is ActionKind.REQUEUE_JOBS and a.node]
         self._job_listing = None
         if nodes and self.snapshot.ok:
             try:
@@ -225,23 +251,22 @@ class ActionExecutor:
         finally:
             self._job_listing = None
 
-    def _retry_later(self, a: dict[str, Any], now: datetime, why: str) -> str:
-        attempts = int(a.get("attempts") or 0)
-        delay = min(30.0, 0.5 * 2**attempts)
+    def _retry_later(self, a: Action, now: datetime, why: str) -> str:
+        delay = min(30.0, 0.5 * 2**a.attempts)
         self.store.update_action(
-            a["id"],
-            attempts=attempts + 1,
+            a.id,
+            attempts=a.attempts + 1,
             outcome=why[:1000],
             next_attempt_at=now + timedelta(seconds=delay),
         )
         return "pending"
 
-    def execute(self, a: dict[str, Any], now: datetime) -> str:
+    def execute(self, a: Action, now: datetime) -> str:
         """Run one action in its own error boundary and audit it once it has settled;
         returns its new status."""
         status = self._execute_guarded(a, now)
         if status != "pending":
-            self.isolated("audit", lambda: self._audit([a["id"]], now))
+            self.isolated("audit", lambda: self._audit([a.id], now))
         return status
 
     def _audit(self, action_ids: list[int], now: datetime) -> None:
@@ -256,109 +281,113 @@ class ActionExecutor:
             if first is not None:
                 self.metrics.fault_to_drain.observe(max(0.0, (done_at - first).total_seconds()))
 
-    def _execute_guarded(self, a: dict[str, Any], now: datetime) -> str:
+    def _execute_guarded(self, a: Action, now: datetime) -> str:
         try:
             return self._execute_one(a, now)
         except Exception as exc:  # a bug or a hostile input: recorded on this action only
-            log.exception("action %s (%s) failed", a["id"], a["kind"])
+            log.exception("action %s (%s) failed", a.id, a.kind)
             self.metrics.loop_errors.labels("action").inc()
             try:
                 self.store.update_action(
-                    a["id"],
+                    a.id,
                     status="failed",
                     done_at=now,
-                    attempts=int(a.get("attempts") or 0) + 1,
+                    attempts=a.attempts + 1,
                     outcome=f"error: {type(exc).__name__}: {str(exc)[:500]}",
                 )
             except Exception:
-                log.exception("cannot record the failure of action %s", a["id"])
+                log.exception("cannot record the failure of action %s", a.id)
             return "failed"
 
-    def _execute_one(self, a: dict[str, Any], now: datetime) -> str:
-        aid, kind, node, job_id = a["id"], a["kind"], a["node"], a["job_id"]
-        reason = a.get("reason") or ""
-        dry_run = bool(a.get("dry_run"))
-        attempts = int(a.get("attempts") or 0)
-        if not dry_run and not self.snapshot.ok and kind != "guard_reset":
+    def _execute_one(self, a: Action, now: datetime) -> str:
+        if not a.dry_run and not self.snapshot.ok and a.kind is not ActionKind.GUARD_RESET:
             # Slurm unreachable in this tick: keep it for the retry loop
             return self._retry_later(a, now, "waiting for Slurm")
-        if dry_run:
-            self.store.update_action(
-                aid, status="done", done_at=now, outcome="dry-run: no Slurm change"
-            )
-            if kind == "drain" and node:
-                self.store.set_node(
-                    node, babysitter_drained=True, drain_reason=reason, drained_at=now
-                )
-            elif kind == "resume" and node:
-                self.store.set_node(node, babysitter_drained=False, drain_reason=None)
-            return "done"
-        status, outcome = "done", "ok"
-        if kind in ("drain", "resume"):
+        if a.dry_run:
+            return self._dry_run(a, now)
+        if a.kind in (ActionKind.DRAIN, ActionKind.RESUME):
             self.snapshot.stale = True
+        run = self._runners.get(a.kind)
         try:
-            if kind == "drain" and node:
-                manual = a.get("rule") == "manual"
-                if manual:
-                    reason = f"{MANUAL_MARK} {reason}"  # the admin's: never resumed by policy
-                self.slurm.drain(node, reason)
-                self.store.set_node(
-                    node, babysitter_drained=not manual, drain_reason=reason, drained_at=now
-                )
-                self.metrics.drains.labels("done").inc()
-                # the drain's follow-up is an action of its own, retried like any other
-                self.store.record_action(
-                    "requeue_jobs",
-                    node=node,
-                    reason=reason,
-                    rule=REQUEUE_RULE,
-                    requested_by="policy",
-                )
-            elif kind == "resume" and node:
-                self.slurm.resume(node)
-                self.store.set_node(
-                    node, babysitter_drained=False, drain_reason=None, consecutive_clean=0
-                )
-                self.metrics.resumes.labels("done").inc()
-            elif kind == "requeue_jobs" and node:
-                ids = self.jobs.babysat_on(node, self._job_listing)
-                queued = [i for i in ids if self.jobs.record_requeue(i, [node], reason)]
-                outcome = (
-                    f"queued requeue of babysat job(s) {', '.join(map(str, queued))}"
-                    if queued
-                    else "no babysat job to requeue"
-                )
-            elif kind == "requeue" and job_id and a.get("rule") == REQUEUE_RULE:
-                bad = [n for n in (node or "").split(",") if n]
-                status, outcome = self.bounded(
-                    lambda: self.jobs.execute_requeue(job_id, bad, reason, now),
-                    self.item_timeout_s,
-                    key=f"job {job_id}",
-                )
-            elif kind == "requeue" and job_id:
-                self.slurm.requeue(job_id)
-                self.metrics.requeues.labels("done").inc()
-            elif kind == "guard_reset":
-                self.store.kv_set(GUARD_KEY, False)
-            else:
-                raise SlurmError(f"cannot execute {kind} without its target")
-        except SlurmUnavailable as exc:
-            # skip the rest of this tick's Slurm calls instead of waiting out each timeout
-            self.snapshot.ok = False
-            return self._retry_later(a, now, f"waiting: {exc}")
-        except SlurmNotOwned as exc:
-            self.store.update_action(aid, status="skipped", done_at=now, outcome=str(exc))
-            return "skipped"
-        except (SlurmNotFound, SlurmError) as exc:
-            self.store.update_action(
-                aid, status="failed", done_at=now, outcome=str(exc), attempts=attempts + 1
-            )
-            if kind == "drain":
-                self.metrics.drains.labels("failed").inc()
-            if kind == "requeue" and job_id:
-                self.metrics.requeues.labels("failed").inc()
-            return "failed"
+            if run is None or not self._has_target(a):
+                raise SlurmError(f"cannot execute {a.kind} without its target")
+            return run(a, now)
+        except SlurmError as exc:
+            return self._slurm_error(a, exc, now)
+
+    @staticmethod
+    def _has_target(a: Action) -> bool:
+        if a.kind in NEEDS_NODE:
+            return bool(a.node)
+        return bool(a.job_id) if a.kind is ActionKind.REQUEUE else True
+
+    def _dry_run(self, a: Action, now: datetime) -> str:
+        """A dry-run drain/resume changes only babysitter's own view of the node."""
         self.store.update_action(
-            aid, status=status, done_at=now, attempts=attempts + 1, outcome=outcome[:1000]
+            a.id, status="done", done_at=now, outcome="dry-run: no Slurm change"
+        )
+        if a.kind is ActionKind.DRAIN and a.node:
+            self.store.set_node(
+                a.node, babysitter_drained=True, drain_reason=a.reason or "", drained_at=now
+            )
+        elif a.kind is ActionKind.RESUME and a.node:
+            self.store.set_node(a.node, babysitter_drained=False, drain_reason=None)
+        return "done"
+
+    def _done(self, a: Action, status: str, outcome: str, now: datetime) -> str:
+        self.store.update_action(
+            a.id, status=status, done_at=now, attempts=a.attempts + 1, outcome=outcome[:1000]
         )
         return status
+
+    # ---- one runner per kind: carry it out, then record its completion
+    def _drain(self, a: Action, now: datetime) -> str:
+        assert a.node is not None
+        reason = a.reason or ""
+        if a.manual:
+            reason = f"{MANUAL_MARK} {reason}"  # the admin's: never resumed by policy
+        self.slurm.drain(a.node, reason)
+        s = Settled()
+        self._drained(a, reason, s)
+        settle(self.store, s, now)
+        self._count(a, "done")
+        return "done"
+
+    def _resume(self, a: Action, now: datetime) -> str:
+        assert a.node is not None
+        self.slurm.resume(a.node)
+        s = Settled()
+        self._resumed(a, s)
+        settle(self.store, s, now)
+        self._count(a, "done")
+        return "done"
+
+    def _requeue_jobs(self, a: Action, now: datetime) -> str:
+        assert a.node is not None
+        ids = self.jobs.babysat_on(a.node, self._job_listing)
+        queued = [i for i in ids if self.jobs.record_requeue(i, [a.node], a.reason or "")]
+        outcome = (
+            f"queued requeue of babysat job(s) {', '.join(map(str, queued))}"
+            if queued
+            else "no babysat job to requeue"
+        )
+        return self._done(a, "done", outcome, now)
+
+    def _requeue(self, a: Action, now: datetime) -> str:
+        job_id = a.job_id
+        assert job_id is not None
+        if a.rule == REQUEUE_RULE:  # a babysat job: from its checkpoint, with its limits
+            bad = [n for n in (a.node or "").split(",") if n]
+            status, outcome = self.bounded(
+                lambda: self.jobs.execute_requeue(job_id, bad, a.reason or "", now),
+                self.item_timeout_s,
+                key=f"job {job_id}",
+            )
+            return self._done(a, status, outcome, now)
+        self.slurm.requeue(job_id)
+        self.metrics.requeues.labels("done").inc()
+        return self._done(a, "done", "ok", now)
+
+    def _guard_reset(self, a: Action, now: datetime) -> str:
+        self.store.kv_set(GUARD_KEY, False)
+        return self._done(a, "done", "ok", now)

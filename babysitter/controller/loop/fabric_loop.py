@@ -27,6 +27,7 @@ from prometheus_client import Gauge
 
 from babysitter.config import Config
 from babysitter.controller.db import audit
+from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.blast import CLUSTER, BlastGate, BlastSettings, Scope, ScopeCounts
@@ -49,6 +50,7 @@ from babysitter.controller.loop.policy import (
     NodeFacts,
     PolicyResult,
     PolicySettings,
+    Rule,
     drain_worthy,
     facts_verdict,
 )
@@ -62,6 +64,16 @@ INCIDENTS_KEY = "fabric_incidents"
 CAP_CONDITION = "blast_radius_cap"
 RETRY_S = 5.0  # a switch's drain/resume that Slurm could not take is tried again after this
 TOPOLOGY_RETRY_S = 30.0  # a topology read that failed is tried again after this
+
+
+SUSPECTED, RECOVERED = Rule.SWITCH_SUSPECTED, Rule.SWITCH_RECOVERED
+
+
+def status_of(err: SlurmError | None) -> ActionStatus:
+    """What became of one node's drain/resume in a switch's batch."""
+    if err is None:
+        return ActionStatus.DONE
+    return ActionStatus.SKIPPED if isinstance(err, SlurmNotOwned) else ActionStatus.FAILED
 
 
 def switch_condition(switch: str) -> str:
@@ -406,7 +418,9 @@ class FabricStep:
             if self.policy.dry_run:
                 for n in todo:
                     refused.add(n)
-                    self._record("drain", n, reason, "switch_suspected", "done", "dry-run", True)
+                    self._record(
+                        ActionKind.DRAIN, n, reason, SUSPECTED, ActionStatus.DONE, "dry-run", True
+                    )
                 continue
             try:
                 res = self.slurm.drain_many(todo, reason)
@@ -420,12 +434,8 @@ class FabricStep:
                     continue
                 if err is not None:
                     refused.add(n)  # someone else's drain, or Slurm refused: not retried
-                status = (
-                    "done"
-                    if err is None
-                    else ("skipped" if isinstance(err, SlurmNotOwned) else "failed")
-                )
-                self._record("drain", n, reason, "switch_suspected", status, str(err or "ok"))
+                status = status_of(err)
+                self._record(ActionKind.DRAIN, n, reason, SUSPECTED, status, str(err or "ok"))
             if done:
                 self.store.update_nodes(
                     {
@@ -452,7 +462,9 @@ class FabricStep:
             return True
         if self.policy.dry_run:
             for n in held:
-                self._record("resume", n, reason, "switch_recovered", "done", "dry-run", True)
+                self._record(
+                    ActionKind.RESUME, n, reason, RECOVERED, ActionStatus.DONE, "dry-run", True
+                )
             return True
         if not self.snapshot.ok:
             return False
@@ -465,12 +477,7 @@ class FabricStep:
         done = [n for n in held if res.get(n) is None]
         for n in held:
             err = res.get(n)
-            status = (
-                "done"
-                if err is None
-                else ("skipped" if isinstance(err, SlurmNotOwned) else "failed")
-            )
-            self._record("resume", n, reason, "switch_recovered", status, str(err or "ok"))
+            self._record(ActionKind.RESUME, n, reason, RECOVERED, status_of(err), str(err or "ok"))
         if done:
             self.store.update_nodes(
                 {
@@ -483,11 +490,11 @@ class FabricStep:
 
     def _record(
         self,
-        kind: str,
+        kind: ActionKind,
         node: str,
         reason: str,
-        rule: str,
-        status: str,
+        rule: Rule,
+        status: ActionStatus,
         outcome: str,
         dry_run: bool = False,
     ) -> None:
@@ -522,7 +529,7 @@ class FabricStep:
                             actor=str(audit.Actor.POLICY),
                             result=audit.AuditResult.SKIPPED,
                             node=n,
-                            rule="blast_radius_cap",
+                            rule=Rule.BLAST_RADIUS_CAP,
                             outcome=f"held by the node-drain cap: {held[n].reason}",
                             evidence=audit.evidence(self.store, [n]).get(n, []),
                             at=now,

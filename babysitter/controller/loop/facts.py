@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from babysitter.config import Config
+from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import perf_metrics, policy_rows, xid_history
 from babysitter.controller.loop.alerts import AlertRouter
@@ -80,14 +81,17 @@ class FactGatherer:
         self.isolated("perfs", self._read_perfs)
         actions = self.store.actions(limit=5000)
         pending_drains = {
-            a["node"] for a in actions if a["status"] == "pending" and a["kind"] == "drain"
+            a.node
+            for a in actions
+            if a.status is ActionStatus.PENDING and a.kind is ActionKind.DRAIN and a.node
         }
         drains_by_node: dict[str, list[datetime]] = {}
         drains_last_hour = 0
         for a in actions:
-            if a["kind"] == "drain" and a["status"] == "done" and a["requested_by"] == "policy":
-                when = a["done_at"] or a["created_at"]
-                drains_by_node.setdefault(a["node"], []).append(when)
+            if a.is_policy_drain_done and a.node:
+                when = a.done_at or a.created_at
+                assert when is not None
+                drains_by_node.setdefault(a.node, []).append(when)
                 if now - when <= timedelta(hours=1):
                     drains_last_hour += 1
         xids = xid_history(self.store, now - self.settings.xid_window)

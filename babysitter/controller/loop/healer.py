@@ -35,14 +35,14 @@ from typing import Any
 
 from babysitter.config import Config
 from babysitter.controller.db import audit
+from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import policy_rows
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
 from babysitter.controller.loop.ledger import ACTIVE, Ledger, Phase, Remediation
-from babysitter.controller.loop.policy import HEALTHCHECK_MARK, MANUAL_MARK, Decision
+from babysitter.controller.loop.policy import HEALTHCHECK_MARK, MANUAL_MARK, Decision, Rule
 from babysitter.controller.loop.snapshot import SlurmSnapshot
-from babysitter.controller.loop.validation import KIND as VALIDATE_KIND
 from babysitter.controller.loop.validation import Validator, reservation_name
 from babysitter.finding import Action, Finding, Severity
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNode, SlurmUnavailable
@@ -279,7 +279,7 @@ class Healer:
             outcome=f"stays drained for a human: {why}",
             **common,
         )
-        self._record("inspect", node, f"{rung.value}: {fault.summary}", why, rid)
+        self._record(ActionKind.INSPECT, node, f"{rung.value}: {fault.summary}", why, rid)
         # the node's episode now (this tick must not start another one on it)
         self.open[node] = self.ledger.history(node, limit=1)[0]
         if skipped:
@@ -373,7 +373,7 @@ class Healer:
             done = "drained with a lemon reason"
         except SlurmError as exc:
             done = f"could not set the lemon reason: {exc}"
-        self._record("lemon", node, why, done, rid)
+        self._record(ActionKind.LEMON, node, why, done, rid)
         self.open[node] = self.ledger.history(node, limit=1)[0]
         log.warning("%s: %s", node, why)
 
@@ -425,7 +425,7 @@ class Healer:
             boot_time_before=sn.boot_time if sn else "",
             boot_id_before=boot_id,
         )
-        self._record("reboot", rem.node, reason, "scontrol reboot ASAP issued", rem.id)
+        self._record(ActionKind.REBOOT, rem.node, reason, "scontrol reboot ASAP issued", rem.id)
         log.info("%s: reboot issued (%s)", rem.node, rem.fault)
 
     def _order_reset(self, rem: Remediation, now: datetime) -> None:
@@ -442,7 +442,7 @@ class Healer:
             issued_at=now.isoformat(),
         )
         self._record(
-            "reset_gpu",
+            ActionKind.RESET_GPU,
             rem.node,
             f"reset_gpu: {rem.fault}",
             f"ordered from the agent ({target})",
@@ -469,7 +469,7 @@ class Healer:
                 reset_done_at=now.isoformat(),
                 reset_duration_s=got.get("duration_s"),
             )
-            self._record("reset_gpu", rem.node, f"reset_gpu: {rem.fault}", message, rem.id)
+            self._record(ActionKind.RESET_GPU, rem.node, f"reset_gpu: {rem.fault}", message, rem.id)
             self._validate(rem, now, f"after GPU reset: {rem.fault}", firing)
             return
         issued = datetime.fromisoformat(ev["issued_at"])
@@ -558,7 +558,14 @@ class Healer:
         if (now - issued).total_seconds() > self.cfg.reboot_timeout_s:
             why = f"not back {self.cfg.reboot_timeout_s:g} s after its reboot"
             self.ledger.move(rem, Phase.TIMED_OUT, now, why)
-            self._record("reboot", rem.node, why, "paged; stays drained", rem.id, status="failed")
+            self._record(
+                ActionKind.REBOOT,
+                rem.node,
+                why,
+                "paged; stays drained",
+                rem.id,
+                status=ActionStatus.FAILED,
+            )
             firing.append(
                 Alert(
                     rem.node,
@@ -571,9 +578,9 @@ class Healer:
             )
 
     def _validation_action(self, node: str) -> int | None:
-        for a in self.store.actions(status="running", limit=200):
-            if a["kind"] == VALIDATE_KIND and a["node"] == node:
-                return int(a["id"])
+        for a in self.store.actions(status=ActionStatus.RUNNING, limit=200):
+            if a.kind is ActionKind.VALIDATE and a.node == node:
+                return a.id
         return None
 
     def _validating(
@@ -584,15 +591,15 @@ class Healer:
         clearing: list[tuple[str | None, str]],
     ) -> None:
         aid = rem.evidence.get("validation_action")
-        action = next((a for a in self.store.actions(limit=500) if a["id"] == aid), None)
-        if action is None or action["status"] == "running":
+        action = next((a for a in self.store.actions(limit=500) if a.id == aid), None)
+        if action is None or action.status is ActionStatus.RUNNING:
             return
-        if action["status"] == "done":
+        if action.status is ActionStatus.DONE:
             self.ledger.move(
                 rem,
                 Phase.PASSED,
                 now,
-                f"validated and back in service: {action['outcome']}",
+                f"validated and back in service: {action.outcome}",
                 resumed_at=now.isoformat(),
             )
             clearing.append((rem.node, "remediation_timeout"))
@@ -600,7 +607,7 @@ class Healer:
             return
         # the validator drained it already, with `validation failed: ...` (this tick's Slurm
         # snapshot predates that drain: it must not be drained again over that reason)
-        self._fail(rem, now, str(action["outcome"] or "validation failed"), firing, drained=True)
+        self._fail(rem, now, str(action.outcome or "validation failed"), firing, drained=True)
 
     def _fail(
         self, rem: Remediation, now: datetime, why: str, firing: list[Alert], drained: bool = False
@@ -620,7 +627,9 @@ class Healer:
         self.ledger.move(rem, Phase.FAILED, now, why)
         self.ledger.close(rem, now, why)
         self.open.pop(rem.node, None)
-        self._record(rem.rung.value, rem.node, rem.fault, why, rem.id, status="failed")
+        self._record(
+            ActionKind(rem.rung.value), rem.node, rem.fault, why, rem.id, status=ActionStatus.FAILED
+        )
         action = Action(rem.evidence.get("action") or Action.REBOOT.value)
         nxt = self.ladder.after(rem.fault_class, action, rem.rung)
         fault = Fault(
@@ -634,7 +643,13 @@ class Healer:
         self._climb(rem.node, fault, nxt, now, firing)
 
     def _record(
-        self, kind: str, node: str, reason: str, outcome: str, rid: int, status: str = "done"
+        self,
+        kind: ActionKind,
+        node: str,
+        reason: str,
+        outcome: str,
+        rid: int,
+        status: ActionStatus = ActionStatus.DONE,
     ) -> None:
         """Every healer action in the actions log and the audit log too (who, why, on what
         evidence, what became of it)."""
@@ -642,7 +657,7 @@ class Healer:
             kind,
             node=node,
             reason=reason[:1000],
-            rule="remediation",
+            rule=Rule.REMEDIATION,
             requested_by="policy",
             status=status,
             outcome=f"{outcome} (ledger row {rid})"[:1000],

@@ -24,6 +24,7 @@ from typing import Protocol, TypeVar
 
 from babysitter.checkpoints import owner as ckpt_owner
 from babysitter.config import Config
+from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import HistoryEntry, JobRow, Store
 from babysitter.controller.loop.alerts import Alert, AlertRouter
 from babysitter.controller.loop.metrics import ControllerMetrics
@@ -231,11 +232,11 @@ class JobTracker:
 
     def record_requeue(self, job_id: int, bad_nodes: list[str], why: str) -> int | None:
         """Queue a requeue action (once: not while one for this job is pending)."""
-        for a in self.store.actions(status="pending", limit=5000):
-            if a["kind"] == "requeue" and a["job_id"] == job_id:
+        for a in self.store.actions(status=ActionStatus.PENDING, limit=5000):
+            if a.kind is ActionKind.REQUEUE and a.job_id == job_id:
                 return None
         return self.store.record_action(
-            "requeue",
+            ActionKind.REQUEUE,
             node=",".join(bad_nodes)[:255] if bad_nodes else None,
             job_id=job_id,
             reason=why,

@@ -32,7 +32,8 @@ from typing import Any, TypeVar
 
 from babysitter.config import Config
 from babysitter.controller.db import audit
-from babysitter.controller.db.store import Store, aware
+from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
+from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import record_actions
 from babysitter.controller.loop.alerts import Alert, AlertRouter
 from babysitter.controller.loop.alerts.router import sinks_from_config
@@ -278,7 +279,7 @@ class RemediationEngine:
         pending actions, and poll the validation jobs. `read`: this tick took up a snapshot."""
         # actions recorded during this tick (follow-ups, admin requests) run from the next one
         pending = self.store.pending_actions()
-        due = any(not ((nxt := aware(a["next_attempt_at"])) and nxt > now) for a in pending)
+        due = any(not ((nxt := a.next_attempt_at) and nxt > now) for a in pending)
         if due and not read:
             # actions are due: they must not run against a slurmctld that went away since the
             # snapshot (only while there is work, so the steady state keeps its budget)
@@ -286,12 +287,12 @@ class RemediationEngine:
         self.executor.batch = []
         # the tick's drains/resumes are recorded in one transaction (a rack: one, not 32)
         moves = [d for d in result.decisions if d.kind in ("drain", "resume")]
-        ids = self._isolated("record actions", lambda: self._record_moves(moves, now)) or {}
+        recorded = self._isolated("record actions", lambda: self._record_moves(moves, now))
         for d in result.decisions:
             self._isolated(
                 f"decision {d.kind} {d.node or ''}",
                 lambda d=d: self._apply(  # type: ignore[misc]
-                    d, cluster, now, firing, clearing, ids.get(id(d))
+                    d, cluster, now, firing, clearing, (recorded or {}).get(id(d))
                 ),
             )
         self._isolated("batch", lambda: self.executor.execute_batch(now, firing, clearing))
@@ -318,22 +319,19 @@ class RemediationEngine:
             clearing.append((None, "guard_tripped"))
         self._isolated("alerts", lambda: self._alert(firing, clearing, now))
 
-    def _record_moves(self, moves: list[Decision], now: datetime) -> dict[int, int]:
-        """Pending actions of the tick's drain/resume decisions: id(decision) -> action id."""
+    def _record_moves(self, moves: list[Decision], now: datetime) -> dict[int, Action]:
+        """Pending actions of the tick's drain/resume decisions: id(decision) -> action."""
         if not moves:
             return {}
-        rows = [
-            {
-                "kind": d.kind,
-                "node": d.node,
-                "reason": d.reason,
-                "rule": d.rule,
-                "requested_by": "policy",
-                "dry_run": d.dry_run,
-            }
-            for d in moves
-        ]
-        return dict(zip(map(id, moves), record_actions(self.store, rows, now), strict=True))
+        recorded = record_actions(self.store, [self._action_of(d) for d in moves], now)
+        return dict(zip(map(id, moves), recorded, strict=True))
+
+    @staticmethod
+    def _action_of(d: Decision) -> Action:
+        """The pending action of a drain/resume decision."""
+        return Action(
+            ActionKind(d.kind), node=d.node, reason=d.reason, rule=d.rule, dry_run=d.dry_run
+        )
 
     def _apply(
         self,
@@ -342,56 +340,14 @@ class RemediationEngine:
         now: datetime,
         firing: list[Alert],
         clearing: list[tuple[str | None, str]],
-        aid: int | None = None,
+        action: Action | None = None,
     ) -> None:
+        """Carry out one decision: a drain/resume through the executor, the rest as alerts,
+        the breaker or a validation job."""
         if d.kind in ("drain", "resume"):
-            if aid is None:
-                aid = self.store.record_action(
-                    d.kind,
-                    node=d.node,
-                    reason=d.reason,
-                    rule=d.rule,
-                    requested_by="policy",
-                    dry_run=d.dry_run,
-                )
-            action = {
-                "id": aid,
-                "kind": d.kind,
-                "node": d.node,
-                "job_id": None,
-                "reason": d.reason,
-                "rule": d.rule,
-                "requested_by": "policy",
-                "dry_run": d.dry_run,
-                "attempts": 0,
-            }
-            if not d.dry_run and self.slurm_ok and d.node:
-                self.executor.batch.append((action, d))  # executed batched after every decision
-                return
-            node_alert(d, self.executor.execute(action, now), firing, clearing, now)
+            self._move(d, now, firing, clearing, action)
         elif d.kind == "guard_tripped":
-            if not cluster.guard_tripped:
-                self.store.kv_set(GUARD_KEY, True)
-                aid = self.store.record_action(
-                    "guard",
-                    reason=d.reason,
-                    rule=d.rule,
-                    requested_by="policy",
-                    status="done",
-                    outcome="breaker tripped: drains stopped",
-                )
-                audit.record_actions(self.store, [aid], now)
-            firing.append(
-                Alert(
-                    None,
-                    "guard_tripped",
-                    Severity.CRITICAL,
-                    d.reason,
-                    "stopped draining (resumes still allowed)",
-                    now,
-                    details=d.details,
-                )
-            )
+            self._trip_guard(d, cluster, now, firing)
         elif d.kind == "keep_alert":
             held = {
                 "node_unhealthy": "node held drained by babysitter until clean checks",
@@ -407,19 +363,68 @@ class RemediationEngine:
         elif d.kind == "resolve_alert":
             clearing.append((d.node, d.condition))
         elif d.kind == "validate" and d.node:
-            if d.dry_run:
-                vid = self.store.record_action(
-                    "validate",
-                    node=d.node,
-                    reason=d.reason,
-                    rule=d.rule,
-                    status="done",
-                    outcome="dry-run: no validation job",
-                    dry_run=True,
-                )
-                audit.record_actions(self.store, [vid], now)
-            else:
-                self.validator.start(d.node, d.reason, now)
+            self._validate(d, now)
+
+    def _move(
+        self,
+        d: Decision,
+        now: datetime,
+        firing: list[Alert],
+        clearing: list[tuple[str | None, str]],
+        action: Action | None,
+    ) -> None:
+        """A drain/resume: batched after every decision when it goes to Slurm, else (dry run,
+        Slurm away) executed now, which records or reschedules it."""
+        if action is None:
+            action = self.store.record(self._action_of(d))
+        if not d.dry_run and self.slurm_ok and d.node:
+            self.executor.batch.append((action, d))
+            return
+        node_alert(d, self.executor.execute(action, now), firing, clearing, now)
+
+    def _trip_guard(
+        self, d: Decision, cluster: ClusterFacts, now: datetime, firing: list[Alert]
+    ) -> None:
+        """The blast-radius breaker trips (recorded once, when it trips) and pages."""
+        if not cluster.guard_tripped:
+            self.store.kv_set(GUARD_KEY, True)
+            aid = self.store.record_action(
+                ActionKind.GUARD,
+                reason=d.reason,
+                rule=d.rule or None,
+                requested_by="policy",
+                status=ActionStatus.DONE,
+                outcome="breaker tripped: drains stopped",
+            )
+            audit.record_actions(self.store, [aid], now)
+        firing.append(
+            Alert(
+                None,
+                "guard_tripped",
+                Severity.CRITICAL,
+                d.reason,
+                "stopped draining (resumes still allowed)",
+                now,
+                details=d.details,
+            )
+        )
+
+    def _validate(self, d: Decision, now: datetime) -> None:
+        """A validation job before the node returns (a dry run records only that it would)."""
+        assert d.node is not None
+        if not d.dry_run:
+            self.validator.start(d.node, d.reason, now)
+            return
+        vid = self.store.record_action(
+            ActionKind.VALIDATE,
+            node=d.node,
+            reason=d.reason,
+            rule=d.rule or None,
+            status=ActionStatus.DONE,
+            outcome="dry-run: no validation job",
+            dry_run=True,
+        )
+        audit.record_actions(self.store, [vid], now)
 
     def _alert(
         self, firing: list[Alert], clearing: list[tuple[str | None, str]], now: datetime

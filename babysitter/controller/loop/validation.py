@@ -26,15 +26,17 @@ from typing import Any
 
 from babysitter.config import Config
 from babysitter.controller.db import audit
+from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.alerts import Alert
+from babysitter.controller.loop.policy import Rule
 from babysitter.finding import Severity
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNotFound, SlurmUnavailable
 
 log = logging.getLogger(__name__)
 
-KIND = "validate"
-RULE = "validate_before_resume"
+KIND = ActionKind.VALIDATE
+RULE = Rule.VALIDATE_BEFORE_RESUME
 # Job states that are not a verdict yet
 UNFINISHED = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"}
 VERDICT_TAIL = 64 * 1024  # the verdict is the last JSON line of the job's output
@@ -52,23 +54,23 @@ class NodeValidation:
     failures: int = 0
 
 
-def summarise(actions: list[dict[str, Any]]) -> dict[str, NodeValidation]:
+def summarise(actions: list[Action]) -> dict[str, NodeValidation]:
     """Per node: the latest validation and the failures since the node's last policy drain
     (actions newest first, as the store returns them)."""
     out: dict[str, NodeValidation] = {}
     closed: set[str] = set()
     for a in actions:
-        node = a["node"]
+        node = a.node
         if not node or node in closed:
             continue
-        if a["kind"] == "drain" and a["requested_by"] == "policy" and a["status"] == "done":
+        if a.is_policy_drain_done:
             closed.add(node)  # older validations belong to an earlier fault
             continue
-        if a["kind"] != KIND:
+        if a.kind is not KIND:
             continue
         cur = out.get(node, NodeValidation())
-        state = cur.state or {"running": "running", "done": "passed"}.get(a["status"], "failed")
-        out[node] = NodeValidation(state, cur.failures + (a["status"] == "failed"))
+        state = cur.state or {"running": "running", "done": "passed"}.get(a.status, "failed")
+        out[node] = NodeValidation(state, cur.failures + (a.status is ActionStatus.FAILED))
     return out
 
 
@@ -121,7 +123,12 @@ class Validator:
 
     def start(self, node: str, reason: str, now: datetime) -> str:
         aid = self.store.record_action(
-            KIND, node=node, reason=reason, rule=RULE, requested_by="policy", status="running"
+            KIND,
+            node=node,
+            reason=reason,
+            rule=RULE,
+            requested_by="policy",
+            status=ActionStatus.RUNNING,
         )
         try:
             self.cfg.output_dir.mkdir(parents=True, exist_ok=True)
@@ -147,9 +154,9 @@ class Validator:
         self, now: datetime, firing: list[Alert], clearing: list[tuple[str | None, str]]
     ) -> None:
         """Turn finished validation jobs into resume-or-drain; called every tick."""
-        running = [a for a in self.store.actions(status="running") if a["kind"] == KIND]
+        running = [a for a in self.store.actions(status=ActionStatus.RUNNING) if a.kind is KIND]
         for a in running:
-            job = a["job_id"]
+            job = a.job_id
             if job is None:
                 continue
             try:
@@ -167,14 +174,15 @@ class Validator:
 
     def _finish(
         self,
-        a: dict[str, Any],
+        a: Action,
         state: str,
         code: str,
         now: datetime,
         firing: list[Alert],
         clearing: list[tuple[str | None, str]],
     ) -> None:
-        node, job = a["node"], a["job_id"]
+        node, job = a.node, a.job_id
+        assert node is not None
         verdict = read_verdict(self.cfg.output_dir / f"validate-{node}-{job}.out")
         passed = state == "COMPLETED" and code.startswith("0:") and (verdict or {}).get("ok", True)
         try:
@@ -183,9 +191,9 @@ class Validator:
             log.warning("%s: could not delete the validation reservation: %s", node, exc)
         if passed:
             self.store.update_action(
-                a["id"], status="done", done_at=now, outcome=f"passed (job {job})"
+                a.id, status="done", done_at=now, outcome=f"passed (job {job})"
             )
-            audit.record_actions(self.store, [a["id"]], now)
+            audit.record_actions(self.store, [a.id], now)
             self.store.set_node(node, babysitter_drained=False, drain_reason=None)
             clearing += [(node, "node_unhealthy"), (node, "validation_failed")]
             log.info("%s passed validation job %s: back in service", node, job)
@@ -193,7 +201,7 @@ class Validator:
         failures = [str(f) for f in (verdict or {}).get("failures", [])][:3]
         detail = "; ".join(failures) or f"job {job} ended {state} exit {code or '?'}"
         reason = f"validation failed: {detail}"
-        self.store.update_action(a["id"], status="failed", done_at=now, outcome=reason)
+        self.store.update_action(a.id, status="failed", done_at=now, outcome=reason)
         try:
             self.slurm.drain(node, reason)
             drained = "drained again"
@@ -201,15 +209,15 @@ class Validator:
             drained = f"could not drain: {exc}"
         self.store.set_node(node, babysitter_drained=True, drain_reason=reason, consecutive_clean=0)
         drain_id = self.store.record_action(
-            "drain",
+            ActionKind.DRAIN,
             node=node,
             reason=reason,
             rule=RULE,
             requested_by="validation",
-            status="done",
+            status=ActionStatus.DONE,
             outcome=drained,
         )
-        audit.record_actions(self.store, [a["id"], drain_id], now)
+        audit.record_actions(self.store, [a.id, drain_id], now)
         firing.append(Alert(node, "validation_failed", Severity.CRITICAL, reason, drained, now))
         total = summarise(self.store.actions(limit=5000)).get(node, NodeValidation()).failures
         if total >= self.cfg.max_attempts:

@@ -12,6 +12,7 @@ from typing import Any
 
 from babysitter.controller.api.api_read import node_view
 from babysitter.controller.db import audit
+from babysitter.controller.db.actions import Action, ActionKind
 from babysitter.controller.db.store import JobRow, Store, now
 from babysitter.controller.loop import maintenance
 from babysitter.controller.loop.guard import guard_view
@@ -74,7 +75,7 @@ class NodePage:
     alerts: list[dict[str, Any]]
     drains_7d: int
     lemon: bool
-    validations: list[dict[str, Any]]
+    validations: list[Action]
     at: datetime = field(default_factory=now)
 
 
@@ -178,6 +179,6 @@ def node_page(store: Store, runtime_state: dict[str, Any], name: str) -> NodePag
         ),
         lemon=any(a["condition"] in LEMON_CONDITIONS for a in alerts),
         validations=[
-            a for a in store.actions(limit=2000) if a["node"] == name and a["kind"] == "validate"
+            a for a in store.actions(limit=2000) if a.node == name and a.kind is ActionKind.VALIDATE
         ][:20],
     )
