@@ -84,3 +84,40 @@ def test_lite_binding_finds_what_pynvml_finds(case, gpus, fakenvml_lib, tmp_path
     assert not got["lite"]["pynvml_loaded"]
     if case != "healthy":
         assert any(f["severity"] != "ok" for f in got["lite"]["findings"])
+
+
+LOST_MID_RUN = """
+import json, os, sys
+from pathlib import Path
+from babysitter.checks import nvml
+from babysitter.checks.all import select_checks
+from babysitter.checks.base import CheckContext, execute
+from babysitter.config import load_config
+from babysitter.devcluster.fakenvml import FakeGpus
+
+nvml.use(sys.argv[1])
+[check] = select_checks(CheckContext(load_config(), "n1"), ["gpu.memory"])
+nvml.devices()  # the list the GPU checks reuse for a few seconds (DEVICE_LIST_MAX_AGE_S)
+FakeGpus(Path(os.environ["FAKE_NVML_STATE"])).lose(3)  # falls off the bus after the listing
+print(json.dumps([(f.component, f.code) for f in execute(check).findings]))
+"""
+
+
+@pytest.mark.parametrize("binding", ["lite", "pynvml"])
+def test_a_gpu_lost_after_the_listing_is_left_to_gpu_presence(
+    binding, gpus, fakenvml_lib, tmp_path
+):
+    """A GPU that falls off the bus between the device listing and its reads: the other checks
+    skip it (gpu.presence reports it) and still report every other GPU; the check does not
+    fail as a whole (it did: the code named an exception class pynvml does not have)."""
+    env = babysitter_env(gpus, fakenvml_lib, tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", LOST_MID_RUN, binding],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    found = [tuple(f) for f in json.loads(r.stdout)]
+    assert found == [(f"gpu{i}", "memory.ok") for i in range(8) if i != 3]
