@@ -210,11 +210,17 @@ class Ingest:
             # a number past float range (1e400) parses as infinity without the spelling
             # report_problems looks for: found here, off the hot path, to name the field
             named = _unstorable_values(body)
+            if not named:
+                # the database's own text (SQL, parameters) stays in our log, not the answer
+                log.warning(
+                    "report %s from %s refused by the database: %s", report_id, body.node, exc
+                )
             raise Refused(
-                422, named or [_error((), f"the database refused it: {exc}"[:300])]
+                422, named or [_error((), "the database refused it (see the controller's log)")]
             ) from None
         except Exception as exc:
-            raise StoreUnavailable(f"store unavailable: {exc!r}") from None
+            log.warning("report %s from %s not stored: %r", report_id, body.node, exc)
+            raise StoreUnavailable(f"store unavailable ({type(exc).__name__})") from None
         self.metrics.ingest_latency.observe(time.perf_counter() - start)
         (self._new if new else self._duplicate).inc()
         if new:
