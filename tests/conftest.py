@@ -62,13 +62,15 @@ _STARTS_SLURM = re.compile(r"\b(?:SimCluster|DevCluster)\(")
 
 
 TESTS = Path(__file__).resolve().parent
+# where the helpers tests call live: tests/ and bench/ (stand-ins and measurements tests reuse)
+_HELPER_DIRS = (TESTS, TESTS.parent / "bench")
 
-# What a test's code (or a helper of tests/ it calls) does that takes it out of `unit`:
+# What a test's code (or a helper of tests/ or bench/ it calls) does that takes it out of `unit`:
 # starting a program (`process`: the controller, the agent, the CLI, Alertmanager, promtool) or
 # importing torch (`slow`: seconds of import on its own).
 _SPAWNS = frozenset(
     {"Popen", "check_output", "check_call", "getoutput", "create_subprocess_exec", "fork"}
-    | {"create_subprocess_shell", "posix_spawn", "ProcessPoolExecutor"}
+    | {"create_subprocess_shell", "posix_spawn", "ProcessPoolExecutor", "get_context"}
 )
 _HEAVY_IMPORTS = frozenset({"torch"})
 
@@ -86,13 +88,17 @@ def _code_objects(func: object) -> list[CodeType]:
 
 
 def _helpers(func: object) -> list[object]:
-    """Functions of tests/ that `func` names: module helpers, classes' methods."""
+    """Functions of tests/ and bench/ that `func` names: module helpers, classes' methods, and
+    functions of such a module named as its attributes (`sdc_cross.measure`)."""
     glb = getattr(func, "__globals__", {})
     found: list[object] = []
     for code in _code_objects(func):
-        for name in code.co_names:
-            obj = glb.get(name)
-            if obj is None or not _in_tests(obj):
+        names = code.co_names
+        objs = [glb.get(n) for n in names]
+        for mod in [o for o in objs if inspect.ismodule(o) and _in_tests(o)]:
+            objs += [getattr(mod, n, None) for n in names]
+        for obj in objs:
+            if obj is None or inspect.ismodule(obj) or not _in_tests(obj):
                 continue
             if inspect.isclass(obj):
                 for attr in vars(obj).values():
@@ -106,9 +112,10 @@ def _helpers(func: object) -> list[object]:
 
 def _in_tests(obj: object) -> bool:
     try:
-        return Path(inspect.getfile(obj)).resolve().is_relative_to(TESTS)  # type: ignore[arg-type]
+        path = Path(inspect.getfile(obj)).resolve()  # type: ignore[arg-type]
     except (TypeError, OSError):
         return False
+    return any(path.is_relative_to(d) for d in _HELPER_DIRS)
 
 
 @functools.cache  # per function: helpers are shared by many tests

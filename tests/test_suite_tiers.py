@@ -1,6 +1,6 @@
 """`make test-unit` runs only in-process tests: a test whose code starts a program, itself or
-through a helper of tests/, or imports torch, gets a tier of its own (tests/conftest.py), so the
-unit tier stays a half-minute run."""
+through a helper of tests/ or bench/, or imports torch, gets a tier of its own
+(tests/conftest.py), so the unit tier stays a half-minute run."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from bench import sdc_cross
 from tests.conftest import _code_tiers
 from tests.fixtures.controller import ControllerProcess
 
@@ -25,6 +26,10 @@ def _through_a_class_of_tests(cfg: object) -> None:
     ControllerProcess(cfg).start()  # type: ignore[arg-type]
 
 
+def _through_a_module_of_bench() -> None:
+    sdc_cross.measure(n=8)  # device processes (multiprocessing)
+
+
 def _with_torch() -> object:
     import torch
 
@@ -39,6 +44,7 @@ def test_code_that_starts_a_program_is_in_the_process_tier_even_through_helpers(
     assert _code_tiers(_start_the_cli) == {"process"}
     assert _code_tiers(_through_a_helper) == {"process"}
     assert _code_tiers(_through_a_class_of_tests) == {"process"}
+    assert _code_tiers(_through_a_module_of_bench) == {"process"}
 
 
 def test_importing_torch_is_slow_and_plain_logic_has_no_tier():
