@@ -316,7 +316,8 @@ def main() -> int:
             "injection to the agent's observed_at of the finding (None: not found)",
         },
         settings={
-            "injections": INJECTIONS,
+            "injections": injections,  # as run (python -m bench.fault_drain N M)
+            "reference_injections": ref_injections,
             "job_injections": JOB_INJECTIONS,
             "policy": POLICY,
             "agent": "defaults (fast tier 1 s, slow tiers per signal), controller loop 1 s",
