@@ -128,8 +128,15 @@ class Scontrol:
         argv = [self.prog(prog), *args]
         what = what or " ".join(argv[:3])
         try:
+            # errors="replace": a job name or path that is not UTF-8 (a path may hold any
+            # bytes) reads as U+FFFD instead of failing the listing of every job
             r = subprocess.run(
-                argv, capture_output=True, text=True, timeout=self.timeout_s, env=self.env()
+                argv,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=self.timeout_s,
+                env=self.env(),
             )
         except subprocess.TimeoutExpired:
             raise SlurmUnavailable(f"{what}: no answer within {self.timeout_s:g} s") from None
