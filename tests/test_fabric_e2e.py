@@ -175,7 +175,17 @@ def test_ib_down_under_one_leaf_is_one_incident_and_the_nodes_return_together(
         }
         [rq] = [a for a in store.actions() if a.kind == "requeue"]
         assert rq.job_id == job and rq.node == ",".join(LEAF1)
-        wait_for(lambda: tick(eng) is None and cl.job(job).restart_count == 1, 60, "requeued")
+        # requeued: once Slurm has finished the old run (COMPLETING still lists its nodes),
+        # the job is pending or running outside the leaf
+        wait_for(
+            lambda: (
+                tick(eng) is None
+                and (j := cl.job(job)).restart_count == 1
+                and "COMPLETING" not in j.states
+            ),
+            60,
+            "requeued",
+        )
         assert not set(cl.job(job).nodes) & set(LEAF1)
         g = guard_view(store)
         assert [i["switch"] for i in g["switch_incidents"]] == ["leaf1"]
