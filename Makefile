@@ -11,7 +11,8 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (1: one process, as before). The suite mostly waits on
 # daemons, so e.g. TEST_WORKERS=4 pays off on 2 cores; tests sharing one cluster fixture stay
-# on one worker. Not the default yet: a whole parallel run has not passed on a quiet machine.
+# on one worker. Not the default yet: the slurm-tier files pass on 2 workers (96 tests, two
+# targeted runs), but a whole parallel run has not passed yet.
 TEST_WORKERS ?= 1
 
 # Debian packages, per target. The demo runs on the host's Slurm 22.05 (devcluster): daemons,
