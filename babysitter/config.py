@@ -289,6 +289,16 @@ class PolicyConfig(Section):
     requeue_hung_jobs: Annotated[
         bool, Meta(description="requeue a babysat job that hangs (else only alert)")
     ] = False
+    link_requeue_grace_s: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=3600,
+            description="a node drained for a link fault (InfiniBand port down, link retrained) "
+            "is drained at once, but its babysat jobs are requeued only if the link is still down "
+            "after this long (NCCL's IB retry budget, ~30 s at its defaults); 0: requeue at once",
+        ),
+    ] = 30.0
     idle_gpu_util_percent: Annotated[
         float, Meta(ge=0, le=100, description="GPU utilisation below this counts as idle")
     ] = 5.0

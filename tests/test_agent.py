@@ -297,3 +297,36 @@ def test_an_event_source_that_cannot_start_is_a_degraded_agent_in_every_report(s
     assert "agent.degraded" in [f["code"] for f in agent.full_report()["findings"]]
     src.set_health(state(Severity.OK, "events.running"))
     assert [f["code"] for f in agent.full_report()["findings"]] == ["events.running"]
+
+
+def test_a_critical_signal_that_clears_is_reported_at_once(secrets, tmp_path):
+    """An IB port back up is shipped now, not at the next report: the controller holds a
+    babysat job's requeue on a link fault only for the grace, and must know the link is back
+    by then. A warning that clears waits for the next report as before."""
+    from babysitter.agent.daemon import Agent
+    from babysitter.checks.base import CheckResult
+    from babysitter.finding import Finding, Severity
+
+    agent = Agent(offline_agent_config(secrets, tmp_path))
+    sent: list[dict] = []
+    agent.shipper.submit = sent.append  # type: ignore[method-assign]
+
+    class Named:
+        name = "ib.ports"
+
+    def store(*findings: Finding) -> None:
+        agent._store(Named(), CheckResult("ib.ports", list(findings), 0.0))  # type: ignore[arg-type]
+
+    def port(sev: Severity, code: str) -> Finding:
+        return Finding(
+            check="ib.ports", component="ib:mlx5_0/1", severity=sev, code=code, message=code
+        )
+
+    store(port(Severity.CRITICAL, "ib.port_down"))
+    assert len(sent) == 1  # worse: at once
+    store(port(Severity.OK, "ib.ok"))
+    assert len(sent) == 2 and [f["code"] for f in sent[-1]["findings"]] == ["ib.ok"]
+    store(port(Severity.WARNING, "ib.symbol_error"))
+    assert len(sent) == 3  # worse again
+    store(port(Severity.OK, "ib.ok"))
+    assert len(sent) == 3  # a warning gone: the next report says so

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from babysitter.cli import read_cmd
 from babysitter.cli.tree import cli
 from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.runtime import Controller
 from babysitter.finding import Finding, Severity
 from babysitter.report import Report
@@ -68,3 +69,19 @@ def test_findings_jobs_and_status_show_untrusted_text_literally(cli_on_controlle
     assert HOSTILE_MESSAGE in run("findings", "node3")
     assert HOSTILE_PATH in run("jobs")
     assert HOSTILE_MESSAGE in run("status")
+
+
+def test_status_shows_a_requeue_held_for_the_link_grace(cli_on_controller):
+    """On-call sees which babysat job waits on a link fault, and until when."""
+    ctl = cli_on_controller
+    ctl.store.record_action(
+        ActionKind.REQUEUE,
+        node="node3",
+        job_id=42,
+        reason="ib.ports: ib:mlx5_0/1 is DOWN (physical Disabled)",
+        rule="job_link_grace",
+        outcome="held until 2026-11-26T08:00:30+00:00: a link fault NCCL may ride out",
+    )
+    out = run("status")
+    assert "1 pending actions" in out
+    assert "job 42 on node3: requeue held for the link grace (held until 2026-11-26T08:00:30" in out

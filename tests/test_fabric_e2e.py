@@ -451,3 +451,71 @@ def test_a_fault_of_its_own_on_a_node_under_a_suspected_switch_stays_a_node_faul
         assert own.rule == "fault_cleared"
     finally:
         eng.close()
+
+
+def _held_requeue_started(cluster, store, receiver, cl):
+    """A babysat job on partition b; its node's port goes down: drained (after the fabric
+    hold, alone under its leaf), and the job's requeue held for the link grace. Returns the
+    engine, the job, its node."""
+    job = submit(cluster, "-p", "b", "--comment=babysit=max_requeues=3")
+    wait_for(lambda: cl.job(job).running, 30, "job running")
+    node = cl.job(job).nodes[0]
+    eng = engine(store, cluster, receiver)
+    for n in cluster.nodes:
+        send(store, n)
+    send(store, node, port_down(node))
+    tick(eng)
+    tick(eng, later_s=31)  # past the fabric hold: alone, so a node fault, drained
+    assert node_state(cluster, node)[0] in ("drain", "drng")
+    tick(eng, later_s=32)  # the drain's follow-up: the requeue is held, not executed
+    [held] = [a for a in store.pending_actions() if a.kind == "requeue"]
+    assert (held.job_id, held.node, held.rule) == (job, node, "job_link_grace")
+    assert "held until" in (held.outcome or "")
+    [follow_up] = [a for a in store.actions() if a.kind == "requeue_jobs"]
+    assert f"held the requeue of babysat job(s) {job}" in (follow_up.outcome or "")
+    tick(eng, later_s=40)  # still within the grace, still down: still held
+    assert cl.job(job).running and cl.job(job).restart_count == 0
+    assert [a.id for a in store.pending_actions() if a.kind == "requeue"] == [held.id]
+    return eng, job, node
+
+
+def test_ib_port_flap_within_the_link_grace_never_touches_the_babysat_job(cluster, store, receiver):
+    """Drain fast, requeue on evidence: the port is back 10 s into the 30 s grace, the node
+    resumes by the clean-report rule and the job (same id) runs on, never requeued."""
+    cl = CliSlurmClient(slurm_conf=Path(cluster.slurm_conf))
+    eng, job, node = _held_requeue_started(cluster, store, receiver, cl)
+    try:
+        for _ in range(2):  # the port is back: two clean reports resume the node
+            send(store, node)
+            tick(eng, later_s=41)
+        wait_for(lambda: node_state(cluster, node)[0] in ("alloc", "mix"), 15, "node resumed")
+        tick(eng, later_s=45)  # the held requeue looks again: released
+        [rq] = [a for a in store.actions() if a.kind == "requeue"]
+        assert rq.status == "skipped" and "link came back within the grace" in (rq.outcome or "")
+        tick(eng, later_s=80)  # long after the grace: nothing more happens to the job
+        j = cl.job(job)
+        assert j.running and j.restart_count == 0 and j.nodes == (node,)
+        assert [a.status for a in store.actions() if a.kind == "requeue"] == ["skipped"]
+        [logged] = [e for e in audit.entries(store) if e.kind == "requeue"]
+        assert logged.result is audit.AuditResult.SKIPPED
+        history = {r["job_id"]: r for r in store.jobs()}[job]["history"]
+        assert [h["event"] for h in history] == ["requeue_held", "requeue_released"]
+    finally:
+        eng.close()
+
+
+def test_ib_port_down_past_the_link_grace_requeues_the_job_without_the_node(
+    cluster, store, receiver
+):
+    cl = CliSlurmClient(slurm_conf=Path(cluster.slurm_conf))
+    eng, job, node = _held_requeue_started(cluster, store, receiver, cl)
+    try:
+        send(store, node, port_down(node))  # still down, reported fresh
+        tick(eng, later_s=63)  # past the grace (30 s from the hold at +32 s)
+        [rq] = [a for a in store.actions() if a.kind == "requeue"]
+        assert rq.status == "done" and "link still down after the grace" in (rq.outcome or "")
+        wait_for(lambda: cl.job(job).restart_count == 1, 30, "job requeued")
+        assert node in cl.job(job).excluded_nodes
+        assert node_state(cluster, node)[0] in ("drain", "drng")
+    finally:
+        eng.close()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from babysitter.controller.loop.jobs import decide_requeue, max_requeues
+from babysitter.controller.loop.link_hold import HoldFacts, decide_hold, grace_for, job_phase
+from babysitter.finding import Finding
 from tests.fixtures.slurm import wait_for
 
 
@@ -70,3 +74,85 @@ def test_a_stuck_item_is_not_restarted_and_a_full_pool_fails_fast(tmp_path):
         release.set()
         eng.close()
         store.close()
+
+
+# ---- drain fast, requeue on evidence: a requeue held for a link fault's grace
+
+
+def _finding(code: str, severity: str = "critical") -> Finding:
+    return Finding(
+        check="ib.ports",
+        component="ib:mlx5_0/1",
+        severity=severity,
+        code=code,
+        message=code,
+        action="drain",
+    )
+
+
+def test_only_a_link_fault_holds_the_requeue_and_a_zero_grace_holds_nothing():
+    down, retrained = _finding("ib.port_down"), _finding("ib.link_downed")
+    assert grace_for([down], 30) == 30
+    assert grace_for([retrained, _finding("ib.symbol_error", "warning")], 30) == 30
+    assert grace_for([down], 0) == 0  # 0: requeue at once, as before
+    # another fault beside the link, a flapping port, NVLink, or no fault at all: at once
+    assert grace_for([down, _finding("xid.79")], 30) == 0
+    assert grace_for([_finding("ib.port_flapping")], 30) == 0
+    assert grace_for([_finding("nvlink.down")], 30) == 0
+    assert grace_for([], 30) == 0
+
+
+def _facts(**kw) -> HoldFacts:
+    t0 = datetime(2026, 11, 26, 8, 0, tzinfo=UTC)
+    at = kw.pop("at_s", 10)
+    base = dict(
+        now=t0 + timedelta(seconds=at),
+        until=t0 + timedelta(seconds=30),
+        job="running",
+        job_state="RUNNING",
+        drained=True,
+        link_down=True,
+    )
+    return HoldFacts(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    ("facts", "kind", "why"),
+    [
+        # within the grace, port still down: the job is left alone
+        (dict(at_s=10), "wait", "link grace until"),
+        # the port came back and the node was resumed by the clean-report rule: never touched
+        (dict(at_s=10, drained=False, link_down=False), "release", "node resumed"),
+        # past the grace and still down: a fault the job dies of
+        (dict(at_s=30), "requeue", "still down after the grace"),
+        (dict(at_s=31, link_down=None), "requeue", "no fresh report"),
+        # the job died by itself (NCCL gave up): requeued at once, grace or not
+        (dict(at_s=5, job="failed", job_state="NODE_FAIL"), "requeue", "NODE_FAIL"),
+        (dict(at_s=5, job="ended", job_state="COMPLETED"), "release", "COMPLETED"),
+        # something else broke on the node: no reason to wait
+        (dict(at_s=5, other_fault="node1: xid.79"), "requeue", "xid.79"),
+        # link back in the grace, node not resumed yet: wait for the resume, bounded
+        (dict(at_s=40, link_down=False), "wait", "waiting for the node's resume"),
+        (dict(at_s=30 + 601, link_down=False), "release", "job left running"),
+    ],
+)
+def test_held_requeue_decision(facts, kind, why):
+    d = decide_hold(_facts(**facts))
+    assert d.kind == kind and why in d.why
+
+
+@pytest.mark.parametrize(
+    ("states", "phase"),
+    [
+        (("RUNNING",), "running"),
+        (("COMPLETING",), "running"),
+        (("FAILED",), "failed"),
+        (("NODE_FAIL",), "failed"),
+        (("COMPLETED",), "ended"),
+        (("CANCELLED",), "ended"),
+        (("PENDING",), "ended"),
+        ((), "ended"),
+    ],
+)
+def test_job_phase_of_slurm_states(states, phase):
+    assert job_phase(states) == phase

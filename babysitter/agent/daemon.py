@@ -151,10 +151,19 @@ class Agent:
         # A polled signal that just got worse (GPU lost, DBE, IB port down; a PCIe link trained
         # down) is reported now, not at the next report cycle: the node should stop taking jobs
         # at once, and a degradation should not wait another interval to be seen.
-        if any(
+        # A critical signal that cleared (an IB port back up) is reported now as well: the
+        # controller holds a babysat job's requeue on a link fault only until the grace ends,
+        # and must know by then that the link is back.
+        after = {f.key: f.severity for f in findings}
+        worse = any(
             f.severity >= Severity.WARNING and f.severity > before.get(f.key, Severity.OK)
             for f in findings
-        ):
+        )
+        cleared = any(
+            sev >= Severity.CRITICAL and after.get(key, Severity.OK) < Severity.CRITICAL
+            for key, sev in before.items()
+        )
+        if worse or cleared:
             self.shipper.submit(self.full_report())
 
     def _worker(self, check: Check, go: threading.Event) -> None:

@@ -71,6 +71,13 @@ def status(state: State, url: str | None, token: str | None, as_json: bool) -> N
             + ", ".join(f"{r['node']} {r['rung']} {r['state']}" for r in healing[:10])
         )
     lines += [f"{len(pending)} pending actions", _guard_line(guard)]
+    # a babysat job's requeue held for a link fault's grace: who waits, why, until when
+    lines += [
+        f"job {a['job_id']} on {a['node']}: requeue held for the link grace "
+        f"({a.get('outcome') or 'held'})"
+        for a in pending
+        if a.get("kind") == "requeue" and a.get("rule") == "job_link_grace"
+    ]
     lines += [
         f"maintenance: {w['hostlist']} until {w['ends_at']} ({w['reason']}, by "
         f"{w['created_by']}): not drained or paged by babysitter"

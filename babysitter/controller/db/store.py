@@ -154,8 +154,9 @@ def stored_finding(d: dict[str, Any]) -> Finding:
 class HistoryEntry(TypedDict, total=False):
     """One entry of a job's history (jobs.history, JSON): what babysitter did or hit."""
 
-    event: str  # requeue | held | error
+    event: str  # requeue | held | error | requeue_held | requeue_released
     at: str  # ISO time
+    until: str  # requeue_held: the end of the link grace (ISO time)
     restart_count: int
     why: str
     error: str

@@ -17,7 +17,8 @@ from babysitter.controller.db.store import Store, aware
 from babysitter.controller.db.tickstore import Drained, Outcome, Settled, settle
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.guard import GUARD_KEY
-from babysitter.controller.loop.jobs import REQUEUE_RULE, JobTracker
+from babysitter.controller.loop.jobs import HELD_RULE, REQUEUE_RULE, JobTracker
+from babysitter.controller.loop.link_hold import POLL_S
 from babysitter.controller.loop.metrics import ControllerMetrics
 from babysitter.controller.loop.policy import MANUAL_MARK, Decision
 from babysitter.controller.loop.snapshot import SlurmSnapshot
@@ -57,10 +58,12 @@ def node_alert(
         clearing.append((d.node, "node_unhealthy"))
 
 
-def requeue_follow_up(node: str, reason: str) -> Action:
+def requeue_follow_up(node: str, reason: str, link_fault: bool = False) -> Action:
     """A drain's follow-up: requeue the node's babysat jobs, an action of its own, retried
-    like any other."""
-    return Action(ActionKind.REQUEUE_JOBS, node=node, reason=reason, rule=REQUEUE_RULE)
+    like any other. For a drain on a link fault (decided with the findings the drain was
+    made on) its rule is the link grace: the requeues it queues are held."""
+    rule = HELD_RULE if link_fault else REQUEUE_RULE
+    return Action(ActionKind.REQUEUE_JOBS, node=node, reason=reason, rule=rule)
 
 
 def first_critical(evidence: list[dict[str, Any]]) -> datetime | None:
@@ -114,13 +117,14 @@ class ActionExecutor:
         }
 
     # ---- completions: what a kind done in Slurm changes, written once for every path
-    @staticmethod
-    def _drained(a: Action, reason: str, s: Settled) -> None:
+    def _drained(self, a: Action, reason: str, s: Settled) -> None:
         """A drain done: the node marked drained (babysitter's, unless an admin's), the
-        requeue of its babysat jobs queued, the action done."""
+        requeue of its babysat jobs queued (held when it was drained for a link fault only),
+        the action done."""
         assert a.node is not None
         s.drained.append(Drained(a.node, reason, ours=not a.manual))
-        s.follow_ups.append(requeue_follow_up(a.node, reason))
+        link = not a.manual and self.jobs.link_fault(a.node)
+        s.follow_ups.append(requeue_follow_up(a.node, reason, link))
         s.actions.append(Outcome(a.id, ActionStatus.DONE, "ok", a.attempts + 1))
 
     @staticmethod
@@ -365,19 +369,46 @@ class ActionExecutor:
     def _requeue_jobs(self, a: Action, now: datetime) -> str:
         assert a.node is not None
         ids = self.jobs.babysat_on(a.node, self._job_listing)
-        queued = [i for i in ids if self.jobs.record_requeue(i, [a.node], a.reason or "")]
-        outcome = (
-            f"queued requeue of babysat job(s) {', '.join(map(str, queued))}"
-            if queued
-            else "no babysat job to requeue"
-        )
+        # drained for a link fault: the node stays drained, its jobs' requeue waits for the
+        # evidence (the grace is read now: a config reload applies to the next hold)
+        grace = self.jobs.cfg.policy.link_requeue_grace_s if a.rule == HELD_RULE else 0.0
+        until = now + timedelta(seconds=grace) if grace else None
+        queued = [
+            i
+            for i in ids
+            if self.jobs.record_requeue(i, [a.node], a.reason or "", hold_until=until, now=now)
+        ]
+        jobs = ", ".join(map(str, queued))
+        if not queued:
+            outcome = "no babysat job to requeue"
+        elif until is not None:
+            outcome = (
+                f"held the requeue of babysat job(s) {jobs} until "
+                f"{until.isoformat(timespec='seconds')}: a link fault, requeued only if still "
+                f"down then ([policy] link_requeue_grace_s = {grace:g} s)"
+            )
+        else:
+            outcome = f"queued requeue of babysat job(s) {jobs}"
         return self._done(a, "done", outcome, now)
 
     def _requeue(self, a: Action, now: datetime) -> str:
         job_id = a.job_id
         assert job_id is not None
+        bad = [n for n in (a.node or "").split(",") if n]
+        if a.rule == HELD_RULE:  # held for a link fault's grace: requeue, release or wait
+            down = {n for n, sn in self.snapshot.nodes.items() if sn.down}
+            status, outcome = self.bounded(
+                lambda: self.jobs.execute_held(job_id, bad, a.reason or "", down, now),
+                self.item_timeout_s,
+                key=f"job {job_id}",
+            )
+            if status == "pending":  # looked at again soon; not an attempt that failed
+                self.store.update_action(
+                    a.id, outcome=outcome[:1000], next_attempt_at=now + timedelta(seconds=POLL_S)
+                )
+                return "pending"
+            return self._done(a, status, outcome, now)
         if a.rule == REQUEUE_RULE:  # a babysat job: from its checkpoint, with its limits
-            bad = [n for n in (a.node or "").split(",") if n]
             status, outcome = self.bounded(
                 lambda: self.jobs.execute_requeue(job_id, bad, a.reason or "", now),
                 self.item_timeout_s,

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Protocol, TypeVar
 
@@ -27,16 +27,27 @@ from babysitter.config import Config
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import HistoryEntry, JobRow, Store
 from babysitter.controller.loop.alerts import Alert, AlertRouter
+from babysitter.controller.loop.link_hold import (
+    DOWN_CODES,
+    LINK_CODES,
+    POLL_S,
+    HoldFacts,
+    critical,
+    decide_hold,
+    grace_for,
+    job_phase,
+)
 from babysitter.controller.loop.metrics import ControllerMetrics
 from babysitter.controller.loop.policy import Rule
 from babysitter.finding import Severity
 from babysitter.job import BabysitSpec, parse_babysit_args
-from babysitter.slurm.client import SlurmClient, SlurmError, SlurmJob, SlurmNode
+from babysitter.slurm.client import SlurmClient, SlurmError, SlurmJob, SlurmNode, SlurmNotFound
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_REQUEUES = 3
 CKPT_SETTLE_S = 10.0  # marker-less formats: files this fresh may still be being written
 REQUEUE_RULE = Rule.JOB_ON_FAILED_NODE
+HELD_RULE = Rule.JOB_LINK_GRACE  # a requeue held while a link fault may heal (link_hold.py)
 HISTORY_MAX = 50  # entries kept per job (a job failing every tick must not grow a row forever)
 HELD_REASONS = ("JobHeldAdmin", "JobHeldUser")
 T = TypeVar("T")
@@ -212,7 +223,7 @@ class JobTracker:
         max_requeues(spec)  # a bad limit is this job's error, found before any fault
         bad = sorted(down & set(j.nodes))
         if j.running and bad:
-            self.record_requeue(j.job_id, bad, f"node {', '.join(bad)} is DOWN")
+            self.record_requeue(j.job_id, bad, f"node {', '.join(bad)} is DOWN", now=now)
         elif j.running and spec.get("hang_timeout") and spec.get("ckpt"):
             self._check_hang(j, spec, now)
 
@@ -230,19 +241,126 @@ class JobTracker:
                 continue
         return out
 
-    def record_requeue(self, job_id: int, bad_nodes: list[str], why: str) -> int | None:
-        """Queue a requeue action (once: not while one for this job is pending)."""
+    def record_requeue(
+        self,
+        job_id: int,
+        bad_nodes: list[str],
+        why: str,
+        hold_until: datetime | None = None,
+        now: datetime | None = None,
+    ) -> int | None:
+        """Queue a requeue action (once: not while one for this job is pending). With
+        `hold_until`: held for a link fault's grace (link_hold.py), looked at every POLL_S; a
+        requeue without a hold asked for while one is held makes it a plain requeue, due now
+        (another fault: nothing left to wait for)."""
         for a in self.store.actions(status=ActionStatus.PENDING, limit=5000):
-            if a.kind is ActionKind.REQUEUE and a.job_id == job_id:
-                return None
-        return self.store.record_action(
+            if a.kind is not ActionKind.REQUEUE or a.job_id != job_id:
+                continue
+            if a.rule == HELD_RULE and hold_until is None:
+                nodes = sorted({*(a.node or "").split(","), *bad_nodes} - {""})
+                self.store.update_action(
+                    a.id,
+                    rule=str(REQUEUE_RULE),
+                    node=",".join(nodes)[:255] or None,
+                    reason=f"{a.reason or ''}; then {why}"[:1000],
+                    outcome="hold ended: another fault",
+                    **({"next_attempt_at": now} if now is not None else {}),
+                )
+            return None
+        aid = self.store.record_action(
             ActionKind.REQUEUE,
             node=",".join(bad_nodes)[:255] if bad_nodes else None,
             job_id=job_id,
             reason=why,
-            rule=REQUEUE_RULE,
+            rule=REQUEUE_RULE if hold_until is None else HELD_RULE,
             requested_by="policy",
         )
+        if hold_until is not None:
+            at = now or hold_until
+            self.store.update_action(
+                aid,
+                next_attempt_at=min(hold_until, at + timedelta(seconds=POLL_S)),
+                outcome=f"held until {hold_until.isoformat(timespec='seconds')}: a link fault "
+                "NCCL may ride out ([policy] link_requeue_grace_s)",
+            )
+            self._append(
+                job_id,
+                {
+                    "event": "requeue_held",
+                    "at": at.isoformat(),
+                    "until": hold_until.isoformat(),
+                    "why": why[:500],
+                },
+            )
+        return aid
+
+    # -- a requeue held for a link fault's grace (the policy: link_hold.py)
+    def link_fault(self, node: str) -> bool:
+        """`node` (being drained) has only link faults open and the link grace is on: its
+        babysat jobs' requeue is to be held."""
+        row = self.store.node(node) or {}
+        return grace_for(row.get("open_findings") or [], self.cfg.policy.link_requeue_grace_s) > 0
+
+    def _hold_until(self, job_id: int, now: datetime) -> datetime:
+        """The end of the job's grace, from its history (none recorded: over now)."""
+        for h in reversed(self._history(job_id)):
+            if h.get("event") == "requeue_held" and h.get("until"):
+                try:
+                    return datetime.fromisoformat(str(h.get("until")))
+                except ValueError:
+                    break
+        return now
+
+    def hold_facts(self, job_id: int, nodes: list[str], down: set[str], now: datetime) -> HoldFacts:
+        """What decide_hold reads: the job's state in Slurm, and for the hold's nodes whether
+        babysitter still drains them, whether a port is down now (from a fresh report) and
+        whether anything else is wrong (another critical finding, Slurm marked it DOWN)."""
+        try:
+            j = self.slurm.job(job_id)
+            phase, state = job_phase(j.states), j.state
+        except SlurmNotFound:
+            phase, state = "ended", "gone"
+        drained, other = False, []
+        link_down: bool | None = False
+        stale_after = self.cfg.controller.heartbeat_timeout_s
+        for name in nodes:
+            row = self.store.node(name) or {}
+            drained = drained or bool(row.get("babysitter_drained"))
+            last = row.get("last_report_at")
+            crit = critical(row.get("open_findings") or [])
+            other += [f"{name}: {f.code}" for f in crit if f.code not in LINK_CODES]
+            if name in down:
+                other.append(f"{name} is DOWN in Slurm")
+            if any(f.code in DOWN_CODES for f in crit):
+                link_down = True
+            elif last is None or (now - last).total_seconds() > stale_after:
+                link_down = link_down or None  # unknown, unless another node is down
+        return HoldFacts(
+            now=now,
+            until=self._hold_until(job_id, now),
+            job=phase,
+            job_state=state,
+            drained=drained,
+            link_down=link_down,
+            other_fault=", ".join(other)[:300],
+        )
+
+    def execute_held(
+        self, job_id: int, nodes: list[str], why: str, down: set[str], now: datetime
+    ) -> tuple[str, str]:
+        """(status, outcome) of one look at a held requeue: `pending` while it waits."""
+        d = decide_hold(self.hold_facts(job_id, nodes, down, now))
+        if d.kind == "wait":
+            return "pending", f"held: {d.why}"
+        if d.kind == "release":
+            self._append(
+                job_id, {"event": "requeue_released", "at": now.isoformat(), "why": d.why[:500]}
+            )
+            return "skipped", f"not requeued: {d.why}"
+        status, outcome = self.execute_requeue(
+            job_id, nodes, f"{why}; {d.why}", now, failed_ok=True
+        )
+        return status, f"{d.why}: {outcome}"
 
     # -- hang
     def gpus_idle(self, nodes: tuple[str, ...]) -> bool | None:
@@ -303,12 +421,19 @@ class JobTracker:
 
     # -- execution of a recorded requeue action
     def execute_requeue(
-        self, job_id: int, bad_nodes: list[str], why: str, now: datetime
+        self,
+        job_id: int,
+        bad_nodes: list[str],
+        why: str,
+        now: datetime,
+        failed_ok: bool = False,
     ) -> tuple[str, str]:
         """(status, outcome) of one requeue action. SlurmUnavailable propagates: the action
-        stays pending and is retried."""
+        stays pending and is retried. `failed_ok`: a job that failed by itself is requeued
+        too (a held requeue: the link killed it during the grace)."""
         j = self.slurm.job(job_id)
-        if not (j.running or "COMPLETING" in j.states):
+        died = failed_ok and job_phase(j.states) == "failed"
+        if not (j.running or "COMPLETING" in j.states or died):
             return "skipped", f"job {job_id} is {j.state or 'gone'}: nothing to requeue"
         spec = babysit_spec(j) or {}
         row = self._row(job_id) or {}

@@ -102,6 +102,11 @@ class Rule(StrEnum):
         "job_on_failed_node",
         "a babysat job on a drained or DOWN node is requeued from its last checkpoint",
     )
+    JOB_LINK_GRACE = (
+        "job_link_grace",
+        "a babysat job on a node drained for a link fault is requeued only if the link is "
+        "still down after [policy] link_requeue_grace_s (NCCL rides out a short flap)",
+    )
     MANUAL = "manual", "requested by an admin (API or CLI)"
     # controller/loop/fabric.py and controller/loop/blast.py
     SWITCH_SUSPECTED = (
