@@ -20,7 +20,7 @@ from babysitter.controller.loop.guard import GUARD_KEY
 from babysitter.controller.loop.jobs import HELD_RULE, REQUEUE_RULE, JobTracker
 from babysitter.controller.loop.link_hold import POLL_S
 from babysitter.controller.loop.metrics import ControllerMetrics
-from babysitter.controller.loop.policy import MANUAL_MARK, Decision
+from babysitter.controller.loop.policy import MANUAL_MARK, Decision, DecisionKind
 from babysitter.controller.loop.snapshot import SlurmSnapshot
 from babysitter.finding import Severity
 from babysitter.slurm.client import (
@@ -41,7 +41,7 @@ def node_alert(
     now: datetime,
 ) -> None:
     """The alert of a drain/resume decision, saying what became of it in Slurm."""
-    if d.kind == "drain":
+    if d.kind is DecisionKind.DRAIN:
         done = (
             "dry-run: would drain"
             if d.dry_run
@@ -185,7 +185,7 @@ class ActionExecutor:
         node (None: done)."""
         groups: dict[tuple[str, str], Batch] = {}
         for a, d in batch:
-            key = (d.kind, d.reason if d.kind == "drain" else "")
+            key = (d.kind, d.reason if d.kind is DecisionKind.DRAIN else "")
             groups.setdefault(key, []).append((a, d))
         results: Results = []
         for (kind, reason), items in groups.items():

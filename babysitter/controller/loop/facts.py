@@ -22,6 +22,7 @@ from babysitter.controller.loop.policy import (
     MANUAL_MARK,
     ClusterFacts,
     Decision,
+    DecisionKind,
     NodeFacts,
     PolicySettings,
 )
@@ -204,7 +205,7 @@ class FactGatherer:
         finding of the node, so the blast-radius guard applies to it like to any other."""
         res = evaluate(self._perfs, self._straggler_streaks, self.straggler_settings)
         self._straggler_streaks = res.streaks
-        drains = {d.node: d for d in res.decisions if d.kind == "drain" and d.node}
+        drains = {d.node: d for d in res.decisions if d.kind is DecisionKind.DRAIN and d.node}
         missing = drains.keys() - {f.name for f in facts}
         if missing:  # healthy otherwise, so not passed this tick: the straggler finding is new
             facts = facts + self._node_facts(policy_rows(self.store, names=missing), now)
@@ -231,9 +232,15 @@ class FactGatherer:
             ]
         alerts = [
             Decision(
-                "alert", d.node, d.rule, d.reason, Severity.WARNING, CONDITION, details=d.details
+                DecisionKind.ALERT,
+                d.node,
+                d.rule,
+                d.reason,
+                Severity.WARNING,
+                CONDITION,
+                details=d.details,
             )
-            if d.kind == "drain"
+            if d.kind is DecisionKind.DRAIN
             else d
             for d in res.decisions
         ]

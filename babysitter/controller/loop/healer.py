@@ -41,7 +41,13 @@ from babysitter.controller.db.tickstore import policy_rows
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
 from babysitter.controller.loop.ledger import ACTIVE, Ledger, Phase, Remediation
-from babysitter.controller.loop.policy import HEALTHCHECK_MARK, MANUAL_MARK, Decision, Rule
+from babysitter.controller.loop.policy import (
+    HEALTHCHECK_MARK,
+    MANUAL_MARK,
+    Decision,
+    DecisionKind,
+    Rule,
+)
 from babysitter.controller.loop.snapshot import SlurmSnapshot
 from babysitter.controller.loop.validation import Validator, reservation_name
 from babysitter.finding import Action, Finding, Severity
@@ -120,17 +126,19 @@ class Healer:
         if not self.enabled:
             return decisions
         self.open = self._open_by_node()
-        self._dry_drains = {d.node for d in decisions if d.kind == "drain" and d.dry_run and d.node}
+        self._dry_drains = {
+            d.node for d in decisions if d.kind is DecisionKind.DRAIN and d.dry_run and d.node
+        }
         out = []
         for d in decisions:
             rem = self.open.get(d.node or "")
             if rem is not None and not rem.evidence.get("hold", True):
                 rem = None  # escalated only because this cluster cannot act: not held
-            if rem is not None and d.kind in ("resume", "validate"):
+            if rem is not None and d.kind in (DecisionKind.RESUME, DecisionKind.VALIDATE):
                 continue
-            if rem is not None and rem.state in ACTIVE and d.kind == "drain":
+            if rem is not None and rem.state in ACTIVE and d.kind is DecisionKind.DRAIN:
                 continue
-            if d.kind == "escalate" and d.condition == LEMON_CONDITION:
+            if d.kind is DecisionKind.ESCALATE and d.condition == LEMON_CONDITION:
                 continue
             out.append(d)
         return out

@@ -11,6 +11,7 @@ from babysitter.controller.db.store import Store
 from babysitter.controller.loop.guard import GUARD_INFO_KEY
 from babysitter.controller.loop.policy import (
     ClusterFacts,
+    DecisionKind,
     NodeFacts,
     PolicyResult,
     PolicySettings,
@@ -64,7 +65,7 @@ class OutcomeWriter:
     def guard(self, result: PolicyResult, cluster: ClusterFacts, now: datetime) -> None:
         """The guard's state and why, for `babysitter status` and GET /api/v1/guard."""
         prev = self.store.kv_get(GUARD_INFO_KEY) or {}
-        trip = next((d for d in result.decisions if d.kind == "guard_tripped"), None)
+        trip = next((d for d in result.decisions if d.kind is DecisionKind.GUARD_TRIPPED), None)
         unsized = next((d for d in result.decisions if d.rule == "guard_unknown"), None)
         tripped = bool(result.guard_tripped)
         if tripped and prev.get("tripped"):

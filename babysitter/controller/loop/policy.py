@@ -214,9 +214,23 @@ class ClusterFacts:
     guard_tripped: bool = False
 
 
+class DecisionKind(StrEnum):
+    """What the policy decided about a node (or the cluster); remediation turns the first three
+    into actions (ActionKind) and the rest into alert traffic."""
+
+    DRAIN = "drain"
+    RESUME = "resume"
+    VALIDATE = "validate"  # a validation job before the node returns
+    ALERT = "alert"  # a new condition to page about
+    KEEP_ALERT = "keep_alert"  # a condition still true: its alert stays firing
+    RESOLVE_ALERT = "resolve_alert"  # a condition gone: its alert resolves
+    ESCALATE = "escalate"  # the same XID again and again: a human looks
+    GUARD_TRIPPED = "guard_tripped"  # the blast-radius breaker held this tick's drains
+
+
 @dataclass(frozen=True)
 class Decision:
-    kind: str  # drain resume validate alert keep_alert resolve_alert escalate guard_tripped
+    kind: DecisionKind
     node: str | None
     rule: Rule | NoRule  # "" only for resolve_alert
     reason: str
@@ -226,7 +240,8 @@ class Decision:
     details: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # a rule name nobody can look up is a bug here, not something to show an admin
+        # a kind or rule name nobody can look up is a bug here, not something to show an admin
+        object.__setattr__(self, "kind", DecisionKind(self.kind))
         if not (self.rule == "" and self.kind == "resolve_alert"):
             rule = rule_named(self.rule)
             if rule is None:
@@ -307,7 +322,7 @@ def _escalations(n: NodeFacts, s: PolicySettings, now: datetime) -> list[Decisio
         if c >= s.xid_escalation_count:
             out.append(
                 Decision(
-                    "escalate",
+                    DecisionKind.ESCALATE,
                     n.name,
                     Rule.XID_ESCALATION,
                     f"XID {xid} seen {c} times in {s.xid_escalation_window_h:g} h on {comp}: "
@@ -321,7 +336,7 @@ def _escalations(n: NodeFacts, s: PolicySettings, now: datetime) -> list[Decisio
     if len(drains) >= s.lemon_drains:
         out.append(
             Decision(
-                "escalate",
+                DecisionKind.ESCALATE,
                 n.name,
                 Rule.LEMON_NODE,
                 f"{n.name} was drained {len(drains)} times in {s.lemon_window_days:g} days: "
@@ -351,7 +366,7 @@ def _job_owned_alerts(n: NodeFacts) -> list[Decision]:
         seen.add(job)
         out.append(
             Decision(
-                "alert",
+                DecisionKind.ALERT,
                 n.name,
                 Rule.JOB_OWNED_FINDING,
                 f"job {job} on {n.name}: {f.check}: {f.message} (from the job's "
@@ -370,7 +385,7 @@ def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
     if not s.validate_before_resume or n.validation == "passed":
         return [
             Decision(
-                "resume",
+                DecisionKind.RESUME,
                 n.name,
                 Rule.FAULT_CLEARED,
                 cleared,
@@ -384,7 +399,7 @@ def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
     if n.validation_failures >= s.validation_max_attempts:
         return [
             Decision(
-                "escalate",
+                DecisionKind.ESCALATE,
                 n.name,
                 Rule.VALIDATION_EXHAUSTED,
                 f"{n.name} failed validation {n.validation_failures} times: needs an admin",
@@ -394,7 +409,7 @@ def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
         ]
     return [
         Decision(
-            "validate",
+            DecisionKind.VALIDATE,
             n.name,
             Rule.VALIDATE_BEFORE_RESUME,
             f"{cleared}: validation job before it returns",
@@ -420,7 +435,7 @@ def _heartbeat(n: NodeFacts, verdict: str) -> list[Decision]:
     if verdict == "unknown" and n.heartbeat_age_s is not None:
         return [
             Decision(
-                "alert",
+                DecisionKind.ALERT,
                 n.name,
                 Rule.HEARTBEAT_MISSING,
                 f"no report from {n.name} for {n.heartbeat_age_s:.0f} s",
@@ -429,7 +444,7 @@ def _heartbeat(n: NodeFacts, verdict: str) -> list[Decision]:
             )
         ]
     if verdict != "unknown":
-        return [Decision("resolve_alert", n.name, "", "", condition="node_unknown")]
+        return [Decision(DecisionKind.RESOLVE_ALERT, n.name, "", "", condition="node_unknown")]
     return []
 
 
@@ -440,7 +455,7 @@ def _unhealthy(
     or already drained (or about to be) by babysitter."""
     if n.drained and not n.ours:
         return Decision(
-            "alert",
+            DecisionKind.ALERT,
             n.name,
             Rule.NOT_OURS,
             f"{summary(bad)} — node is held by someone else ({n.reason!r}); "
@@ -453,7 +468,7 @@ def _unhealthy(
     # drained (or about to be) by babysitter and still broken: the alert still holds;
     # re-asserting it each tick keeps it alive where alerts expire
     return Decision(
-        "keep_alert",
+        DecisionKind.KEEP_ALERT,
         n.name,
         rule,
         summary(bad),
@@ -481,7 +496,9 @@ def _node_decisions(
         else:
             out.append(step)
         return out
-    out.append(Decision("resolve_alert", n.name, "", "", condition="node_unhealthy_not_ours"))
+    out.append(
+        Decision(DecisionKind.RESOLVE_ALERT, n.name, "", "", condition="node_unhealthy_not_ours")
+    )
     if (
         n.drained
         and n.ours
@@ -538,7 +555,7 @@ class Guard:
                 continue
             out.append(
                 Decision(
-                    "drain",
+                    DecisionKind.DRAIN,
                     n.name,
                     w.rule,
                     w.why,
@@ -568,7 +585,7 @@ class Guard:
         if self.tripped and not self.blocked:
             out.append(
                 Decision(
-                    "keep_alert",
+                    DecisionKind.KEEP_ALERT,
                     None,
                     Rule.GUARD_TRIPPED,
                     "blast-radius guard tripped earlier: drains stay stopped until an admin reset",
@@ -579,7 +596,7 @@ class Guard:
         if self.blocked:
             out.append(
                 Decision(
-                    "guard_tripped",
+                    DecisionKind.GUARD_TRIPPED,
                     None,
                     self.rule,
                     f"blast-radius guard: {len(self.blocked)} unhealthy node(s) NOT drained "
@@ -592,10 +609,13 @@ class Guard:
                 )
             )
         if not self.unsized:
-            return [*out, Decision("resolve_alert", None, "", "", condition="guard_sizes_unknown")]
+            return [
+                *out,
+                Decision(DecisionKind.RESOLVE_ALERT, None, "", "", condition="guard_sizes_unknown"),
+            ]
         out.append(
             Decision(
-                "alert",
+                DecisionKind.ALERT,
                 None,
                 Rule.GUARD_UNKNOWN,
                 f"{len(self.unsized)} unhealthy node(s) NOT drained ({_listed(self.unsized)}): "

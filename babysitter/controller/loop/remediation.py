@@ -51,6 +51,7 @@ from babysitter.controller.loop.policy import (
     JOB_ALERT_PREFIX,
     ClusterFacts,
     Decision,
+    DecisionKind,
     NodeFacts,
     PolicyResult,
     PolicySettings,
@@ -250,7 +251,7 @@ class RemediationEngine:
         firing: list[Alert] = []
         clearing: list[tuple[str | None, str]] = []
         for d in noticed:
-            if d.kind == "alert" and d.node:
+            if d.kind is DecisionKind.ALERT and d.node:
                 firing.append(
                     Alert(
                         d.node,
@@ -262,7 +263,7 @@ class RemediationEngine:
                         details=d.details,
                     )
                 )
-            elif d.kind == "resolve_alert":
+            elif d.kind is DecisionKind.RESOLVE_ALERT:
                 clearing.append((d.node, d.condition))
         return firing, clearing
 
@@ -286,7 +287,7 @@ class RemediationEngine:
             self._read_slurm(force=True)
         self.executor.batch = []
         # the tick's drains/resumes are recorded in one transaction (a rack: one, not 32)
-        moves = [d for d in result.decisions if d.kind in ("drain", "resume")]
+        moves = [d for d in result.decisions if d.kind in (DecisionKind.DRAIN, DecisionKind.RESUME)]
         recorded = self._isolated("record actions", lambda: self._record_moves(moves, now))
         for d in result.decisions:
             self._isolated(
@@ -344,11 +345,11 @@ class RemediationEngine:
     ) -> None:
         """Carry out one decision: a drain/resume through the executor, the rest as alerts,
         the breaker or a validation job."""
-        if d.kind in ("drain", "resume"):
+        if d.kind in (DecisionKind.DRAIN, DecisionKind.RESUME):
             self._move(d, now, firing, clearing, action)
-        elif d.kind == "guard_tripped":
+        elif d.kind is DecisionKind.GUARD_TRIPPED:
             self._trip_guard(d, cluster, now, firing)
-        elif d.kind == "keep_alert":
+        elif d.kind is DecisionKind.KEEP_ALERT:
             held = {
                 "node_unhealthy": "node held drained by babysitter until clean checks",
                 "guard_tripped": "stopped draining (resumes still allowed)",
@@ -356,13 +357,13 @@ class RemediationEngine:
             firing.append(
                 Alert(d.node, d.condition, d.severity, d.reason, held.get(d.condition, ""), now)
             )
-        elif d.kind in ("alert", "escalate"):
+        elif d.kind in (DecisionKind.ALERT, DecisionKind.ESCALATE):
             firing.append(
                 Alert(d.node, d.condition, d.severity, d.reason, "nothing changed in Slurm", now)
             )
-        elif d.kind == "resolve_alert":
+        elif d.kind is DecisionKind.RESOLVE_ALERT:
             clearing.append((d.node, d.condition))
-        elif d.kind == "validate" and d.node:
+        elif d.kind is DecisionKind.VALIDATE and d.node:
             self._validate(d, now)
 
     def _move(

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from babysitter.controller.loop.policy import Decision, Rule
+from babysitter.controller.loop.policy import Decision, DecisionKind, Rule
 from babysitter.finding import Severity
 
 CONDITION = "node_slow"
@@ -129,7 +129,9 @@ def evaluate(
         if new.flagged and new.slow >= s.consecutive:
             decisions.append(_slow_decision(p, new, evidence, s))
         elif old.flagged and not new.flagged:
-            decisions.append(Decision("resolve_alert", p.node, RULE, "", condition=CONDITION))
+            decisions.append(
+                Decision(DecisionKind.RESOLVE_ALERT, p.node, RULE, "", condition=CONDITION)
+            )
     return StragglerResult(out, decisions, slow_now)
 
 
@@ -147,7 +149,7 @@ def _slow_decision(
         + f" (threshold {s.threshold:.0%} below)"
     )
     return Decision(
-        "drain" if s.action == "drain" else "alert",
+        DecisionKind.DRAIN if s.action == "drain" else DecisionKind.ALERT,
         p.node,
         RULE,
         reason,
