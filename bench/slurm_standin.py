@@ -55,6 +55,11 @@ class InMemorySlurm(SlurmClient):
         with self._lock:
             self._jobs[job.job_id] = job
 
+    def remove_job(self, job_id: int) -> None:
+        """The job left Slurm (ended, or its record aged out)."""
+        with self._lock:
+            self._jobs.pop(job_id, None)
+
     def nodes(self) -> list[SlurmNode]:
         self._pause("nodes", "*")
         with self._lock:

@@ -1,6 +1,10 @@
 """Soak: a simulated fleet at DEFAULT settings under the benign noise a healthy fleet makes
-(bench/data/soak_noise.toml), counting the nodes babysitter drains anyway: the false-drain rate
-the ETTR model (bench/ettr.py) charges it with, measured instead of assumed.
+(bench/data/soak_noise.toml), counting what babysitter does anyway: false interruptions (a
+healthy babysat job requeued: what costs a training run) and false drains (a node taken out
+of the pool: node-time only, the job on it may run on). The ETTR model (bench/ettr.py) charges
+the first as job interruptions and the second as node-hours, measured instead of assumed.
+Every node runs one babysat job all along (a busy fleet: the worst case for interruptions);
+a requeued job is replaced once its node is back in service.
 
 What is real and what is simulated:
 - real: one `Agent` per node (its checks from `babysitter.checks.all`, its report assembly,
@@ -24,9 +28,13 @@ between those would see the same simulated hardware as the previous read and are
 A controller tick runs after every report round and after every report an agent sends at once
 (the controller's wake-on-news), so the 1 s loop's idle ticks are skipped too.
 
-Every drain is a false drain here (nothing injected is a fault); the report names the rule,
-the reason and the benign events the node had in the 15 minutes before. Upper bound on the
-rate: the rule of three (3 / node-days) with no drain, else the one-sided 95 % Poisson bound.
+A pending action's next attempt (a drain's follow-up, a requeue held for a link fault's grace
+and polled every few seconds) gets a tick at its time, as the 1 s loop would run it.
+
+Every drain is a false drain and every requeue a false interruption here (nothing injected is
+a fault); the report names the rule, the reason and the benign events the node had in the 15
+minutes before. Upper bound on each rate: the rule of three (3 / node-days) with none, else
+the one-sided 95 % Poisson bound.
 
 Run: python -m bench.soak [--nodes N] [--days D] [--budget-s S] [--seed S]
 (writes bench/results/soak.json and soak.md; stops at D simulated days or S wall seconds)"""
@@ -65,6 +73,7 @@ from babysitter.devcluster.fakenvml import FakeGpus, build, preload
 from babysitter.finding import Severity
 from babysitter.report import Report
 from babysitter.secretfile import write_private
+from babysitter.slurm.client import SlurmJob
 from bench.common import BENCH_DIR, RESULTS_DIR, figure, write_result
 from bench.slurm_standin import InMemorySlurm
 
@@ -72,6 +81,7 @@ NOISE = BENCH_DIR / "data" / "soak_noise.toml"
 GPUS = 8
 IB_PORTS = 8
 LOOKBACK_S = 900.0  # events shown beside a drain: those of the 15 minutes before it
+LOOP_S = 1.0  # the controller's loop interval (controller.loop_interval_s at defaults)
 SW_POWER_CAP = 0x4  # clock event reason bits (nvml.h)
 SW_THERMAL = 0x20
 # steps at one instant run in this order: reads before the change they bracket, then changes,
@@ -142,6 +152,15 @@ class Drain:
     recent_events: list[str]
 
 
+@dataclass
+class Interruption:
+    t: float
+    node: str
+    job_id: int
+    reason: str  # the node's drain reason when its job was requeued
+    recent_events: list[str]
+
+
 def poisson_upper(k: int, exposure: float, conf: float = 0.95) -> float:
     """One-sided upper confidence bound on a Poisson rate after k events in `exposure`; with
     k = 0 this is -ln(0.05) / exposure = 2.996 / exposure (the rule of three)."""
@@ -189,12 +208,63 @@ class Soak:
         self.injected: Counter[str] = Counter()
         self.decisions: Counter[str] = Counter()
         self.drains: list[Drain] = []
+        self.interruptions: list[Interruption] = []
+        self.drained_since: dict[str, float] = {}
+        self.drained_s = 0.0  # node-seconds drained (false drains: node-time lost)
+        self.job_of: dict[str, int] = {}  # node -> its babysat job
+        self._job_ids = itertools.count(1)
+        self.next_tick = math.inf  # an extra tick for a pending action's next attempt
         self.reports = 0
         self.check_runs = 0
         self.ticks = 0
         self._seq = itertools.count()
         self.queue: list[tuple[float, int, int, Any]] = []
         self.nodes = {n: self._make_node(n) for n in self.names}
+        for n in self.names:
+            self._place_job(n)
+
+    # ---- the jobs: one babysat job per node
+    def _place_job(self, node: str) -> None:
+        jid = next(self._job_ids)
+        self.slurm.add_job(
+            SlurmJob(jid, name="train", states=("RUNNING",), nodes=(node,), comment="babysit")
+        )
+        self.job_of[node] = jid
+
+    def _recent(self, node: str) -> list[str]:
+        return [
+            f"{k} ({detail}) {self.clock.t - t:.0f} s before"
+            for t, k, detail in self.nodes[node].history
+            if self.clock.t - t <= LOOKBACK_S
+        ]
+
+    def _jobs_after_tick(self) -> None:
+        """A babysat job requeued is a false interruption; a node back in service gets a new
+        job (a drained one takes none)."""
+        jobs = {j.job_id: j for j in self.slurm.jobs()}
+        reasons = {n.name: n.reason for n in self.slurm.nodes()}
+        for node, jid in list(self.job_of.items()):
+            j = jobs.get(jid)
+            if j is not None and j.running and j.restart_count == 0:
+                continue
+            self.interruptions.append(
+                Interruption(self.clock.t, node, jid, reasons.get(node, ""), self._recent(node))
+            )
+            self.slurm.remove_job(jid)
+            del self.job_of[node]
+        for node in self.names:
+            if node not in self.job_of and not reasons.get(node):
+                self._place_job(node)
+
+    def _schedule_pending(self) -> None:
+        """A tick when the next pending action is due (the 1 s loop would run it then)."""
+        due = [a.next_attempt_at for a in self.store.pending_actions() if a.next_attempt_at]
+        if not due:
+            return
+        t = max(min(due).timestamp(), self.clock.t + LOOP_S)
+        if t < self.next_tick:
+            self.next_tick = t
+            self.at(t, ROUND, ("tick",))
 
     # ---- the fleet
     def _make_node(self, name: str) -> Node:
@@ -221,6 +291,10 @@ class Soak:
                     "infiniband": {"expected_ports": IB_PORTS},
                     "host": {"paths": [str(d)]},
                     "nccl": {"job_log_globs": [str(d / "jobs" / "slurm-*.out")]},
+                    # the SDC test needs a GPU matmul library on real GPUs: over the fake NVML
+                    # it could only say it cannot run (a warning in every report, so no node
+                    # would ever count a clean report and resume). Not simulated.
+                    "sdc": {"enabled": False},
                 },
             }
         )
@@ -280,14 +354,14 @@ class Soak:
         for d in self.engine.tick(self.clock.now()):
             self.decisions[f"{d.kind}:{d.rule}"] += 1
             if d.kind == "drain" and d.node:
-                node = self.nodes[d.node]
-                recent = [
-                    f"{k} ({detail}) {self.clock.t - t:.0f} s before"
-                    for t, k, detail in node.history
-                    if self.clock.t - t <= LOOKBACK_S
-                ]
+                recent = self._recent(d.node)
                 self.drains.append(Drain(self.clock.t, d.node, d.rule, d.reason, recent))
+                self.drained_since.setdefault(d.node, self.clock.t)
+            elif d.kind == "resume" and d.node in self.drained_since:
+                self.drained_s += self.clock.t - self.drained_since.pop(d.node)
         self.engine.sender.flush()
+        self._jobs_after_tick()
+        self._schedule_pending()
 
     def controller_up(self) -> None:
         """A controller (the first, or the standby taking over) starts on the store."""
@@ -319,9 +393,12 @@ class Soak:
         for t in (start, end):
             self.at(math.ceil(t + 1e-9), READ, what)
             self.at(math.ceil(t + 1e-9) + 1, READ, what)
+        # the IB counters are read as deltas: the read after the one that saw the change is
+        # the one that clears its finding (same hardware, different answer), so one more
+        last = end + (2 if kind in ("ib_flap", "ib_symbol") else 1) * max(intervals, default=0)
         for iv in intervals:
             g = math.ceil(start / iv) * iv
-            while g <= end + iv:
+            while g <= last:
                 self.at(g + 0.001, READ, what)  # just after the change on the grid
                 g += iv
 
@@ -468,12 +545,18 @@ class Soak:
                     self._read(self.nodes[what[1]], what[2])
                 elif what[0] == "round":
                     self._round()
+                elif what[0] == "tick":
+                    if t >= self.next_tick:
+                        self.next_tick = math.inf
+                    self._tick()
                 else:
                     self.apply(*what)
                 if self.wake:
                     self.wake = False
                     self._tick()
             self.controller_down()
+        for t in self.drained_since.values():  # still drained at the end
+            self.drained_s += end_t - t
         simulated_s = end_t - self.t0
         return {"simulated_s": simulated_s, "wall_s": time.monotonic() - wall0}
 
@@ -558,6 +641,8 @@ def summarise(sim: Soak, run: dict[str, Any], nodes: int) -> dict[str, Any]:
     node_days = node_hours / 24.0
     k = len(sim.drains)
     bound = poisson_upper(k, node_days) if node_days > 0 else math.inf
+    m = len(sim.interruptions)
+    i_bound = poisson_upper(m, node_days) if node_days > 0 else math.inf
     causes = Counter(
         d.reason.split(":", 2)[1].strip() if ":" in d.reason else d.reason for d in sim.drains
     )
@@ -572,6 +657,15 @@ def summarise(sim: Soak, run: dict[str, Any], nodes: int) -> dict[str, Any]:
         "false_drains_per_node_day": k / node_days if node_days else math.inf,
         "upper_bound_per_node_day": bound,
         "bound_method": "rule of three (3 / node-days)" if k == 0 else "one-sided 95 % Poisson",
+        "false_interruptions": m,
+        "false_interruptions_per_node_day": m / node_days if node_days else math.inf,
+        "interruptions_upper_bound_per_node_day": i_bound,
+        "interruptions_bound_method": (
+            "rule of three (3 / node-days)" if m == 0 else "one-sided 95 % Poisson"
+        ),
+        "interruptions": [i.__dict__ for i in sim.interruptions],
+        "drained_node_hours": sim.drained_s / 3600.0,
+        "drain_hours_mean": sim.drained_s / 3600.0 / k if k else 0.0,
         "injected": dict(sorted(sim.injected.items())),
         "drains": [d.__dict__ for d in sim.drains],
         "drain_causes": dict(causes),
@@ -585,7 +679,7 @@ def summarise(sim: Soak, run: dict[str, Any], nodes: int) -> dict[str, Any]:
 
 def render_md(s: dict[str, Any], noise: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str:
     lines = [
-        "## Soak: false drains under benign noise at default settings",
+        "## Soak: false drains and false job interruptions under benign noise at default settings",
         "",
         f"{s['nodes']} simulated nodes (8 GPUs, 8 IB ports each) for {s['simulated_hours']:.1f} "
         f"simulated hours = **{s['node_hours']:,.0f} node-hours** ({s['node_days']:.1f} "
@@ -595,9 +689,16 @@ def render_md(s: dict[str, Any], noise: dict[str, dict[str, Any]], settings: dic
         "at default settings; fake NVML, sysfs, kernel and job logs, in-memory Slurm. Seed "
         f"{settings['seed']}.",
         "",
-        f"**False drains: {s['false_drains']}** "
+        f"**False interruptions (a healthy babysat job requeued): {s['false_interruptions']}** "
+        f"({s['false_interruptions_per_node_day']:.3g} per node-day); 95 % upper bound "
+        f"**{s['interruptions_upper_bound_per_node_day']:.3g} per node-day** "
+        f"({s['interruptions_bound_method']}). Every node ran a babysat job all along.",
+        "",
+        f"**False drains (node-time only): {s['false_drains']}** "
         f"({s['false_drains_per_node_day']:.3g} per node-day); 95 % upper bound "
-        f"**{s['upper_bound_per_node_day']:.3g} per node-day** ({s['bound_method']}).",
+        f"**{s['upper_bound_per_node_day']:.3g} per node-day** ({s['bound_method']}); "
+        f"{s['drained_node_hours']:.2f} node-hours drained in all "
+        f"({s['drain_hours_mean'] * 60:.1f} min per drain on average).",
         "",
         "| benign event | injected | rate assumed (per node-day) |",
         "|---|---|---|",
@@ -607,6 +708,18 @@ def render_md(s: dict[str, Any], noise: dict[str, dict[str, Any]], settings: dic
         rate = spec.get("per_node_day", spec.get("per_fleet_day"))
         unit = "" if "per_node_day" in spec else " per fleet-day"
         lines.append(f"| {kind}: {spec.get('what', '')} | {n} | {rate}{unit} |")
+    if s["interruptions"]:
+        lines += ["", "Every interruption, with the benign events its node had before:", ""]
+        lines += [
+            "| simulated hour | node | job | reason | events before |",
+            "|---|---|---|---|---|",
+        ]
+        for i in s["interruptions"][:50]:
+            hour = (i["t"] - settings["t0"]) / 3600
+            lines.append(
+                f"| {hour:.2f} | {i['node']} | {i['job_id']} | {i['reason'][:160]} | "
+                f"{'; '.join(i['recent_events']) or 'none'} |"
+            )
     if s["drains"]:
         lines += ["", "Every drain, with the benign events its node had in the 15 min before:", ""]
         lines += [
@@ -676,6 +789,21 @@ def main(argv: list[str] | None = None) -> int:
             s["upper_bound_per_node_day"],
             "per node-day",
             method=s["bound_method"],
+            drain_hours_mean=s["drain_hours_mean"],
+        ),
+        figure(
+            "false job interruptions per node-day at default settings under benign noise (soak)",
+            s["false_interruptions_per_node_day"],
+            "per node-day",
+            n=s["false_interruptions"],
+            upper_bound=s["interruptions_upper_bound_per_node_day"],
+            node_days=s["node_days"],
+        ),
+        figure(
+            "false job interruptions per node-day, 95 % upper bound (soak)",
+            s["interruptions_upper_bound_per_node_day"],
+            "per node-day",
+            method=s["interruptions_bound_method"],
         ),
         figure("soak: benign events injected", float(sum(s["injected"].values())), "events"),
     ]

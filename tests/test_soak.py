@@ -99,3 +99,37 @@ def test_poisson_upper_bound_matches_known_values():
     assert soak.poisson_upper(0, 1.0) == pytest.approx(2.996, abs=1e-3)
     assert soak.poisson_upper(1, 1.0) == pytest.approx(4.744, abs=1e-3)
     assert soak.poisson_upper(2, 10.0) == pytest.approx(0.6296, abs=1e-4)
+
+
+FLAPS = """
+[ib_flap]
+per_node_day = 20.0
+seconds = [2, 25]
+"""
+LONG_DOWN = """
+[ib_flap]
+per_node_day = 30.0
+seconds = [90, 120]
+"""
+
+
+def test_survivable_ib_flaps_drain_but_interrupt_no_job(tmp_path: Path):
+    """A flap within NCCL's retry budget: the node is drained at once (node-time), the babysat
+    job on it is never requeued (the link grace), so no false interruption."""
+    d = run_soak(tmp_path, FLAPS)["details"]
+    assert d["injected"]["ib_flap"] >= 1
+    assert d["false_drains"] >= 1 and d["drained_node_hours"] > 0
+    assert d["false_interruptions"] == 0, d["interruptions"]
+    assert d["interruptions_upper_bound_per_node_day"] == pytest.approx(
+        -math.log(0.05) / d["node_days"]
+    )
+    assert d["decisions"].get("resume:fault_cleared", 0) >= 1
+
+
+def test_a_port_down_past_the_grace_interrupts_the_job_and_is_counted(tmp_path: Path):
+    """Positive control: a port down for minutes is a fault the job dies of; its requeue is
+    counted as an interruption, with its reason."""
+    d = run_soak(tmp_path, LONG_DOWN)["details"]
+    assert d["false_interruptions"] >= 1
+    assert all("ib.ports" in i["reason"] for i in d["interruptions"])
+    assert d["interruptions_upper_bound_per_node_day"] > d["false_interruptions_per_node_day"]
