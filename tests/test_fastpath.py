@@ -14,24 +14,13 @@ from babysitter.controller.api.app import create_app
 from babysitter.controller.api.auth import Principal
 from babysitter.controller.api.fastpath import IngestFastPath
 from babysitter.controller.api.ingest import Ingest, Refused
-from tests.fixtures.reports import wire_report
+from tests.fixtures.reports import WARN, wire_report
 
 
 @pytest.fixture
 def db_url(sqlite_url: str) -> str:
     """SQLite only: both doors share one ingest, whose database code test_ingress runs on both."""
     return sqlite_url
-
-
-WARN = {
-    "check": "gpu.pcie",
-    "component": "gpu2",
-    "severity": "warning",
-    "code": "pcie.width_degraded",
-    "message": "GPU 2: PCIe x8 of x16",
-    "action": "inspect",
-    "observed_at": "2026-11-22T06:00:00Z",
-}
 
 
 def test_fast_path_and_route_give_the_same_answers(ctl, secrets):

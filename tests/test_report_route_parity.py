@@ -24,18 +24,10 @@ from babysitter.config import Config
 from babysitter.controller.api.app import REPORTS_PATH
 from babysitter.controller.runtime import Controller
 from tests.fixtures.controller import Secrets, controller_config, set_up
+from tests.fixtures.reports import WARN
 
 MAX_BODY = 96 * 1024  # above the 64 KiB metrics limit, so both limits can be reached
 
-WARN = {
-    "check": "gpu.pcie",
-    "component": "gpu2",
-    "severity": "warning",
-    "code": "pcie.width_degraded",
-    "message": "GPU 2: PCIe x8 of x16",
-    "action": "inspect",
-    "observed_at": "2026-11-22T06:00:00Z",
-}
 # a few fixed ids, so generated reports repeat one another (200, stored before)
 REPORT_IDS = [str(uuid.UUID(int=k + 1, version=4)) for k in range(3)]
 
