@@ -140,14 +140,15 @@ def test_self_healing_leaves_nodes_in_maintenance_alone(tmp_path, monkeypatch):
 
     from babysitter.config import parse_config
     from babysitter.controller.db.store import Store
+    from babysitter.controller.loop.context import LoopContext
     from babysitter.controller.loop.healer import Healer
 
     store = Store(f"sqlite:///{tmp_path / 'h.db'}")
     store.upgrade()
     snapshot = SimpleNamespace(ok=True, held={"node1", "node2"}, nodes={})
-    healer = Healer(
-        parse_config({"remediation": {"enabled": True}}), store, None, snapshot, None, False
-    )
+    cfg = parse_config({"remediation": {"enabled": True}})
+    ctx = LoopContext(cfg, store, None, snapshot)  # type: ignore[arg-type]
+    healer = Healer(ctx, None, False)  # type: ignore[arg-type]
     started: list[str] = []
     # both held nodes are babysitter's drains with a fault (their findings in one read)
     monkeypatch.setattr(healer, "_startable", lambda sn: True)

@@ -19,6 +19,7 @@ from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store
+from babysitter.controller.loop.context import LoopContext
 from babysitter.controller.loop.sdc_schedule import HOLD_PREFIX, SdcScheduler, schedule_rows
 from babysitter.report import Report
 from babysitter.slurm.client import SlurmJob, SlurmNode
@@ -125,7 +126,7 @@ def world(tmp_path: Path, names: list[str], **sdc: Any) -> World:
     slurm = InMemorySlurm(names)
     snap = Snapshot(slurm)
     clock = Clock()
-    sched = SdcScheduler(cfg, store, slurm, snap, clock=clock)  # type: ignore[arg-type]
+    sched = SdcScheduler(LoopContext(cfg, store, slurm, snap), clock=clock)  # type: ignore[arg-type]
     w = World(store, slurm, snap, clock, sched)
     with store.engine.begin() as c:  # every agent has reported (rows as ingest writes them)
         c.execute(
@@ -273,7 +274,7 @@ def test_a_restarted_controller_deletes_unknown_holds_and_closes_lost_orders(tmp
     w.slurm.hold_idle(HOLD_PREFIX + "stray", ["n3"], "root", 10)
     first = {n: r["order_id"] for n, r in w.rows().items()}
     cfg = parse_config({})
-    w.sched = SdcScheduler(cfg, w.store, w.slurm, w.snap, clock=w.clock)  # type: ignore[arg-type]
+    w.sched = SdcScheduler(LoopContext(cfg, w.store, w.slurm, w.snap), clock=w.clock)  # type: ignore[arg-type]
     w.step(listing=False)
     holds = w.slurm.holds(HOLD_PREFIX)
     assert name in holds and HOLD_PREFIX + "stray" not in holds  # ours kept, the stray deleted

@@ -25,12 +25,11 @@ from typing import Any
 
 from prometheus_client import Gauge
 
-from babysitter.config import Config
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
-from babysitter.controller.db.store import Store
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.blast import CLUSTER, BlastGate, BlastSettings, Scope, ScopeCounts
+from babysitter.controller.loop.context import LoopContext
 from babysitter.controller.loop.fabric import (
     Evidence,
     FabricSettings,
@@ -54,9 +53,8 @@ from babysitter.controller.loop.policy import (
     drain_worthy,
     facts_verdict,
 )
-from babysitter.controller.loop.snapshot import SlurmSnapshot
 from babysitter.finding import Severity
-from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNotOwned, SlurmUnavailable
+from babysitter.slurm.client import SlurmError, SlurmNotOwned, SlurmUnavailable
 from babysitter.slurm.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -83,19 +81,16 @@ def switch_condition(switch: str) -> str:
 class FabricStep:
     def __init__(
         self,
-        cfg: Config,
-        store: Store,
-        slurm: SlurmClient,
-        snapshot: SlurmSnapshot,
+        ctx: LoopContext,
         jobs: JobTracker,
         metrics: ControllerMetrics,
         policy: PolicySettings,
         isolated: Callable[..., Any],
     ) -> None:
-        self.cfg = cfg
-        self.store = store
-        self.slurm = slurm
-        self.snapshot = snapshot
+        cfg = self.cfg = ctx.cfg
+        self.store = ctx.store
+        self.slurm = ctx.slurm
+        self.snapshot = ctx.snapshot
         self.jobs = jobs
         self.policy = policy
         self.isolated = isolated

@@ -33,12 +33,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from babysitter.config import Config
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
-from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import policy_rows
 from babysitter.controller.loop.alerts import Alert
+from babysitter.controller.loop.context import LoopContext
 from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
 from babysitter.controller.loop.ledger import ACTIVE, Ledger, Phase, Remediation
 from babysitter.controller.loop.policy import (
@@ -48,10 +47,9 @@ from babysitter.controller.loop.policy import (
     DecisionKind,
     Rule,
 )
-from babysitter.controller.loop.snapshot import SlurmSnapshot
 from babysitter.controller.loop.validation import Validator, reservation_name
 from babysitter.finding import Action, Finding, Severity
-from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNode, SlurmUnavailable
+from babysitter.slurm.client import SlurmError, SlurmNode, SlurmUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -90,15 +88,8 @@ def _text(v: Any) -> str | None:
 
 
 class Healer:
-    def __init__(
-        self,
-        cfg: Config,
-        store: Store,
-        slurm: SlurmClient,
-        snapshot: SlurmSnapshot,
-        validator: Validator,
-        dry_run: bool,
-    ) -> None:
+    def __init__(self, ctx: LoopContext, validator: Validator, dry_run: bool) -> None:
+        cfg, store, slurm, snapshot = ctx.cfg, ctx.store, ctx.slurm, ctx.snapshot
         self.cfg = cfg.remediation
         self.prefix = cfg.slurm.reason_prefix
         self.validation_minutes = cfg.validation.time_limit_min + 5

@@ -38,6 +38,7 @@ from babysitter.controller.db.tickstore import record_actions
 from babysitter.controller.loop.alerts import Alert, AlertRouter
 from babysitter.controller.loop.alerts.router import sinks_from_config
 from babysitter.controller.loop.alerts.sender import AlertSender
+from babysitter.controller.loop.context import LoopContext
 from babysitter.controller.loop.executor import ActionExecutor, node_alert
 from babysitter.controller.loop.fabric_loop import FabricStep
 from babysitter.controller.loop.facts import FactGatherer
@@ -128,12 +129,9 @@ class RemediationEngine:
         )
         self.outcome = OutcomeWriter(store, self.settings, self.snapshot)
         self.validator = Validator(cfg, store, self.slurm)
-        self.fabric = FabricStep(
-            cfg, store, self.slurm, self.snapshot, self.jobs, metrics, self.settings, self._isolated
-        )
-        self.healer = Healer(
-            cfg, store, self.slurm, self.snapshot, self.validator, self.settings.dry_run
-        )
+        ctx = LoopContext(cfg, store, self.slurm, self.snapshot)
+        self.fabric = FabricStep(ctx, self.jobs, metrics, self.settings, self._isolated)
+        self.healer = Healer(ctx, self.validator, self.settings.dry_run)
         am = cfg.alerts.alertmanager_url
         self.maintenance = Maintenance(
             store,
@@ -142,7 +140,7 @@ class RemediationEngine:
             cfg.controller.maintenance_reservation_user,
         )
         self._quiet: set[str] = set()  # nodes in an open maintenance window, this tick
-        self.sdc = SdcScheduler(cfg, store, self.slurm, self.snapshot)
+        self.sdc = SdcScheduler(ctx)
 
     # ---- error boundaries
     def bounded(self, fn: Callable[[], T], timeout_s: float, key: str | None = None) -> T:

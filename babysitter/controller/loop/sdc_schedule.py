@@ -39,14 +39,13 @@ from typing import Any
 
 from sqlalchemy import String, bindparam, cast, select, update
 
-from babysitter.config import Config
 from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
 from babysitter.controller.db.audit import Actor, AuditEntry, AuditResult
 from babysitter.controller.db.store import Store, aware
-from babysitter.controller.loop.snapshot import SlurmSnapshot
+from babysitter.controller.loop.context import LoopContext
 from babysitter.finding import Severity
-from babysitter.slurm.client import SlurmBusy, SlurmClient, SlurmError, SlurmNode
+from babysitter.slurm.client import SlurmBusy, SlurmError, SlurmNode
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +140,8 @@ def slurm_why_not(sn: SlurmNode | None, retest: bool = False, prefix: str = "") 
 
 
 class SdcScheduler:
-    def __init__(
-        self,
-        cfg: Config,
-        store: Store,
-        slurm: SlurmClient,
-        snapshot: SlurmSnapshot,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, ctx: LoopContext, clock: Callable[[], float] = time.monotonic) -> None:
+        cfg, store, slurm, snapshot = ctx.cfg, ctx.store, ctx.slurm, ctx.snapshot
         self.cfg = cfg.checks.sdc
         self.enabled = self.cfg.enabled
         self.user = cfg.validation.user
