@@ -8,7 +8,9 @@ differ only in their parameters):
 
 - babysitter at default settings, its fault -> drain and fault -> requeue latencies read from
   bench/results/fault_drain.json (a documented fallback when a figure is missing), plus the cost
-  of its wrong drains;
+  of what it does wrong under benign noise (bench/results/soak.json): false interruptions (a
+  healthy job requeued) cost the job a restart like any fault, false drains (a node out of the
+  pool while the job on it runs on) cost node-hours only;
 - NHC as Slurm's HealthCheckProgram every 300 s and every 60 s: latency uniform over the interval
   plus one run plus one scontrol drain; it sees only what its checks see and never touches the job;
 - no health tool: a human notices (human-paced);
@@ -50,7 +52,7 @@ DAY = 86400.0
 INF = math.inf
 MANIFESTS = ("crash", "hang", "silent")
 # lost-time categories besides the root causes
-CKPT, PLANNED, WRONG_DRAIN = "checkpoint writes", "planned maintenance", "wrong drains"
+CKPT, PLANNED, WRONG_DRAIN = "checkpoint writes", "planned maintenance", "false interruptions"
 IDEAL = "perfect detection (bound)"
 SELF_HEAL = "babysitter + self-healing"
 
@@ -75,7 +77,11 @@ class Arm:
     latency: dict[str, Latency]  # check class -> fault -> node drained
     acts_on_job: bool  # requeues the job when it drains its node (else the job runs on / hangs)
     requeue: Latency = Latency()  # drain -> job pending again, when acts_on_job
+    # a healthy job requeued (per node-day): a restart from the last checkpoint, like a fault
+    false_interruptions_per_node_day: float = 0.0
+    # a healthy node drained while its job runs on (per node-day): node-time only
     false_drains_per_node_day: float = 0.0
+    false_drain_s: float = 0.0  # how long a false drain keeps its node out
     # babysitter's self-healing loop (detect -> drain -> reboot -> validate -> resume) less the
     # reboot itself; None: a human reboots the node (after human_response_s)
     self_heal: Latency | None = None
@@ -280,25 +286,39 @@ def _self_heal_samples(results_dir: Path) -> tuple[list[float], str]:
 
 
 SOAK_BOUND = "false drains per node-day, 95 % upper bound (soak)"
+SOAK_INTERRUPTIONS = "false job interruptions per node-day, 95 % upper bound (soak)"
 
 
-def _measured_false_drains(results_dir: Path) -> tuple[float, str] | None:
-    """The soak's upper bound on babysitter's false-drain rate (bench/results/soak.json), and
-    how it was measured."""
+@dataclass(frozen=True)
+class SoakRates:
+    """What the soak measured (bench/results/soak.json): the 95 % upper bounds on false
+    interruptions (None: an older soak that did not count them) and on false drains, and how
+    long a false drain kept its node out (None: no drain to measure it on)."""
+
+    interruptions: float | None
+    drains: float
+    drain_s: float | None
+    how: str
+
+
+def _measured_soak(results_dir: Path) -> SoakRates | None:
     try:
         doc = json.loads((results_dir / "soak.json").read_text())
         d = doc["details"]
-        for f in doc["figures"]:
-            if f.get("metric") == SOAK_BOUND:
-                how = (
-                    f"{d['false_drains']} false drains in {d['node_days']:.1f} node-days "
-                    f"({d['node_hours']:,.0f} node-hours, soak.json of {doc.get('date', '?')}), "
-                    f"{d['bound_method']}"
-                )
-                return float(f["value"]), how
+        figs = {f.get("metric"): f for f in doc["figures"]}
+        drains = float(figs[SOAK_BOUND]["value"])
     except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
+        return None
+    got = figs.get(SOAK_INTERRUPTIONS)
+    interruptions = float(got["value"]) if got else None
+    mean_h = d.get("drain_hours_mean")
+    drain_s = float(mean_h) * 3600 if mean_h else None
+    how = (
+        f"{d.get('false_interruptions', '?')} false interruptions and {d['false_drains']} false "
+        f"drains in {d['node_days']:.1f} node-days ({d['node_hours']:,.0f} node-hours, "
+        f"soak.json of {doc.get('date', '?')})"
+    )
+    return SoakRates(interruptions, drains, drain_s, how)
 
 
 def build_arms(inp: dict[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[list[Arm], list[str]]:
@@ -326,21 +346,43 @@ def build_arms(inp: dict[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[li
     ib = measured("ib_port_down", fb, f"babysitter IB port down -> drain ({how})")
     req = measured("job_requeue", float(bs["fallback_requeue_s"]), "babysitter fault -> requeue")
     scontrol = measured("raw_scontrol_drain", 0.01, "scontrol drain (NHC's drain)")
-    measured_fd = _measured_false_drains(results_dir)
-    if "false_drains_per_node_day" in bs:  # a what-if sets it
-        fd = float(bs["false_drains_per_node_day"])
-        notes.append(f"babysitter wrong drains: set to {fd:g} per node-day (what-if)")
-    elif measured_fd is None:
+    soak = _measured_soak(results_dir)
+    drain_h = float(bs["fallback_false_drain_h"])
+    if soak is None:
+        fi = float(bs["fallback_false_interruptions_per_node_day"])
         fd = float(bs["fallback_false_drains_per_node_day"])
         notes.append(
-            f"babysitter wrong drains: NOT MEASURED (no bench/results/soak.json), "
-            f"assumed {fd:g} per node-day"
+            f"babysitter false interruptions and false drains: NOT MEASURED (no "
+            f"bench/results/soak.json), assumed {fi:g} and {fd:g} per node-day"
         )
     else:
-        fd, how = measured_fd
+        fd = soak.drains
+        if soak.interruptions is None:
+            fi = soak.drains
+            notes.append(
+                f"babysitter false interruptions: {fi:.3g} per node-day, the soak's 95 % upper "
+                f"bound on false drains, each charged as an interruption (an older soak that "
+                f"did not tell them apart: {soak.how})"
+            )
+        else:
+            fi = soak.interruptions
+            notes.append(
+                f"babysitter false interruptions (a healthy job requeued, charged as a job "
+                f"restart): {fi:.3g} per node-day, the soak's 95 % upper bound ({soak.how})"
+            )
         notes.append(
-            f"babysitter wrong drains: {fd:.3g} per node-day, the soak's 95 % upper bound ({how})"
+            f"babysitter false drains (node-time only, the job runs on): {fd:.3g} per node-day, "
+            "the soak's 95 % upper bound"
         )
+        if soak.drain_s is not None:
+            drain_h = soak.drain_s / 3600
+    if "false_interruptions_per_node_day" in bs:  # a what-if sets it
+        fi = float(bs["false_interruptions_per_node_day"])
+        notes.append(f"babysitter false interruptions: set to {fi:g} per node-day (what-if)")
+    notes.append(
+        f"babysitter false drain: its node out {drain_h * 60:.1f} min each "
+        + ("(soak mean)" if soak is not None and soak.drain_s is not None else "(assumption)")
+    )
     notes.append(
         "NHC wrong drains: assumed 0 per node-day (not measured; NHC's default checks here are "
         "GPU presence, ECC and IB port state, and its own false-drain rate is unknown)"
@@ -369,7 +411,9 @@ def build_arms(inp: dict[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[li
         },
         acts_on_job=True,
         requeue=Latency(req),
+        false_interruptions_per_node_day=fi,
         false_drains_per_node_day=fd,
+        false_drain_s=drain_h * 3600,
     )
     # the same tool with its self-healing on: reboot-class nodes come back by themselves
     arms = [bs_arm, replace(bs_arm, name=SELF_HEAL, self_heal=Latency(tuple(heal)))]
@@ -477,21 +521,29 @@ class RunResult:
     ettr: float
     unexpected: int
     planned: int
-    wrong_drains: int
+    wrong_drains: int  # false interruptions: a healthy job requeued
     lost_s: dict[str, float]
     node_out_s: float = 0.0  # node-seconds out of the pool for repair (capacity, not the job)
+    false_drains: int = 0
+    false_drain_node_s: float = 0.0  # node-seconds out for false drains (capacity only)
 
 
 def simulate(model: Model, arm: Arm, draws: Draws, interval_s: float) -> RunResult:
     horizon = model.horizon_s
     events: list[tuple[float, int, int]] = [(float(t), 0, i) for i, t in enumerate(draws.times)]
     events += [(float(t), 1, -1) for t in draws.planned]
-    if arm.false_drains_per_node_day > 0:
-        # own stream, so arms with equal rates draw equal wrong drains
+    if arm.false_interruptions_per_node_day > 0:
+        # own stream, so arms with equal rates draw equal false interruptions
         rng = np.random.default_rng([draws.seed[0], draws.seed[1], 1])
-        n = int(rng.poisson(arm.false_drains_per_node_day * model.nodes * model.days))
+        n = int(rng.poisson(arm.false_interruptions_per_node_day * model.nodes * model.days))
         events += [(float(t), 2, -1) for t in rng.uniform(0.0, horizon, n)]
         fd_u = rng.random((n, 2))
+    # a false drain takes its node out of the pool and leaves the job running on it: capacity,
+    # not training time (its own stream, so it changes no other draw)
+    n_fd = 0
+    if arm.false_drains_per_node_day > 0:
+        rng_fd = np.random.default_rng([draws.seed[0], draws.seed[1], 2])
+        n_fd = int(rng_fd.poisson(arm.false_drains_per_node_day * model.nodes * model.days))
     events.sort()
     period = interval_s + model.write_s
     lost: dict[str, float] = defaultdict(float)
@@ -551,7 +603,16 @@ def simulate(model: Model, arm: Arm, draws: Draws, interval_s: float) -> RunResu
         lost[CKPT] += k * model.write_s
     else:
         lost[last] -= run_start - horizon
-    return RunResult(productive / horizon, counts[0], counts[1], counts[2], dict(lost), node_out)
+    return RunResult(
+        productive / horizon,
+        counts[0],
+        counts[1],
+        counts[2],
+        dict(lost),
+        node_out,
+        n_fd,
+        n_fd * arm.false_drain_s,
+    )
 
 
 def ci95(values: np.ndarray) -> tuple[float, float]:
@@ -591,6 +652,10 @@ def run_arms(
                     "unexpected_mean": float(np.mean([r.unexpected for r in res])),
                     "planned_mean": float(np.mean([r.planned for r in res])),
                     "wrong_drains_mean": float(np.mean([r.wrong_drains for r in res])),
+                    "false_drains_mean": float(np.mean([r.false_drains for r in res])),
+                    "false_drain_node_hours": float(
+                        np.mean([r.false_drain_node_s for r in res]) / 3600
+                    ),
                     "node_hours_out": float(np.mean([r.node_out_s for r in res])) / 3600,
                     "lost_hours": dict(sorted(lost.items(), key=lambda kv: -kv[1])),
                 }
@@ -633,19 +698,21 @@ def render_md(res: dict[str, Any], model: Model, notes: list[str], headline_min:
         "check of the sampler). No arm is measured against Llama 3's own > 90 % ETTR.",
         "",
         "| arm | ETTR gain over no tool (paired, 95 % CI) | GPU-hours kept per run | "
-        "wrong drains per run (hours lost) | node-hours out for repair | "
-        "lost hours: biggest causes |",
-        "|---|---|---|---|---|---|",
+        "false interruptions per run (hours lost) | false drains per run (node-hours out) | "
+        "node-hours out for repair | lost hours: biggest causes |",
+        "|---|---|---|---|---|---|---|",
     ]
     for a in arms:
         x = res["arms"][a][h]
         g, gh = paired_gain(x["ettr_samples"], base["ettr_samples"])
         gpu_h = g * model.horizon_s / 3600 * model.gpus
         top = ", ".join(f"{k} {v:.1f}" for k, v in list(x["lost_hours"].items())[:4])
-        fd = f"{x['wrong_drains_mean']:.1f} ({x['lost_hours'].get(WRONG_DRAIN, 0.0):.1f} h)"
+        fi = f"{x['wrong_drains_mean']:.1f} ({x['lost_hours'].get(WRONG_DRAIN, 0.0):.1f} h)"
+        fd = f"{x.get('false_drains_mean', 0.0):.1f} ({x.get('false_drain_node_hours', 0.0):.1f})"
         out = f"{x.get('node_hours_out', 0.0):,.0f}"
         lines.append(
-            f"| {a} | {g * 100:+.2f} ± {gh * 100:.2f} pp | {gpu_h:,.0f} | {fd} | {out} | {top} |"
+            f"| {a} | {g * 100:+.2f} ± {gh * 100:.2f} pp | {gpu_h:,.0f} | {fi} | {fd} | {out} "
+            f"| {top} |"
         )
     if SELF_HEAL in res["arms"] and "babysitter" in res["arms"]:
         on, off = res["arms"][SELF_HEAL][h], res["arms"]["babysitter"][h]
@@ -731,13 +798,13 @@ def _set(path: str, value: Any) -> Any:
     return mutate
 
 
-FD_KEY = "babysitter.false_drains_per_node_day"
+FD_KEY = "babysitter.false_interruptions_per_node_day"
 # What-ifs on the assumptions that move the answer most (label, changes to the inputs).
 VARIANTS: list[tuple[str, list[Any]]] = [
     ("as in the data file", []),
     ("NHC also reads XID events (a site XID check)", [_set("class.xid.nhc_reads_xids", True)]),
     *[
-        (f"babysitter false drains {r:g} per node-day", [_set(FD_KEY, r)])
+        (f"babysitter false interruptions {r:g} per node-day", [_set(FD_KEY, r)])
         for r in (1e-4, 1e-3, 1e-2)
     ],
     (
@@ -880,6 +947,9 @@ def main(argv: list[str] | None = None) -> int:
             "sensitivity_replicas": args.sensitivity_replicas,
             "seed": args.seed,
             "inputs": str(INPUTS.relative_to(BENCH_DIR.parent)),
+            "babysitter_false_interruptions_per_node_day": next(
+                a.false_interruptions_per_node_day for a in arms if a.name == "babysitter"
+            ),
             "babysitter_false_drains_per_node_day": next(
                 a.false_drains_per_node_day for a in arms if a.name == "babysitter"
             ),

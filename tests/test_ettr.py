@@ -86,11 +86,13 @@ def test_equal_latencies_give_equal_ettr(model, arms):
 
 
 def test_arms_differ_where_their_parameters_do(model, arms):
-    """With few wrong drains (1e-4 per node-day, not whatever soak.json holds today) the arm
-    that sees more and acts sooner keeps more of the run."""
+    """With few false interruptions (1e-4 per node-day, not whatever soak.json holds today) the
+    arm that sees more and acts sooner keeps more of the run."""
     names = ["babysitter", "NHC every 300 s", "no health tool", ettr.IDEAL]
     chosen = {n: arms[n] for n in names}
-    chosen["babysitter"] = dataclasses.replace(arms["babysitter"], false_drains_per_node_day=1e-4)
+    chosen["babysitter"] = dataclasses.replace(
+        arms["babysitter"], false_interruptions_per_node_day=1e-4
+    )
     res = ettr.run_arms(model, list(chosen.values()), [1800.0], REPLICAS, SEED)
     e = {n: res["arms"][n][0]["ettr"] for n in names}
     print("\n" + ", ".join(f"{n}: {v:.4f}" for n, v in e.items()))
@@ -119,26 +121,65 @@ def test_time_accounting_closes(model, arms):
 def test_missing_measurements_fall_back_and_say_so(inputs, tmp_path: Path):
     arms, notes = ettr.build_arms(inputs, results_dir=tmp_path)
     assert any("NOT MEASURED" in n and "xid79" in n for n in notes)
-    assert any("wrong drains: NOT MEASURED" in n for n in notes)
+    assert any("false interruptions and false drains: NOT MEASURED" in n for n in notes)
     bs = next(a for a in arms if a.name == "babysitter")
     assert bs.latency["xid_drained"].samples == (inputs["babysitter"]["fallback_drain_s"],)
+    fallback = inputs["babysitter"]
+    assert bs.false_drains_per_node_day == fallback["fallback_false_drains_per_node_day"]
     assert (
-        bs.false_drains_per_node_day == inputs["babysitter"]["fallback_false_drains_per_node_day"]
+        bs.false_interruptions_per_node_day == fallback["fallback_false_interruptions_per_node_day"]
     )
+    assert bs.false_drain_s == fallback["fallback_false_drain_h"] * 3600
 
 
-def test_false_drain_rate_is_the_soaks_upper_bound(inputs, tmp_path: Path):
-    """bench/results/soak.json's 95 % upper bound replaces the assumption, and the notes say
-    how it was measured; the NHC arms' own assumption is stated."""
-    details = {"false_drains": 0, "node_days": 150.0, "node_hours": 3600.0}
-    details["bound_method"] = "rule of three (3 / node-days)"
-    figs = [{"metric": ettr.SOAK_BOUND, "value": 0.02}]
+def test_false_rates_are_the_soaks_upper_bounds(inputs, tmp_path: Path):
+    """bench/results/soak.json's 95 % upper bounds replace the assumptions: false
+    interruptions (charged as job restarts) and false drains (node-hours, for the soak's mean
+    drain length); the notes say how they were measured; the NHC arms' assumption is stated."""
+    details = {"false_drains": 2, "false_interruptions": 0, "node_days": 150.0}
+    details |= {"node_hours": 3600.0, "drain_hours_mean": 0.1}
+    figs = [
+        {"metric": ettr.SOAK_BOUND, "value": 0.02},
+        {"metric": ettr.SOAK_INTERRUPTIONS, "value": 0.01},
+    ]
     (tmp_path / "soak.json").write_text(json.dumps({"figures": figs, "details": details}))
     arms, notes = ettr.build_arms(inputs, results_dir=tmp_path)
-    assert next(a for a in arms if a.name == "babysitter").false_drains_per_node_day == 0.02
-    assert any("soak's 95 % upper bound" in n and "150.0 node-days" in n for n in notes)
+    bs = next(a for a in arms if a.name == "babysitter")
+    assert (bs.false_interruptions_per_node_day, bs.false_drains_per_node_day) == (0.01, 0.02)
+    assert bs.false_drain_s == pytest.approx(360.0)
+    assert any(
+        "false interruptions" in n and "soak's 95 % upper bound" in n and "150.0 node-days" in n
+        for n in notes
+    )
     assert any(n.startswith("NHC wrong drains: assumed 0") for n in notes)
-    assert all(a.false_drains_per_node_day == 0 for a in arms if a.name.startswith("NHC"))
+    assert all(
+        a.false_drains_per_node_day == a.false_interruptions_per_node_day == 0
+        for a in arms
+        if a.name.startswith("NHC")
+    )
+    # an older soak that counted drains only: each drain is charged as an interruption
+    figs = figs[:1]
+    (tmp_path / "soak.json").write_text(json.dumps({"figures": figs, "details": details}))
+    arms, notes = ettr.build_arms(inputs, results_dir=tmp_path)
+    bs = next(a for a in arms if a.name == "babysitter")
+    assert bs.false_interruptions_per_node_day == 0.02
+    assert any("older soak" in n for n in notes)
+
+
+def test_false_drains_cost_node_hours_not_training_time(model, arms):
+    """A false drain leaves the job running: the same ETTR as none, node-hours out; a false
+    interruption restarts the job: less ETTR."""
+    none = dataclasses.replace(
+        arms["babysitter"], false_interruptions_per_node_day=0.0, false_drains_per_node_day=0.0
+    )
+    drains = dataclasses.replace(none, name="drains", false_drains_per_node_day=1e-2)
+    stops = dataclasses.replace(none, name="stops", false_interruptions_per_node_day=1e-2)
+    res = ettr.run_arms(model, [none, drains, stops], [1800.0], 10, SEED)["arms"]
+    a, b, c = res[none.name][0], res["drains"][0], res["stops"][0]
+    assert a["ettr_samples"] == b["ettr_samples"]
+    assert b["false_drains_mean"] > 0 and b["false_drain_node_hours"] > 0
+    assert a["false_drain_node_hours"] == 0
+    assert c["ettr"] < a["ettr"] and c["wrong_drains_mean"] > 0
 
 
 def test_xid_coverage_comes_from_the_products_catalog(inputs):
@@ -162,15 +203,16 @@ def test_xid_coverage_comes_from_the_products_catalog(inputs):
     assert gpu2["classes"]["xid_drained"] == pytest.approx(0.9 * 0.85)
 
 
-def test_what_ifs_cover_false_drain_rates_and_xid_coverage(inputs, model):
+def test_what_ifs_cover_false_interruption_rates_and_xid_coverage(inputs, model):
     labels = [label for label, _ in ettr.VARIANTS]
     for r in ("0.0001", "0.001", "0.01"):
-        assert f"babysitter false drains {r} per node-day" in labels
+        assert f"babysitter false interruptions {r} per node-day" in labels
     assert sum(label.startswith("XID coverage") for label in labels) == 2
-    # the rate moves babysitter's ETTR: 1e-2 per node-day on 2,048 nodes is ~1,100 drains a run
+    # the rate moves babysitter's ETTR: 1e-2 per node-day on 2,048 nodes is ~1,100 restarts a run
     ettrs = []
     for rate in (1e-4, 1e-2):
-        v = {**inputs, "babysitter": {**inputs["babysitter"], "false_drains_per_node_day": rate}}
+        bs_in = {**inputs["babysitter"], "false_interruptions_per_node_day": rate}
+        v = {**inputs, "babysitter": bs_in}
         arms, _ = ettr.build_arms(v)
         bs = next(a for a in arms if a.name == "babysitter")
         res = ettr.run_arms(model, [bs], [1800.0], 10, SEED)
@@ -197,8 +239,8 @@ def test_self_healing_brings_reboot_class_nodes_back_sooner(model, arms):
     are rebooted in the loop's measured time instead of after a human: fewer node-hours out
     for repair, and with few spare nodes a job that waits less for them. With spares to
     spare the job never waits, and the arms' ETTR is the same."""
-    off = dataclasses.replace(arms["babysitter"], false_drains_per_node_day=0.0)
-    on = dataclasses.replace(arms[ettr.SELF_HEAL], false_drains_per_node_day=0.0)
+    off = dataclasses.replace(arms["babysitter"], false_interruptions_per_node_day=0.0)
+    on = dataclasses.replace(arms[ettr.SELF_HEAL], false_interruptions_per_node_day=0.0)
     assert off.self_heal is None and on.self_heal is not None
     tight = ettr.run_arms(dataclasses.replace(model, spare_nodes=4), [off, on], [1800.0], 10, SEED)
     a, b = tight["arms"][off.name][0], tight["arms"][on.name][0]
