@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fixtures.reports import DBE, wire_report
+from tests.fixtures.reports import DBE, WARN, wire_report
 
 
 def auth(token: str) -> dict[str, str]:
@@ -87,6 +87,29 @@ def test_clean_report_clears_open_findings_and_counts_clean_reports(client, secr
     n = client.get("/api/v1/nodes/node1", headers=auth(secrets.admin)).json()
     assert n["open_findings"] == [] and n["consecutive_clean"] == 3
     assert n["verdict"] == "healthy"
+
+
+def test_a_jobs_own_log_finding_does_not_hold_the_node_back(client, secrets):
+    """A job's NCCL log (a job-owned finding) stays open and visible, but the node's reports
+    still count as clean: the policy can resume a drained node while that job runs on."""
+    h = secrets.headers("node1")
+    nccl = {
+        **WARN,
+        "check": "nccl.logs",
+        "component": "job:4242",
+        "code": "nccl.watchdog_timeout",
+        "message": "job 4242: NCCL watchdog timeout in its log",
+    }
+    client.post("/api/v1/reports", json=wire_report("node1", [DBE]), headers=h)
+    for _ in range(3):
+        client.post("/api/v1/reports", json=wire_report("node1", [nccl]), headers=h)
+    n = client.get("/api/v1/nodes/node1", headers=auth(secrets.admin)).json()
+    assert [f["check"] for f in n["open_findings"]] == ["nccl.logs"]
+    assert n["consecutive_clean"] == 3 and n["verdict"] == "healthy"
+    # a node-owned warning still resets the count
+    client.post("/api/v1/reports", json=wire_report("node1", [WARN]), headers=h)
+    n = client.get("/api/v1/nodes/node1", headers=auth(secrets.admin)).json()
+    assert n["consecutive_clean"] == 0
 
 
 def test_event_report_merges_into_open_findings(client, secrets):

@@ -33,6 +33,7 @@ from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store, aware, now, stored_severity
 from babysitter.controller.loop.metrics import ControllerMetrics
+from babysitter.controller.loop.policy import job_owned
 from babysitter.controller.loop.wake import DrainWake
 from babysitter.finding import Action, Finding, Severity
 from babysitter.report import Report
@@ -465,6 +466,9 @@ class ReportWriter:
         if last is not None and at < last:
             return False
         problems = [f.to_json_dict() for f in r.findings if f.severity in _PROBLEM]
+        # what a job's own log says is the job's problem, not the node's (the policy's verdict
+        # ignores it too): it stays an open finding but does not hold the node's return back
+        node_clean = not any(f.severity in _PROBLEM and not job_owned(f) for f in r.findings)
         if r.kind == "event":
             keys = {(f["check"], f["component"], f["code"]) for f in problems}
             kept = [
@@ -473,10 +477,10 @@ class ReportWriter:
                 if (f["check"], f["component"], f["code"]) not in keys
             ]
             open_f = kept + problems
-            clean = 0 if problems else node["consecutive_clean"]
+            clean = node["consecutive_clean"] if node_clean else 0
         else:
             open_f = problems
-            clean = 0 if problems else (node["consecutive_clean"] or 0) + 1
+            clean = (node["consecutive_clean"] or 0) + 1 if node_clean else 0
         if len(open_f) > self.max_open_findings:
             open_f = _fold(open_f, self.max_open_findings, received)
         worst = max(
