@@ -284,7 +284,14 @@ class PolicyConfig(Section):
         20
     )
     resume_after_clean_checks: Annotated[
-        int, Meta(ge=1, description="consecutive clean reports before an auto-resume")
+        int,
+        Meta(
+            ge=1,
+            description=(
+                "consecutive reports with nothing drain-worthy (warnings and job-owned"
+                " findings do not count) before an auto-resume"
+            ),
+        ),
     ] = 3
     requeue_hung_jobs: Annotated[
         bool, Meta(description="requeue a babysat job that hangs (else only alert)")

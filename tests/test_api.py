@@ -89,7 +89,7 @@ def test_clean_report_clears_open_findings_and_counts_clean_reports(client, secr
     assert n["verdict"] == "healthy"
 
 
-def test_a_jobs_own_log_finding_does_not_hold_the_node_back(client, secrets):
+def test_a_jobs_log_line_or_a_warning_does_not_hold_a_drained_node_back(client, secrets):
     """A job's NCCL log (a job-owned finding) stays open and visible, but the node's reports
     still count as clean: the policy can resume a drained node while that job runs on."""
     h = secrets.headers("node1")
@@ -106,8 +106,12 @@ def test_a_jobs_own_log_finding_does_not_hold_the_node_back(client, secrets):
     n = client.get("/api/v1/nodes/node1", headers=auth(secrets.admin)).json()
     assert [f["check"] for f in n["open_findings"]] == ["nccl.logs"]
     assert n["consecutive_clean"] == 3 and n["verdict"] == "healthy"
-    # a node-owned warning still resets the count
+    # a warning that drains nothing (the node shows suspect) does not hold it back either
     client.post("/api/v1/reports", json=wire_report("node1", [WARN]), headers=h)
+    n = client.get("/api/v1/nodes/node1", headers=auth(secrets.admin)).json()
+    assert n["consecutive_clean"] == 4 and n["verdict"] == "suspect"
+    # the fault again: the count starts over
+    client.post("/api/v1/reports", json=wire_report("node1", [DBE]), headers=h)
     n = client.get("/api/v1/nodes/node1", headers=auth(secrets.admin)).json()
     assert n["consecutive_clean"] == 0
 

@@ -33,7 +33,7 @@ from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store, aware, now, stored_severity
 from babysitter.controller.loop.metrics import ControllerMetrics
-from babysitter.controller.loop.policy import job_owned
+from babysitter.controller.loop.policy import drain_worthy
 from babysitter.controller.loop.wake import DrainWake
 from babysitter.finding import Action, Finding, Severity
 from babysitter.report import Report
@@ -466,9 +466,10 @@ class ReportWriter:
         if last is not None and at < last:
             return False
         problems = [f.to_json_dict() for f in r.findings if f.severity in _PROBLEM]
-        # what a job's own log says is the job's problem, not the node's (the policy's verdict
-        # ignores it too): it stays an open finding but does not hold the node's return back
-        node_clean = not any(f.severity in _PROBLEM and not job_owned(f) for f in r.findings)
+        # a report is clean for the resume when nothing in it would drain the node: a warning
+        # (an application's XID, kept until the next reboot) or a job's own log line stays an
+        # open finding, but must not keep a node drained for a fault that is gone for good
+        node_clean = not any(drain_worthy(f) for f in r.findings)
         if r.kind == "event":
             keys = {(f["check"], f["component"], f["code"]) for f in problems}
             kept = [
