@@ -7,8 +7,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypedDict, cast
+from enum import StrEnum
+from typing import Any, TypedDict, TypeVar, cast
 
 from sqlalchemy import (
     Engine,
@@ -53,6 +55,17 @@ _ACTIONS = {str(a): a for a in Action}
 _KINDS = {str(k): k for k in ActionKind}
 _STATUSES = {str(s): s for s in ActionStatus}
 _unreadable_logged: set[str] = set()
+E = TypeVar("E", bound=StrEnum)
+
+
+def _stored(value: object, table: Mapping[str, E], fallback: E, what: str) -> E:
+    """A word read back from the database as its enum; one nobody here reads is logged (once
+    per value) and read as `fallback`, the fail-closed reading of that column."""
+    got = table.get(value) if isinstance(value, str) else None
+    if got is None:
+        _unreadable(f"{what} {value!r}", fallback)
+        return fallback
+    return got
 
 
 def stored_severity(value: object) -> Severity:
@@ -61,40 +74,24 @@ def stored_severity(value: object) -> Severity:
     logged (once per value) and read as WARNING, never as ok. A health daemon must not
     call a node healthy because of a word it cannot read, and must not drain it for one
     either: WARNING makes the node suspect, shown as such, not drained."""
-    sev = _SEVERITIES.get(value) if isinstance(value, str) else None
-    if sev is None:
-        _unreadable(f"severity {value!r}", Severity.WARNING)
-        return Severity.WARNING
-    return sev
+    return _stored(value, _SEVERITIES, Severity.WARNING, "severity")
 
 
 def stored_action(value: object) -> Action:
     """A recommended action read back from the database; unknown ones read as INSPECT (logged)."""
-    act = _ACTIONS.get(value) if isinstance(value, str) else None
-    if act is None:
-        _unreadable(f"action {value!r}", Action.INSPECT)
-        return Action.INSPECT
-    return act
+    return _stored(value, _ACTIONS, Action.INSPECT, "action")
 
 
 def stored_kind(value: object) -> ActionKind:
     """An action's kind read back from the database; an unknown one reads as UNKNOWN (logged),
     which the executor never carries out: a pending one fails, it counts as no drain."""
-    kind = _KINDS.get(value) if isinstance(value, str) else None
-    if kind is None:
-        _unreadable(f"action kind {value!r}", ActionKind.UNKNOWN)
-        return ActionKind.UNKNOWN
-    return kind
+    return _stored(value, _KINDS, ActionKind.UNKNOWN, "action kind")
 
 
 def stored_status(value: object) -> ActionStatus:
     """An action's status read back; an unknown one reads as FAILED (logged), as the audit
     log reads it: never as done, and never run again."""
-    status = _STATUSES.get(value) if isinstance(value, str) else None
-    if status is None:
-        _unreadable(f"action status {value!r}", ActionStatus.FAILED)
-        return ActionStatus.FAILED
-    return status
+    return _stored(value, _STATUSES, ActionStatus.FAILED, "action status")
 
 
 def stored_action_row(r: RowMapping) -> Recorded:

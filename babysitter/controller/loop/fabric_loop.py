@@ -163,7 +163,7 @@ class FabricStep:
         except FutureTimeout:
             return
         except (SlurmError, NotImplementedError) as exc:
-            log.warning("cannot read Slurm's topology (keeping the last one): %s", exc)
+            log.warning("cannot read Slurm's topology (keeping the last one): %r", exc)
             return
         finally:
             if read.done():
