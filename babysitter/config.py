@@ -19,7 +19,6 @@ models).
 
 from __future__ import annotations
 
-import json
 import os
 import types
 import typing
@@ -658,6 +657,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             else:
                 value = raw
                 if _is_json(ann):
+                    import json  # only here: `babysitter check` pays nothing for it
+
                     try:
                         value = json.loads(raw)
                     except ValueError as exc:

@@ -2,21 +2,23 @@
 
 Wire format and `--json` output are fixed by docs/architecture.md.
 
-A stdlib dataclass validated in `__post_init__`, not a pydantic model: `babysitter check` runs
-as a Slurm HealthCheckProgram on every node every few minutes, and importing pydantic alone
-costs more CPU than NHC's whole run. The API still validates it through pydantic (the `Report`
-model holds `list[Finding]`): pydantic validates the fields of a stdlib dataclass, then runs
-the same `__post_init__`, and `__pydantic_config__` makes it refuse unknown keys.
+A plain class validated in `__init__`, neither a pydantic model nor a stdlib dataclass:
+`babysitter check` runs as a Slurm HealthCheckProgram on every node every few minutes and is
+measured against NHC's run. Importing pydantic alone costs more CPU than NHC's whole run, and
+`dataclasses` imports `inspect` (with `ast`, `dis` and `tokenize`): a megabyte of the one-shot's
+peak memory for code it never runs. The API still validates findings through pydantic (the
+`Report` model holds `list[Finding]`): `__get_pydantic_core_schema__` gives pydantic the wire
+form (`finding_fields()`, unknown keys refused, each text's bounds in pydantic-core) and then
+builds the finding through the same `__init__`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, NotRequired
 
 
 class Severity(StrEnum):
@@ -120,55 +122,131 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+# observed_at not given: now; details not given: {} (an explicit None is refused for both)
+_NOW: Any = object()
+_NO_DETAILS: Any = object()
+_FIELD_NAMES = (
+    "check",
+    "component",
+    "severity",
+    "code",
+    "message",
+    "action",
+    "observed_at",
+    "details",
+)
+
+
 class Finding:
-    """One observation of one component. Construction validates (ValueError on a bad field)."""
+    """One observation of one component. Construction validates (ValueError on a bad field);
+    immutable, compared and printed by its fields."""
 
-    __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}
-
-    check: Annotated[str, _CHECK]  # check that produced it, e.g. gpu.ecc
-    component: Annotated[str, _COMPONENT]  # host, gpuN, ib:<dev>/<port>, ...
+    __slots__ = _FIELD_NAMES
+    check: str  # check that produced it, e.g. gpu.ecc
+    component: str  # host, gpuN, ib:<dev>/<port>, ...
     severity: Severity
-    code: Annotated[str, _CODE]  # stable machine code, e.g. ecc.dbe.volatile
-    message: Annotated[str, _MESSAGE]
-    action: Action = Action.NONE
-    observed_at: datetime = dataclasses.field(default_factory=utcnow)
-    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    code: str  # stable machine code, e.g. ecc.dbe.volatile
+    message: str
+    action: Action
+    observed_at: datetime
+    details: dict[str, Any]
 
-    def __post_init__(self) -> None:
-        c, comp, code, msg = self.check, self.component, self.code, self.message
+    def __init__(
+        self,
+        *,
+        check: str,
+        component: str,
+        severity: Severity | str,
+        code: str,
+        message: str,
+        action: Action | str = Action.NONE,
+        observed_at: datetime | str = _NOW,
+        details: dict[str, Any] = _NO_DETAILS,
+    ) -> None:
         common = (  # one expression for the common case: ingest validates every finding
-            type(c) is str
-            and type(comp) is str
+            type(check) is str
+            and type(component) is str
             and type(code) is str
-            and type(msg) is str
-            and len(c) <= _MAX_CHECK
-            and len(comp) <= _MAX_COMPONENT
+            and type(message) is str
+            and len(check) <= _MAX_CHECK
+            and len(component) <= _MAX_COMPONENT
             and len(code) <= _MAX_CODE
-            and len(msg) <= _MAX_MESSAGE
-            and _CHECK_RE.fullmatch(c)
-            and _COMPONENT_RE.fullmatch(comp)
+            and len(message) <= _MAX_MESSAGE
+            and _CHECK_RE.fullmatch(check)
+            and _COMPONENT_RE.fullmatch(component)
         )
         if not common:  # find the field to name
-            for text in _TEXTS:
-                text.check(getattr(self, text.name))
+            for text, value in zip(_TEXTS, (check, component, code, message), strict=True):
+                text.check(value)
         # enums given as their text (a stored row, a test) become the enum; an unknown one
         # raises ValueError
-        if type(self.severity) is not Severity:
-            object.__setattr__(self, "severity", Severity(self.severity))
-        if type(self.action) is not Action:
-            object.__setattr__(self, "action", Action(self.action))
-        when = self.observed_at
+        if type(severity) is not Severity:
+            severity = Severity(severity)
+        if type(action) is not Action:
+            action = Action(action)
+        when: object = utcnow() if observed_at is _NOW else observed_at
         if isinstance(when, str):
             when = datetime.fromisoformat(when)
         if not isinstance(when, datetime):
             raise ValueError("observed_at must be a date and time")
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
-        if when is not self.observed_at:
-            object.__setattr__(self, "observed_at", when)
-        if not isinstance(self.details, dict):
+        if details is _NO_DETAILS:
+            details = {}
+        elif not isinstance(details, dict):
             raise ValueError("details must be an object")
+        _set = object.__setattr__
+        _set(self, "check", check)
+        _set(self, "component", component)
+        _set(self, "severity", severity)
+        _set(self, "code", code)
+        _set(self, "message", message)
+        _set(self, "action", action)
+        _set(self, "observed_at", when)
+        _set(self, "details", details)
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _FIELD_NAMES)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Finding)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())  # a TypeError for its details dict, as a dataclass's
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELD_NAMES)
+        return f"Finding({inner})"
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}: a Finding is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}: a Finding is immutable")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copy and pickle without __setattr__
+        return (_rebuild, self._values())
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """pydantic validates the wire form (`finding_fields()`: the field locations and error
+        types of a 422), then builds the finding through `__init__`; a `Finding` passes as
+        it is. Only the controller and the agent, which import pydantic, ever call this."""
+        from pydantic_core import core_schema
+
+        def build(value: Any, fields: Any) -> Finding:
+            return value if isinstance(value, cls) else cls(**fields(value))
+
+        return core_schema.no_info_wrap_validator_function(
+            build,
+            handler.generate_schema(finding_fields()),
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda f: f.to_json_dict()
+            ),
+        )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Finding:
@@ -214,7 +292,8 @@ class Finding:
         return f
 
     def replace(self, **changes: Any) -> Finding:
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`, validated as a new finding."""
+        return Finding(**{**dict(zip(_FIELD_NAMES, self._values(), strict=True)), **changes})
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -234,7 +313,41 @@ class Finding:
         }
 
 
-_FIELDS = frozenset(f.name for f in dataclasses.fields(Finding))
+_FIELDS = frozenset(_FIELD_NAMES)
+
+
+def _rebuild(*values: Any) -> Finding:
+    return Finding.unchecked(**dict(zip(_FIELD_NAMES, values, strict=True)))
+
+
+def finding_fields() -> Any:
+    """The wire form of a finding as a TypedDict (the API's pydantic validation, its OpenAPI
+    schema's `Finding`): one definition of the text bounds (`_Text`) for both sides. Built on
+    first use: pydantic wants typing_extensions' TypedDict on Python < 3.12, which the one-shot
+    never imports."""
+    global _FINDING_FIELDS
+    if _FINDING_FIELDS is None:
+        from typing_extensions import TypedDict
+
+        fields = TypedDict(  # type: ignore[name-match]  # noqa: UP013  # built at run time
+            "Finding",
+            {
+                "check": Annotated[str, _CHECK],
+                "component": Annotated[str, _COMPONENT],
+                "severity": Severity,
+                "code": Annotated[str, _CODE],
+                "message": Annotated[str, _MESSAGE],
+                "action": NotRequired[Action],
+                "observed_at": NotRequired[datetime],
+                "details": NotRequired[dict[str, Any]],
+            },
+        )
+        fields.__pydantic_config__ = {"extra": "forbid"}  # type: ignore[attr-defined]
+        _FINDING_FIELDS = fields
+    return _FINDING_FIELDS
+
+
+_FINDING_FIELDS: Any = None
 
 
 def worst(findings: Iterable[Finding]) -> Severity:

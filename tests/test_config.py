@@ -240,3 +240,39 @@ def test_a_section_check_raising_a_plain_value_error_still_names_its_key():
 
     line = explain({"low": 11}, Limits, _convert, {})
     assert line == "low: above high (got 11)"
+
+
+def test_the_healthcheck_reads_configs_as_everything_else_does(tmp_path):
+    """`babysitter check` imports msgspec without typing_extensions (1.7 MB of its memory,
+    cli/check_run.py). The same files must load to the same settings, and a bad one must be
+    refused with the same message, as in a process that has typing_extensions."""
+    example = Path(__file__).resolve().parents[1] / "systemd" / "babysitter.toml.example"
+    bad = write(tmp_path, "[checks.xid]\nactions = {79 = 'reboto'}\n[agent]\ninterval_s = -1\n")
+    probe = (
+        "import sys\n"
+        "from babysitter.cli.check_run import import_msgspec_lean\n"
+        "import_msgspec_lean()\n"
+        "assert 'typing_extensions' not in sys.modules\n"
+        "import msgspec\n"
+        "from babysitter.config import load_config\n"
+        "from babysitter.errors import ConfigError\n"
+        "print(msgspec.json.encode(load_config(sys.argv[1]), enc_hook=str).decode())\n"
+        "try:\n"
+        "    load_config(sys.argv[2])\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe, str(example), str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    settings, refusal = r.stdout.splitlines()[0], "\n".join(r.stdout.splitlines()[1:])
+    import msgspec
+
+    assert settings == msgspec.json.encode(load_config(example), enc_hook=str).decode()
+    with pytest.raises(ConfigError) as here:
+        load_config(bad)
+    assert refusal == str(here.value) and "checks.xid.actions.79" in refusal

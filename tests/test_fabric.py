@@ -5,7 +5,6 @@ tree grows."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from datetime import UTC, datetime, timedelta
@@ -261,7 +260,7 @@ def test_nccl_ib_transport_error_in_a_job_log_is_a_fabric_finding(tmp_path):
 
 def test_what_an_agent_says_about_its_port_is_shown_only_when_well_formed():
     def down(sm_lid: object) -> Finding:
-        return dataclasses.replace(port_down("a"), details={"sm_lid": sm_lid})
+        return port_down("a").replace(details={"sm_lid": sm_lid})
 
     found = onsets({"a": [down("0x1")], "b": [down("0x1; reboot")], "c": [down(7)]}, {}, T0)
     assert found["a"].sm_lids == ("0x1",) and found["a"].ports == ("ib:mlx5_0/1",)

@@ -248,7 +248,8 @@ def test_the_healthcheck_run_loads_neither_pydantic_nor_click(env, gpus, tmp_pat
         "except SystemExit as e:\n"
         "    code = e.code\n"
         "heavy = sorted(m for m in ('pydantic', 'click', 'rich', 'fastapi', 'sqlalchemy',"
-        " 'pynvml', 'psutil', 'tenacity') if m in sys.modules)\n"
+        " 'pynvml', 'psutil', 'tenacity', 'dataclasses', 'inspect', 'typing_extensions')"
+        " if m in sys.modules)\n"
         "print('HEAVY', heavy, 'EXIT', code, file=sys.stderr)\n"
     )
     r = subprocess.run(

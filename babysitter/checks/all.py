@@ -9,7 +9,8 @@ carries the check (it runs on the controller's order) without paying for numpy u
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+
+import msgspec
 
 from babysitter.checks.base import Check, CheckContext, EventSource
 from babysitter.checks.gpu import check as gpu
@@ -22,8 +23,7 @@ from babysitter.config import Config
 from babysitter.errors import BabysitterError, ConfigError, UsageError
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(msgspec.Struct, frozen=True):
     name: str  # the check's name (Check.name), matched by --only / agent.enabled_checks
     section: str  # its [checks.<section>] (Check.section)
     make: Callable[[CheckContext], Check]
@@ -31,7 +31,7 @@ class Entry:
     # runs only when the controller orders it: an agent carries it by default
     ordered: bool = False
     timeout_s: float = 10.0
-    signals: Mapping[str, object] = field(default_factory=dict)  # its tier table
+    signals: Mapping[str, object] = msgspec.field(default_factory=dict)  # its tier table
 
     @classmethod
     def of(cls, check: type[Check]) -> Entry:
@@ -64,8 +64,7 @@ CHECKS: tuple[Entry, ...] = (
 EVENT_SOURCES: tuple[Callable[[CheckContext], EventSource], ...] = (xid.NvmlEvents,)
 
 
-@dataclass
-class Composition:
+class Composition(msgspec.Struct):
     checks: list[Check]
     sources: list[EventSource]  # not started; the agent starts the supported ones
 

@@ -25,8 +25,9 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
+
+import msgspec
 
 from babysitter.checks import tiers
 from babysitter.finding import Action, Finding, Severity
@@ -37,13 +38,16 @@ if TYPE_CHECKING:
     from babysitter.settings import CheckConfig
 
 
-@dataclass
 class CheckContext:
     """What a check may use: the whole config and the node's name. No I/O handles here."""
 
-    config: Config
-    node_name: str
-    _profile: NodeProfile | None = field(default=None, init=False, repr=False, compare=False)
+    def __init__(self, config: Config, node_name: str) -> None:
+        self.config = config
+        self.node_name = node_name
+        self._profile: NodeProfile | None = None
+
+    def __repr__(self) -> str:
+        return f"CheckContext(node_name={self.node_name!r})"
 
     def check_config(self, section: str) -> CheckConfig | None:
         return getattr(self.config.checks, section, None)
@@ -229,8 +233,7 @@ class EventSource:
         pass
 
 
-@dataclass
-class CheckResult:
+class CheckResult(msgspec.Struct):
     check: str
     findings: list[Finding]
     duration_s: float

@@ -13,9 +13,10 @@ from __future__ import annotations
 import importlib
 import threading
 import time
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
+
+import msgspec
 
 from babysitter.checks import nvml_counter
 
@@ -110,8 +111,7 @@ def call(fn: Any, *args: Any) -> Any:
         return NOT_SUPPORTED
 
 
-@dataclass
-class Device:
+class Device(msgspec.Struct):
     index: int
     handle: Any
     name: str
@@ -139,8 +139,7 @@ class Device:
         return out
 
 
-@dataclass
-class LostDevice:
+class LostDevice(msgspec.Struct):
     index: int
     error: str
     code: int

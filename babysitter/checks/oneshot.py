@@ -11,7 +11,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from babysitter.checks.base import Check, CheckResult, execute, timeout_result
 from babysitter.finding import Action, Finding, Severity
@@ -24,8 +25,7 @@ BUDGET_S = 10.0
 _GRACE_S = 0.5
 
 
-@dataclass
-class OneShot:
+class OneShot(msgspec.Struct):
     results: list[CheckResult]
     hung: bool  # a thread is stuck in a call that will not return: do not wait for it at exit
 

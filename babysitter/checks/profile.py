@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
+
+import msgspec
 
 from babysitter.hardware.profiles import PROFILES, HardwareProfile, detect
 
@@ -27,8 +28,7 @@ if TYPE_CHECKING:
 REDETECT_S = 300.0
 
 
-@dataclass(frozen=True)
-class Expectations:
+class Expectations(msgspec.Struct, frozen=True):
     profile: str
     source: Literal["configured", "detected"]
     nvlinks: int  # NVLinks per GPU the model has (0: no expectation)

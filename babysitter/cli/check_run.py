@@ -12,7 +12,6 @@ one-shot run never repeats) are the controller's to resume."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -51,6 +50,8 @@ def configure_logging(verbose: int) -> None:
 
 def json_text(data: Any) -> str:
     """Machine output: one JSON document (the format of every `--json`)."""
+    import json  # only for --json: the HealthCheckProgram prints a table
+
     return json.dumps(data, indent=2, sort_keys=True, default=str)
 
 
@@ -266,6 +267,21 @@ def simple_args(argv: Sequence[str]) -> SimpleNamespace | None:
     return out if command else None
 
 
+def import_msgspec_lean() -> None:
+    """Import msgspec without typing_extensions. msgspec imports it when it is installed (the
+    controller's pydantic brings it), only to recognise its special forms; it falls back to
+    `typing`'s, which are the ones babysitter's types use (no babysitter module imports
+    typing_extensions: tests/test_gpu_checks.py). It is 1.7 MB of the one-shot's peak memory.
+    Blocked for this one import only: anything imported later gets the real module."""
+    if "msgspec" in sys.modules or "typing_extensions" in sys.modules:
+        return
+    sys.modules["typing_extensions"] = None  # type: ignore[assignment]  # ImportError
+    try:
+        import msgspec  # noqa: F401
+    finally:
+        del sys.modules["typing_extensions"]
+
+
 def main(argv: Sequence[str]) -> int:
     """`babysitter … check …` end to end: parse, load the config, run; the exit code."""
     args: Any = simple_args(argv) or _parser().parse_args(list(argv))
@@ -274,6 +290,7 @@ def main(argv: Sequence[str]) -> int:
     # else logging stays unconfigured (and unimported until something warns): Python's own
     # last-resort handler prints warnings and errors to stderr, as configure_logging(0) would
     try:
+        import_msgspec_lean()
         from babysitter.config import load_config
 
         cfg = load_config(args.config_path)  # else $BABYSITTER_CONFIG, else the default

@@ -10,11 +10,11 @@ domain notes. A model without a figure here gets the generic value.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+import msgspec
 
 
-@dataclass(frozen=True)
-class HardwareProfile:
+class HardwareProfile(msgspec.Struct, frozen=True):
     name: str
     description: str
     # NVML device names this profile is detected from (None: never detected, chosen by name)

@@ -7,8 +7,9 @@ must restart; not a node fault), ignore, inspect (a workflow a human follows).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 from babysitter.finding import Action, Severity
 
@@ -65,8 +66,7 @@ XidClass = Literal["reboot", "reset_gpu", "inspect", "app", "ignore"]
 KNOWN_XIDS: frozenset[int] = frozenset().union(*CATALOG.values())
 
 
-@dataclass(frozen=True)
-class XidVerdict:
+class XidVerdict(msgspec.Struct, frozen=True):
     xid: int
     klass: str
     severity: Severity

@@ -14,9 +14,10 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from babysitter.checks.base import Check
 from babysitter.checks.infiniband.settings import InfinibandCheckConfig
@@ -101,12 +102,11 @@ def parse_counter(text: str | None) -> int | None:
     return int(text)
 
 
-@dataclass
-class PortState:
-    counters: dict[str, int] = field(default_factory=dict)
+class PortState(msgspec.Struct):
+    counters: dict[str, int] = msgspec.field(default_factory=dict)
     at: float = 0.0
     up: bool = True
-    flaps: list[float] = field(default_factory=list)
+    flaps: list[float] = msgspec.field(default_factory=list)
     unhealthy_until: float = 0.0
     last_change: float = 0.0
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import glob
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from babysitter.checks.base import Check
 from babysitter.checks.nccl.settings import NcclCheckConfig
@@ -50,8 +51,7 @@ SIGNATURES: list[tuple[str, re.Pattern[str], Severity]] = [
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)\s+(.+)$")
 
 
-@dataclass
-class PerfRow:
+class PerfRow(msgspec.Struct):
     size: int
     count: int
     dtype: str

@@ -10,7 +10,8 @@ with nothing to protect."""
 from __future__ import annotations
 
 import glob
-from dataclasses import dataclass, field
+
+import msgspec
 
 from babysitter.checks import nvml
 
@@ -18,12 +19,11 @@ from babysitter.checks import nvml
 DEVICE_GLOB = "/dev/nvidia[0-9]*"
 
 
-@dataclass(frozen=True)
-class Occupancy:
+class Occupancy(msgspec.Struct, frozen=True):
     gpus: int = 0  # GPUs NVML sees (0 on a CPU node)
     busy: tuple[int, ...] = ()  # indexes of GPUs running compute processes
     unknown: str = ""  # why the busy state cannot be told ("" when it can)
-    processes: dict[int, int] = field(default_factory=dict)  # GPU index -> process count
+    processes: dict[int, int] = msgspec.field(default_factory=dict)  # GPU index -> process count
 
     @property
     def free(self) -> bool:
