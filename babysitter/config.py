@@ -17,8 +17,6 @@ one-line description (docs/config.md, the configuration reference, is generated 
 models).
 """
 
-from __future__ import annotations
-
 import os
 import types
 import typing

@@ -3,8 +3,6 @@ understands. Here, below both, so that each check's own settings (checks/<name>/
 and config.py, which assembles them into one `Config`, build on it without importing each
 other."""
 
-from __future__ import annotations
-
 import functools
 import types
 import typing

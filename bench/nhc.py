@@ -36,6 +36,7 @@ from babysitter.devcluster.source import source_dirs
 from bench.agent_cost import child_cost, cpu_s, rss_mb
 from bench.common import REPO, figure, summary, wait_until, write_result
 from bench.fault_drain import POLICY, DefaultsCluster
+from bench.wheel import installed_wheel
 
 NHC_TARBALL = "nhc-1.4.3-9c4a38c.tar.gz"
 # node1..node6; the last stays healthy: its agent is the one measured. Five take turns: a node
@@ -44,6 +45,8 @@ BABYSITTER_NODES = 6
 NHC_NODES = 8  # node5..node12: two per GPU fault kind per round
 ROUNDS = {60: 4, 300: 2}
 COST_RUNS = 7
+# the bench's own installed-wheel venv: a test run may be reinstalling the suite's meanwhile
+WHEEL_CACHE = Path("/tmp/babysitter-bench-wheel-venv")
 FAST_TIER_S = 1.0
 
 GPU_FAULTS: dict[str, Callable[[FakeGpus], object]] = {
@@ -296,7 +299,7 @@ def one_shot_costs(base: Path, src: Path, helper: Path) -> dict[str, dict[str, f
     """CPU and peak RSS of one NHC run and of one `babysitter check`, on the same 8 healthy fake
     GPUs, measured the same way (/usr/bin/time, children included), median of COST_RUNS."""
     d = base / "cost"
-    d.mkdir(parents=True)
+    (d / "wheel").mkdir(parents=True)
     gpus = FakeGpus(d / "nvml-state", count=8)
     env = dict(os.environ, **gpus.env(build()))
     (d / "kmsg").touch()
@@ -323,13 +326,15 @@ def one_shot_costs(base: Path, src: Path, helper: Path) -> dict[str, dict[str, f
         BABYSITTER_CHECKS__HOST__MIN_FREE_GB="0",
     )
     check_env.pop("BABYSITTER_CONFIG", None)
-    # a wheel install has compiled bytecode; without it the compiler would be billed
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "babysitter")], check=True)
+    # `babysitter check` as a site runs it: the console script of the installed wheel (compiled
+    # bytecode, no editable finder), in a venv of the bench's own
+    venv = installed_wheel(d / "wheel", cache=WHEEL_CACHE)
+    check_cmd = [str(venv / "bin" / "babysitter"), "check"]
     # NHC exits 0 when it finds no scripts to load: prove it runs its checks on a lost GPU
     gpus.lose(5)
     for name, cmd, e in (
         ("nhc", nhc_cmd, env),
-        ("babysitter_check", [sys.executable, "-m", "babysitter.cli.main", "check"], check_env),
+        ("babysitter_check", check_cmd, check_env),
     ):
         if child_cost(cmd, e)[2] == 0:
             raise RuntimeError(f"{name} passed a node with a lost GPU: it did not run its checks")
@@ -337,7 +342,7 @@ def one_shot_costs(base: Path, src: Path, helper: Path) -> dict[str, dict[str, f
     out: dict[str, dict[str, float]] = {}
     for name, cmd, e in (
         ("nhc", nhc_cmd, env),
-        ("babysitter_check", [sys.executable, "-m", "babysitter.cli.main", "check"], check_env),
+        ("babysitter_check", check_cmd, check_env),
     ):
         runs = [child_cost(cmd, e) for _ in range(COST_RUNS)]
         bad = [rc for _, _, rc in runs if rc != 0]

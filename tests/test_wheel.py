@@ -8,15 +8,12 @@ what this test is about); the babysitter wheel itself is rebuilt and reinstalled
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,59 +21,14 @@ import httpx
 import pytest
 
 from babysitter.controller.api.auth import node_token
+from bench.wheel import REPO, installed_wheel
+from bench.wheel import clean_env as _clean_env
 from tests.fixtures.controller import free_port
-
-REPO = Path(__file__).resolve().parents[1]
-VENV_CACHE = Path(os.environ.get("BABYSITTER_WHEEL_VENV_CACHE", "/tmp/babysitter-wheel-venv"))
-
-
-def _deps_key() -> str:
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    deps = project["dependencies"] + project["optional-dependencies"]["postgres"]
-    return hashlib.sha256(json.dumps(sorted(deps)).encode()).hexdigest()[:16]
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    """No trace of the checkout: no PYTHONPATH, no babysitter settings of the test run."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("BABYSITTER_", "PYTHON", "VIRTUAL_ENV"))
-    }
-    env.update(extra)
-    return env
 
 
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-        cwd=out,
-    )
-    (wheel,) = out.glob("babysitter-*.whl")
-    venv = VENV_CACHE / _deps_key()
-    py = venv / "bin" / "python"
-    if not (venv / ".deps-installed").exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-        subprocess.run(
-            [str(py), "-m", "pip", "install", "-q", f"{wheel}[postgres]"],
-            check=True,
-            timeout=900,
-            env=_clean_env(),
-        )
-        (venv / ".deps-installed").touch()
-    subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
-        check=True,
-        timeout=300,
-        env=_clean_env(),
-    )
-    return venv
+    return installed_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from babysitter import __version__
 from babysitter.errors import BabysitterError, UsageError
@@ -106,12 +106,24 @@ def run(cfg: Config, only: str, as_json: bool, slurm_drain: bool) -> int:
     if once.hung:
         # threads stuck in a driver call never return, and interpreter exit would wait on
         # them (and on NVML's shutdown): leave now that the verdict is out
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if "logging" in sys.modules:
-            sys.modules["logging"].shutdown()
-        os._exit(code)
+        leave(code)
+    nvml.shutdown()  # every check has returned: release the driver (the process may _exit)
     return code
+
+
+def leave(code: int) -> NoReturn:
+    """End the process with `code` once the verdict is out, without the interpreter's
+    teardown: the one-shot's output is flushed here and it holds no other buffer, and freeing
+    every module at exit is a sixth of the CPU a HealthCheckProgram run costs (and would wait
+    for threads hung in the driver)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: the verdict is the exit code
+            pass
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()
+    os._exit(code)
 
 
 _STYLE = {

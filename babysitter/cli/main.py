@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> Any:
     from babysitter.cli import check_run
 
     if check_run.is_check(args):
-        sys.exit(check_run.main(args))
+        check_run.leave(check_run.main(args))  # a one-shot process: no interpreter teardown
     from babysitter.cli.tree import run
 
     run(args)

@@ -30,8 +30,9 @@
  *                                    seen by event sets registered for that type before it
  *
  * Call counting: with $FAKE_NVML_CALLS set, the number of calls per NVML function is written
- * there (`<function> <count>` lines, atomically) at most once a second and at unload, so a
- * benchmark can tell how many driver calls an agent makes.
+ * there (`<function> <count>` lines, atomically) at most once a second, at nvmlShutdown and at
+ * unload (a process that ends with _exit never unloads it), so a benchmark can tell how many
+ * driver calls an agent makes.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -254,7 +255,13 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
 }
 nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
-nvmlReturn_t nvmlShutdown(void) { initialized = 0; return NVML_SUCCESS; }
+nvmlReturn_t nvmlShutdown(void) {
+    initialized = 0;
+    pthread_mutex_lock(&count_lock);
+    dump_counts_locked();
+    pthread_mutex_unlock(&count_lock);
+    return NVML_SUCCESS;
+}
 
 const char *nvmlErrorString(nvmlReturn_t r) {
     switch (r) {

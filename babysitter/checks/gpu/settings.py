@@ -6,8 +6,6 @@ What differs by GPU model (the NVLinks a board has) is hardware data the checks 
 node's profile (babysitter/hardware/profiles.py), unless a threshold here sets it.
 """
 
-from __future__ import annotations
-
 from typing import Annotated
 
 from msgspec import Meta, field

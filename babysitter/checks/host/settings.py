@@ -1,7 +1,5 @@
 """`[checks.host]`: what the host check reads (config.py assembles it into `Config`)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

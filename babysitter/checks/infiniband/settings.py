@@ -1,7 +1,5 @@
 """`[checks.infiniband]`: what the InfiniBand check reads (config.py assembles it into `Config`)."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 from msgspec import Meta

@@ -1,7 +1,5 @@
 """`[checks.nccl]`: what the NCCL checks read (config.py assembles it into `Config`)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

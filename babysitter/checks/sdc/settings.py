@@ -1,8 +1,6 @@
 """`[checks.sdc]`: what the SDC test and its schedule read (config.py assembles it into
 `Config`)."""
 
-from __future__ import annotations
-
 from typing import Annotated, Literal, get_args
 
 from msgspec import Meta

@@ -1,8 +1,6 @@
 """`[checks.xid]`: what the XID checks read (config.py assembles it into `Config`). The XID catalog
 itself is hardware data (babysitter/hardware/xids.py)."""
 
-from __future__ import annotations
-
 from typing import Annotated, get_args
 
 from msgspec import Meta, field
