@@ -19,11 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import babysitter as babysitter_pkg
 from babysitter.controller.api.auth import node_token
 from babysitter.devcluster import simib
 from babysitter.devcluster.fakenvml import FakeGpus, build, read_calls
 from bench.common import figure, summary, wait_ready, write_result
+from bench.wheel import WHEEL_CACHE, installed_wheel
 
 DURATION_S = 300.0
 WARMUP_S = 20.0  # start-up (imports, first full cycle) is not the steady state
@@ -147,19 +147,15 @@ def main() -> int:
         per_fn = {k: round((v - n0.get(k, 0)) / (w1 - w0), 2) for k, v in n1.items()}
         nvml_per_s = sum(per_fn.values())
         wait_per_s = per_fn.get("nvmlEventSetWait_v2", 0.0)
-        # the one-shot check, beside an empty interpreter measured the same way
-        empty_cpu, empty_rss, _ = child_cost([sys.executable, "-c", "pass"], base)
+        # the one-shot check as a site runs it (the installed wheel's console script, compiled
+        # bytecode, no editable finder), beside that venv's empty interpreter measured the same way
+        (work / "wheel").mkdir()
+        venv = installed_wheel(work / "wheel", cache=WHEEL_CACHE)
+        empty_cpu, empty_rss, _ = child_cost([str(venv / "bin" / "python"), "-c", "pass"], base)
         check_env = dict(agent_env)
         check_env.pop("FAKE_NVML_CALLS", None)
-        # as installed: pip writes every module's .pyc when it installs the wheel. A checkout
-        # run with PYTHONDONTWRITEBYTECODE set (as here) would compile each module on every run
-        # and measure the compiler.
-        subprocess.run(
-            [sys.executable, "-m", "compileall", "-q", str(Path(babysitter_pkg.__file__).parent)],
-            check=True,
-            capture_output=True,
-        )
-        runs = [child_cost([*babysitter, "check", "--json"], check_env) for _ in range(CHECK_RUNS)]
+        check = [str(venv / "bin" / "babysitter"), "check", "--json"]
+        runs = [child_cost(check, check_env) for _ in range(CHECK_RUNS)]
     check_cpu = summary([r[0] for r in runs])
     check_rss = max(r[1] for r in runs)
     figs = [

@@ -36,7 +36,7 @@ from babysitter.devcluster.source import source_dirs
 from bench.agent_cost import child_cost, cpu_s, rss_mb
 from bench.common import REPO, figure, summary, wait_until, write_result
 from bench.fault_drain import POLICY, DefaultsCluster
-from bench.wheel import installed_wheel
+from bench.wheel import WHEEL_CACHE, installed_wheel
 
 NHC_TARBALL = "nhc-1.4.3-9c4a38c.tar.gz"
 # node1..node6; the last stays healthy: its agent is the one measured. Five take turns: a node
@@ -45,8 +45,6 @@ BABYSITTER_NODES = 6
 NHC_NODES = 8  # node5..node12: two per GPU fault kind per round
 ROUNDS = {60: 4, 300: 2}
 COST_RUNS = 7
-# the bench's own installed-wheel venv: a test run may be reinstalling the suite's meanwhile
-WHEEL_CACHE = Path("/tmp/babysitter-bench-wheel-venv")
 FAST_TIER_S = 1.0
 
 GPU_FAULTS: dict[str, Callable[[FakeGpus], object]] = {

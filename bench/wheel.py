@@ -20,6 +20,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_CACHE = Path(os.environ.get("BABYSITTER_WHEEL_VENV_CACHE", "/tmp/babysitter-wheel-venv"))
+# the benchmarks' own: a test run may be reinstalling the suite's meanwhile
+WHEEL_CACHE = Path("/tmp/babysitter-bench-wheel-venv")
 
 
 def deps_key() -> str:
