@@ -205,14 +205,22 @@ class Finding:
         _set(self, "observed_at", when)
         _set(self, "details", details)
 
-    def _values(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in _FIELD_NAMES)
+    def _values(self) -> tuple[Any, ...]:  # in _FIELD_NAMES' order
+        return (
+            self.check,
+            self.component,
+            self.severity,
+            self.code,
+            self.message,
+            self.action,
+            self.observed_at,
+            self.details,
+        )
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        assert isinstance(other, Finding)
-        return self._values() == other._values()
+        return self._values() == other._values()  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
         return hash(self._values())  # a TypeError for its details dict, as a dataclass's

@@ -34,7 +34,15 @@ class _Binding:
         module = self.module
         if module is None:
             module = self.module = importlib.import_module(BINDINGS["pynvml"])
-        return getattr(module, name)
+        value = getattr(module, name)
+        # kept: the next read is a plain attribute (the agent reads constants and functions
+        # thousands of times a minute); `use()` forgets them all
+        setattr(self, name, value)
+        return value
+
+    def choose(self, module: ModuleType) -> None:
+        self.__dict__.clear()
+        self.module = module
 
 
 nv: Any = _Binding()
@@ -45,7 +53,7 @@ def use(binding: Literal["pynvml", "lite"]) -> None:
     are not reused)."""
     global _initialized, _cached
     with _lock:
-        nv.module = importlib.import_module(BINDINGS[binding])
+        nv.choose(importlib.import_module(BINDINGS[binding]))
         _initialized = False
         _cached = None
         _identity.clear()

@@ -316,6 +316,7 @@ class GpuNvlinkCheck(GpuCheck):
         self._active: dict[int, list[int]] = {}  # active links per GPU, from the last state read
         self._links: dict[int, int] = {}  # link count per GPU (from the link-count field)
         self._fields: dict[int, bool] = {}  # per GPU: the driver answers the state field
+        self._state_ids: dict[int, list[tuple[int, int]]] = {}  # the state fields, per link count
 
     def read(self, signal: str, dev: Device) -> list[Finding]:
         if signal == "state":
@@ -342,14 +343,18 @@ class GpuNvlinkCheck(GpuCheck):
             if count is None:
                 return []
             links = self._links[dev.index] = min(count[0], nv.NVML_NVLINK_MAX_LINKS)
-        states = self._field_values(
-            dev, [(nv.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(links)]
-        )
+        ids = self._state_ids.get(links)
+        if ids is None:
+            ids = self._state_ids[links] = [
+                (nv.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(links)
+            ]
+        states = self._field_values(dev, ids)
         if states is None:
             return []
         self._fields[dev.index] = True
-        down = [link for link, st in enumerate(states) if st == nv.NVML_NVLINK_STATE_INACTIVE]
-        self._active[dev.index] = [link for link in range(links) if link not in down]
+        inactive = nv.NVML_NVLINK_STATE_INACTIVE
+        down = [link for link, st in enumerate(states) if st == inactive]
+        self._active[dev.index] = [link for link, st in enumerate(states) if st != inactive]
         return [self._inactive(dev, link) for link in down]
 
     def _field_values(self, dev: Device, ids: list[tuple[int, int]]) -> list[int] | None:
@@ -361,10 +366,17 @@ class GpuNvlinkCheck(GpuCheck):
             values = call(nv.nvmlDeviceGetFieldValues, dev.handle, ids)
         except nv.NVMLError_FunctionNotFound:  # a driver older than the call itself
             values = NOT_SUPPORTED
-        if values is NOT_SUPPORTED or any(v.nvmlReturn != nv.NVML_SUCCESS for v in values):
-            self._fields[dev.index] = False
-            return None
-        return [int(v.value.uiVal) for v in values]
+        out: list[int] = []
+        if values is not NOT_SUPPORTED:
+            success = nv.NVML_SUCCESS
+            for v in values:  # one pass: each field read of pynvml's structs is a Python call
+                if v.nvmlReturn != success:
+                    break
+                out.append(int(v.value.uiVal))
+            else:
+                return out
+        self._fields[dev.index] = False
+        return None
 
     def _state_scan(self, dev: Device) -> list[Finding]:
         """One state call per link, until the board says there are no more links."""
