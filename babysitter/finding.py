@@ -220,7 +220,7 @@ class Finding:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined]
+        return self._values() == other._values()
 
     def __hash__(self) -> int:
         return hash(self._values())  # a TypeError for its details dict, as a dataclass's
