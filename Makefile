@@ -67,6 +67,10 @@ venv-demo: $(VENV)/.installed-demo
 $(VENV)/.installed-demo: pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -e .
+	@# bytecode, as a wheel install has it: a shell with PYTHONDONTWRITEBYTECODE set would
+	@# otherwise compile every module on every `babysitter check` (it reads .pyc, only never
+	@# writes them)
+	$(PY) -m compileall -q babysitter >/dev/null
 	@touch $@
 
 # The developer's venv: dev tools, the Postgres driver, and torch's CPU build (the SDC check's

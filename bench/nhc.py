@@ -35,7 +35,7 @@ from babysitter.devcluster.fakenvml import FakeGpus, build
 from babysitter.devcluster.source import source_dirs
 from bench.agent_cost import child_cost, cpu_s, rss_mb
 from bench.common import REPO, figure, summary, wait_until, write_result
-from bench.fault_drain import POLICY, DefaultsCluster
+from bench.fault_drain import NO_LADDER, POLICY, DefaultsCluster
 from bench.wheel import WHEEL_CACHE, installed_wheel
 
 NHC_TARBALL = "nhc-1.4.3-9c4a38c.tar.gz"
@@ -140,6 +140,7 @@ def run_interval(
         base,
         n_nodes=len(names),
         policy=POLICY,
+        extra_config=NO_LADDER,
         nhc_nodes=set(theirs),
         extra_slurm_conf=[
             f"HealthCheckProgram={hcp}",
@@ -400,7 +401,8 @@ def main() -> int:
         },
         settings={
             "babysitter": "defaults (agent fast tier 1 s, controller loop 1 s); guard opened: "
-            + repr(POLICY),
+            + repr(POLICY)
+            + "; remediation ladder off (the bench reboots the node itself)",
             "nhc": "1.4.3, HealthCheckProgram, HealthCheckNodeState=ANY, -t 30",
             "rounds": {str(k): v for k, v in rounds.items()},
             "nodes": {"babysitter": BABYSITTER_NODES, "nhc": NHC_NODES},
