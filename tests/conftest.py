@@ -247,12 +247,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+def flaky_tests(stats: dict[str, list[object]]) -> list[str]:
+    """Tests rerun after a failure that passed on the rerun. One that failed its rerun too is
+    listed as failed, or as an error when its setup failed (a fixture that could not start its
+    cluster twice is a failure, not a flake)."""
+    reruns = {getattr(rep, "nodeid", "") for rep in stats.get("rerun", [])}
+    failed = {getattr(rep, "nodeid", "") for k in ("failed", "error") for rep in stats.get(k, [])}
+    return sorted(reruns - failed)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     """A test that failed and passed on its one rerun (pytest-rerunfailures) is named loudly:
     it is a flake to fix, not a pass to forget."""
-    reruns = {rep.nodeid for rep in terminalreporter.stats.get("rerun", [])}
-    failed = {rep.nodeid for rep in terminalreporter.stats.get("failed", [])}
-    flaky = sorted(reruns - failed)  # a test that failed its rerun too is listed as failed
+    flaky = flaky_tests(terminalreporter.stats)
     if not flaky:
         return
     terminalreporter.section("FLAKY: failed once, passed on rerun", sep="!", red=True, bold=True)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from bench import sdc_cross
-from tests.conftest import _code_tiers
+from tests.conftest import _code_tiers, flaky_tests
 from tests.fixtures.controller import ControllerProcess
 
 
@@ -56,3 +57,16 @@ def test_the_unit_tier_is_what_nothing_else_claims(request: pytest.FixtureReques
     # this test starts nothing and uses no fixture that does: it is a unit test
     assert request.node.get_closest_marker("unit") is not None
     assert request.node.get_closest_marker("process") is None
+
+
+def test_a_test_whose_setup_fails_on_the_rerun_too_is_not_listed_as_flaky():
+    def rep(nodeid: str) -> object:
+        return SimpleNamespace(nodeid=nodeid)
+
+    stats: dict[str, list[object]] = {
+        "rerun": [rep("t.py::flake"), rep("t.py::broken_call"), rep("t.py::broken_setup")],
+        "failed": [rep("t.py::broken_call")],
+        "error": [rep("t.py::broken_setup")],  # a fixture that failed on both runs
+        "passed": [rep("t.py::flake")],
+    }
+    assert flaky_tests(stats) == ["t.py::flake"]

@@ -5,9 +5,12 @@ zstd tarball named after the Slurm version it holds, and unpacked from that cach
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from babysitter.errors import BabysitterError
@@ -62,6 +65,20 @@ def slurm_version_of(root: Path) -> str:
     return out.strip().split()[-1]
 
 
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One holder at a time per machine: two pytest-xdist workers (or two sessions) that need
+    the same cold root would otherwise debootstrap into one directory, each deleting what the
+    other downloads (a test run saw `Couldn't download .../Packages` that way)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def ensure_root(version: str, cache: Path = CACHE, debootstrap_timeout: float = 900) -> Path:
     """The unpacked root for a Slurm version, built or unpacked from the cache as needed."""
     if version not in SUITES:
@@ -70,7 +87,13 @@ def ensure_root(version: str, cache: Path = CACHE, debootstrap_timeout: float = 
     root = cache / f"{suite}-root"
     if (root / READY).exists():
         return root
-    cache.mkdir(parents=True, exist_ok=True)
+    with _locked(cache / f"{suite}.lock"):
+        if (root / READY).exists():  # made by whoever held the lock
+            return root
+        return _make_root(suite, root, cache, debootstrap_timeout)
+
+
+def _make_root(suite: str, root: Path, cache: Path, debootstrap_timeout: float) -> Path:
     tarballs = sorted(cache.glob(f"slurm-*-{suite}.tar.zst"))
     if tarballs:
         shutil.rmtree(root, ignore_errors=True)
@@ -118,6 +141,15 @@ def _mounted() -> set[str]:
 
 def mount(root: Path, base: Path) -> None:
     """/proc (slurmctld needs it) and the cluster's base dir at the same path inside."""
+    with _locked(_mounts_lock(root)):  # another cluster on this root may be unmounting
+        _mount(root, base)
+
+
+def _mounts_lock(root: Path) -> Path:
+    return root.parent / f"{root.name}.mounts.lock"
+
+
+def _mount(root: Path, base: Path) -> None:
     proc = root / "proc"
     if str(proc) not in _mounted():
         _run(["mount", "-t", "proc", "proc", str(proc)], 30, "mounting /proc in the root")
@@ -128,7 +160,13 @@ def mount(root: Path, base: Path) -> None:
 
 
 def unmount(root: Path, base: Path) -> None:
-    """Undo mount(); /proc goes when no other cluster still uses this root."""
+    """Undo mount(); /proc goes when no other cluster still uses this root (checked under
+    the lock mount() takes: a cluster coming up on another worker keeps its /proc)."""
+    with _locked(_mounts_lock(root)):
+        _unmount(root, base)
+
+
+def _unmount(root: Path, base: Path) -> None:
     inside = root / str(base).lstrip("/")
     for target in (inside,):
         if str(target) in _mounted():
