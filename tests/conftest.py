@@ -31,6 +31,7 @@ pytest_plugins: list[str] = [
     "tests.fixtures.controller",
     "tests.fixtures.alerts",
     "tests.fixtures.users",
+    "tests.xdist_groups",  # xdist_group kept on one worker under pytest 9.2
 ]
 
 # The fixture that puts a test in a tier. Cluster fixtures depend on `slurm_daemons`, so a test
@@ -208,7 +209,8 @@ def _shared_clusters(item: pytest.Item, defs: dict[str, FixtureDef[object]]) -> 
         uses = {*fd.argnames, *_requested(fd.func)}
         if uses & {"slurm_daemons", "slurm2511_prefix", "docker_engine"}:
             key = f"{fd.baseid}::{name}" if fd.scope == "module" else name
-            out.add(f"{key}[{params[name]}]" if name in params else key)
+            # no brackets: xdist reads a node id ending in "]" as one without a group
+            out.add(f"{key}({params[name]})" if name in params else key)
     return out
 
 

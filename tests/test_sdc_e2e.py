@@ -172,6 +172,13 @@ def test_a_user_job_sent_to_a_node_under_test_waits_until_the_test_is_over(sim, 
 
 def test_a_bit_flip_on_one_device_drains_the_node(sim):
     assert sim.info is not None
+    # one device: the flip is caught against the golden digest the node stores on its first
+    # clean run, so there must have been one (run alone, this test comes first)
+    wait_for(
+        lambda: any(f["code"] == "sdc.passed" for f in _sdc_findings(sim, "node2")),
+        120,
+        "a clean SDC run on node2 (its golden digest)",
+    )
     sim.stop_agent("node2")
     sim.start_agent("node2", env={"BABYSITTER_CHECKS__SDC__INJECT": "[0, 5, 7, 30]"})
     wait_for(lambda: node_state(sim.info, "node2")[0] in ("drain", "drng"), 120, "node2 drained")

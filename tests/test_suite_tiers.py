@@ -4,8 +4,10 @@ through a helper of tests/ or bench/, or imports torch, gets a tier of its own
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -70,3 +72,51 @@ def test_a_test_whose_setup_fails_on_the_rerun_too_is_not_listed_as_flaky():
         "passed": [rep("t.py::flake")],
     }
     assert flaky_tests(stats) == ["t.py::flake"]
+
+
+_GROUPED_TESTS = """
+import os
+import pytest
+
+def _record(group):
+    with open("workers.txt", "a") as f:
+        f.write(f"{group} {os.environ['PYTEST_XDIST_WORKER']}\\n")
+
+@pytest.mark.xdist_group("cluster(a)")
+@pytest.mark.parametrize("i", range(4))
+def test_a(i):
+    _record("a")
+
+@pytest.mark.xdist_group("cluster(b)")
+@pytest.mark.parametrize("i", range(4))
+def test_b(i):
+    _record("b")
+
+@pytest.mark.parametrize("i", range(4))
+def test_free(i):
+    pass
+"""
+
+
+def test_a_group_of_tests_runs_on_one_worker_in_a_parallel_run(tmp_path):
+    """make test's workers (--dist loadgroup): the tests of one cluster on one worker, each
+    cluster started once (tests/xdist_groups.py: lost under pytest 9.2 without it)."""
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.xdist_groups"]\n')
+    (tmp_path / "test_grouped.py").write_text(_GROUPED_TESTS)
+    repo = Path(__file__).resolve().parent.parent
+    argv = ["-n", "2", "--dist", "loadgroup", "-q", "-p", "no:cacheprovider"]
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", *argv],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    workers: dict[str, set[str]] = {}
+    for line in (tmp_path / "workers.txt").read_text().splitlines():
+        group, worker = line.split()
+        workers.setdefault(group, set()).add(worker)
+    assert workers.keys() == {"a", "b"}
+    assert all(len(w) == 1 for w in workers.values()), workers
