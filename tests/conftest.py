@@ -265,8 +265,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if not flaky:
         return
     terminalreporter.section("FLAKY: failed once, passed on rerun", sep="!", red=True, bold=True)
+    first: dict[str, str] = {}  # what the first run failed on: the flake's cause, not its name
+    for rep in terminalreporter.stats.get("rerun", []):
+        crash = getattr(getattr(rep, "longrepr", None), "reprcrash", None)
+        line = (getattr(crash, "message", "") or "").strip().splitlines()[:1]
+        first.setdefault(rep.nodeid, f" ({rep.when}: {line[0][:300]})" if line else "")
     for nodeid in flaky:
-        terminalreporter.line(f"FLAKY {nodeid}", red=True, bold=True)
+        terminalreporter.line(f"FLAKY {nodeid}{first.get(nodeid, '')}", red=True, bold=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
