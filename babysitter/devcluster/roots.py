@@ -66,10 +66,11 @@ def slurm_version_of(root: Path) -> str:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One holder at a time per machine: two pytest-xdist workers (or two sessions) that need
-    the same cold root would otherwise debootstrap into one directory, each deleting what the
-    other downloads (a test run saw `Couldn't download .../Packages` that way)."""
+def machine_lock(path: Path) -> Iterator[None]:
+    """One holder at a time per machine (a flock on `path`): two pytest-xdist workers (or two
+    sessions) that need the same cold root or build would otherwise debootstrap or build into
+    one directory, each deleting what the other downloads (a test run saw `Couldn't download
+    .../Packages` that way)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -87,7 +88,7 @@ def ensure_root(version: str, cache: Path = CACHE, debootstrap_timeout: float = 
     root = cache / f"{suite}-root"
     if (root / READY).exists():
         return root
-    with _locked(cache / f"{suite}.lock"):
+    with machine_lock(cache / f"{suite}.lock"):
         if (root / READY).exists():  # made by whoever held the lock
             return root
         return _make_root(suite, root, cache, debootstrap_timeout)
@@ -141,7 +142,7 @@ def _mounted() -> set[str]:
 
 def mount(root: Path, base: Path) -> None:
     """/proc (slurmctld needs it) and the cluster's base dir at the same path inside."""
-    with _locked(_mounts_lock(root)):  # another cluster on this root may be unmounting
+    with machine_lock(_mounts_lock(root)):  # another cluster on this root may be unmounting
         _mount(root, base)
 
 
@@ -162,7 +163,7 @@ def _mount(root: Path, base: Path) -> None:
 def unmount(root: Path, base: Path) -> None:
     """Undo mount(); /proc goes when no other cluster still uses this root (checked under
     the lock mount() takes: a cluster coming up on another worker keeps its /proc)."""
-    with _locked(_mounts_lock(root)):
+    with machine_lock(_mounts_lock(root)):
         _unmount(root, base)
 
 

@@ -14,19 +14,16 @@ beside it, and installed into a venv when missing.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from babysitter.devcluster.roots import CACHE, RootError
+from babysitter.devcluster.roots import CACHE, RootError, machine_lock
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_SOURCE = "BABYSITTER_SLURM_SOURCE"  # the tarball, or the directory holding it
@@ -110,18 +107,6 @@ def is_built(version: str, cache: Path = CACHE) -> bool:
     return (prefix_for(version, cache) / READY).exists()
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One build at a time per machine (two test sessions may start cold together)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _build_step(argv: list[str], cwd: Path, log: Path, timeout: float, what: str) -> None:
     with log.open("ab") as out:
         try:
@@ -149,7 +134,7 @@ def ensure_prefix(version: str, cache: Path = CACHE) -> Path:
     if (prefix / READY).exists():
         return prefix
     tarball = find_tarball(src)
-    with _locked(cache / f"{prefix.name}.lock"):
+    with machine_lock(cache / f"{prefix.name}.lock"):
         if (prefix / READY).exists():  # built by whoever held the lock
             return prefix
         digest = _sha256(tarball)
@@ -300,7 +285,7 @@ def ensure_pyslurm(version: str = "25.11", python: str = sys.executable) -> str:
         return have
     prefix = ensure_prefix(version)
     wheels = _wheel_dir(prefix, python)
-    with _locked(prefix.parent / f"{wheels.name}.lock"):
+    with machine_lock(prefix.parent / f"{wheels.name}.lock"):
         built = sorted(wheels.glob("pyslurm-*.whl"))
         if not built:
             tmp = wheels.with_name(wheels.name + "-tmp")
