@@ -10,9 +10,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (1: one process). The suite mostly waits on daemons:
-# on 2 cores, 3 workers took the warm run from 917 s (one process) to 417-436 s; 4 were slower
-# (468 s) and late. Tests sharing one cluster fixture stay on one worker (tests/xdist_groups.py).
-TEST_WORKERS ?= 3
+# on 2 cores, 3 workers took the warm run from 917 s (one process) to 417-436 s with lint, the
+# 25.11 and the docker tests after the rest (4 workers then: 468 s). With all of them in one run
+# and the longest work units first (tests/xdist_groups.py): 4 workers 329, 332, 335 s at load
+# 1.0-6.8 (3 workers, loadgroup's order: 401, 423 s). Tests sharing one cluster fixture stay on
+# one worker (tests/xdist_groups.py).
+TEST_WORKERS ?= 4
 
 # Debian packages, per target. The demo runs on the host's Slurm 22.05 (devcluster): daemons,
 # munge, the compiler and Slurm headers for the SPANK plugin and the fake NVML library, and Lua
@@ -111,8 +114,8 @@ fmt: venv
 	$(VENV)/bin/ruff format babysitter tests bench
 	$(VENV)/bin/ruff check --fix babysitter tests bench
 
-# The whole suite, none skipped (tests/run-suite.sh: background builds, lint, the suite on
-# xdist workers, then the docker cluster's tests alone).
+# The whole suite, none skipped (tests/run-suite.sh: lint and the builds in the background, the
+# suite on xdist workers; the 25.11 and docker tests after it only while their build still runs).
 test: .make/deb-test .make/deb-slurm-build venv
 	VENV=$(VENV) TEST_WORKERS=$(TEST_WORKERS) tests/run-suite.sh $(PYTEST_ARGS)
 

@@ -4,6 +4,7 @@ through a helper of tests/ or bench/, or imports torch, gets a tier of its own
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,6 +76,7 @@ def test_a_test_whose_setup_fails_on_the_rerun_too_is_not_listed_as_flaky():
 
 
 _GROUPED_TESTS = """
+import json
 import os
 import pytest
 
@@ -120,3 +122,45 @@ def test_a_group_of_tests_runs_on_one_worker_in_a_parallel_run(tmp_path):
         workers.setdefault(group, set()).add(worker)
     assert workers.keys() == {"a", "b"}
     assert all(len(w) == 1 for w in workers.values()), workers
+
+
+_UNEVEN_TESTS = """
+import pytest
+
+def _record(name):
+    with open("order.txt", "a") as f:
+        f.write(name + "\\n")
+
+@pytest.mark.xdist_group("many")
+@pytest.mark.parametrize("i", range(3))
+def test_many_quick(i):
+    _record("many")
+
+def test_one_long():
+    _record("long")
+"""
+
+
+def test_a_parallel_run_starts_the_unit_that_took_longest_last_time(tmp_path):
+    """make test's workers get the longest work unit first (tests/xdist_groups.py), here one
+    test that took 100 s last run before a group of three quick ones (loadgroup alone would
+    start the group: more tests); the run records each unit's seconds for the next run."""
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.xdist_groups"]\n')
+    (tmp_path / "test_uneven.py").write_text(_UNEVEN_TESTS)
+    cached = tmp_path / ".pytest_cache" / "v" / "babysitter" / "xdist_unit_seconds"
+    cached.parent.mkdir(parents=True)
+    cached.write_text(json.dumps({"test_uneven.py::test_one_long": 100.0, "many": 0.1}))
+    repo = Path(__file__).resolve().parent.parent
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "1", "--dist", "loadgroup", "-q"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "order.txt").read_text().split() == ["long", "many", "many", "many"]
+    seconds = json.loads(cached.read_text())
+    assert seconds.keys() == {"test_uneven.py::test_one_long", "many"}
+    assert all(0 < s < 100 for s in seconds.values())  # this run's, not the last one's
