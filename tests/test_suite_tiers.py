@@ -100,15 +100,14 @@ def test_free(i):
 """
 
 
-def test_a_group_of_tests_runs_on_one_worker_in_a_parallel_run(tmp_path):
-    """make test's workers (--dist loadgroup): the tests of one cluster on one worker, each
-    cluster started once (tests/xdist_groups.py: lost under pytest 9.2 without it)."""
+def _run_with_groups(tmp_path: Path, tests: str, *argv: str, name: str = "test_grouped.py") -> None:
+    """`tests` as a test file beside a conftest loading tests/xdist_groups.py, run by a real
+    pytest on xdist workers (--dist loadgroup, as make test); it must pass."""
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.xdist_groups"]\n')
-    (tmp_path / "test_grouped.py").write_text(_GROUPED_TESTS)
+    (tmp_path / name).write_text(tests)
     repo = Path(__file__).resolve().parent.parent
-    argv = ["-n", "2", "--dist", "loadgroup", "-q", "-p", "no:cacheprovider"]
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", *argv],
+        [sys.executable, "-m", "pytest", *argv, "--dist", "loadgroup", "-q"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(repo)},
         capture_output=True,
@@ -116,6 +115,12 @@ def test_a_group_of_tests_runs_on_one_worker_in_a_parallel_run(tmp_path):
         timeout=120,
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_group_of_tests_runs_on_one_worker_in_a_parallel_run(tmp_path):
+    """make test's workers (--dist loadgroup): the tests of one cluster on one worker, each
+    cluster started once (tests/xdist_groups.py: lost under pytest 9.2 without it)."""
+    _run_with_groups(tmp_path, _GROUPED_TESTS, "-n", "2", "-p", "no:cacheprovider")
     workers: dict[str, set[str]] = {}
     for line in (tmp_path / "workers.txt").read_text().splitlines():
         group, worker = line.split()
@@ -145,21 +150,10 @@ def test_a_parallel_run_starts_the_unit_that_took_longest_last_time(tmp_path):
     """make test's workers get the longest work unit first (tests/xdist_groups.py), here one
     test that took 100 s last run before a group of three quick ones (loadgroup alone would
     start the group: more tests); the run records each unit's seconds for the next run."""
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.xdist_groups"]\n')
-    (tmp_path / "test_uneven.py").write_text(_UNEVEN_TESTS)
     cached = tmp_path / ".pytest_cache" / "v" / "babysitter" / "xdist_unit_seconds"
     cached.parent.mkdir(parents=True)
     cached.write_text(json.dumps({"test_uneven.py::test_one_long": 100.0, "many": 0.1}))
-    repo = Path(__file__).resolve().parent.parent
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "1", "--dist", "loadgroup", "-q"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(repo)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
+    _run_with_groups(tmp_path, _UNEVEN_TESTS, "-n", "1", name="test_uneven.py")
     assert (tmp_path / "order.txt").read_text().split() == ["long", "many", "many", "many"]
     seconds = json.loads(cached.read_text())
     assert seconds.keys() == {"test_uneven.py::test_one_long", "many"}
