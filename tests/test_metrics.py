@@ -147,3 +147,35 @@ def test_each_drained_node_shows_its_age_owner_and_remediation(secrets, tmp_path
     assert 'owner="babysitter"' in got["n4"][0] and 'remediation="rebooting"' in got["n4"][0]
     assert all(7100 < age < 7300 for _, age in got.values())
     assert set(series(after)) == {"n2", "n3", "n4"}
+
+
+def test_a_fresh_controller_publishes_every_known_counter_at_zero(secrets, tmp_path):
+    """A rule on increase() misses a series' first event and a panel shows "no data" when the
+    series only appears with it: the counters the rules and the dashboard read start at 0."""
+    c = Controller(controller_config(secrets, f"sqlite:///{tmp_path / 'z.db'}"))
+    c.setup()
+    try:
+        text = TestClient(c.app()).get("/metrics").text
+    finally:
+        c.close()
+    for series in (
+        'babysitter_drains_total{outcome="done"} 0.0',
+        'babysitter_drains_total{outcome="failed"} 0.0',
+        'babysitter_resumes_total{outcome="done"} 0.0',
+        'babysitter_requeues_total{outcome="done"} 0.0',
+        'babysitter_requeues_total{outcome="failed"} 0.0',
+        'babysitter_alerts_total{sink="slack",state="firing"} 0.0',
+        'babysitter_alerts_total{sink="slack",state="failed"} 0.0',
+        'babysitter_alerts_total{sink="alertmanager",state="resolved"} 0.0',
+        'babysitter_alerts_total{sink="pagerduty",state="failed"} 0.0',
+        'babysitter_alerts_total{sink="webhook",state="failed"} 0.0',
+        'babysitter_loop_item_errors_total{item="action"} 0.0',
+        'babysitter_loop_item_errors_total{item="decision"} 0.0',
+        'babysitter_reports_ingested_total{result="duplicate"} 0.0',
+        'babysitter_actions_total{kind="drain",result="failed",rule="critical_finding"} 0.0',
+        'babysitter_actions_total{kind="drain",result="done",rule="critical_finding"} 0.0',
+        'babysitter_actions_total{kind="validate",result="failed",'
+        'rule="validate_before_resume"} 0.0',
+        'babysitter_actions_total{kind="reboot",result="failed",rule="remediation"} 0.0',
+    ):
+        assert series in text, series

@@ -10,6 +10,40 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from babysitter.controller.db import audit
+from babysitter.controller.db.actions import ActionKind
+from babysitter.controller.loop.alerts.sinks import (
+    AlertmanagerSink,
+    PagerDutySink,
+    SlackSink,
+    WebhookSink,
+)
+from babysitter.controller.loop.policy import Rule
+
+# Known label values of the labelled counters, published at 0 from startup: a rule on
+# increase() misses a series' first event, and a dashboard panel shows "no data" on a quiet
+# fleet, when the series only appears with that event.
+KNOWN_RESULTS = ("new", "duplicate")
+KNOWN_DRAIN_OUTCOMES = ("done", "failed")
+KNOWN_RESUME_OUTCOMES = ("done",)
+KNOWN_REQUEUE_OUTCOMES = ("done", "failed")
+KNOWN_ALERT_STATES = ("firing", "resolved", "failed")
+# the items the loops isolate (the first word of RemediationEngine._isolated's item)
+KNOWN_LOOP_ITEMS = (
+    "action", "alerts", "audit", "batch", "decision", "fabric", "guard", "healer", "jobs",
+    "maintenance", "perfs", "record", "sdc", "settle", "stragglers", "topology",
+    "validation", "verdicts",
+)  # fmt: skip
+# babysitter_actions_total: the kinds the alert rules and the dashboard read, with every rule
+KNOWN_ACTION_KINDS = (
+    ActionKind.DRAIN,
+    ActionKind.RESUME,
+    ActionKind.REQUEUE,
+    ActionKind.REQUEUE_JOBS,
+    ActionKind.VALIDATE,
+    ActionKind.REBOOT,
+    ActionKind.RESET_GPU,
+)
+KNOWN_ACTION_RESULTS = (str(audit.AuditResult.DONE), str(audit.AuditResult.FAILED))
 
 
 class ControllerMetrics:
@@ -22,6 +56,23 @@ class ControllerMetrics:
         self._loops(self.registry)
         self._read_from_store(self.registry)
         self.registry.register(AuditCollector())
+        self._start_at_zero()
+
+    def _start_at_zero(self) -> None:
+        """Every known label value of the labelled counters exists at 0 (see KNOWN_*)."""
+        for result in KNOWN_RESULTS:
+            self.reports.labels(result)
+        for outcome in KNOWN_DRAIN_OUTCOMES:
+            self.drains.labels(outcome)
+        for outcome in KNOWN_RESUME_OUTCOMES:
+            self.resumes.labels(outcome)
+        for outcome in KNOWN_REQUEUE_OUTCOMES:
+            self.requeues.labels(outcome)
+        for sink in (AlertmanagerSink, SlackSink, PagerDutySink, WebhookSink):
+            for state in KNOWN_ALERT_STATES:
+                self.alerts.labels(sink.name, state)
+        for item in KNOWN_LOOP_ITEMS:
+            self.loop_errors.labels(item)
 
     def _ingest(self, r: CollectorRegistry) -> None:
         self.reports = Counter(
@@ -168,6 +219,13 @@ class AuditCollector(Collector):
             "Actions settled or requested, as written to the audit log.",
             labels=["kind", "rule", "result"],
         )
-        for (kind, rule, result), n in sorted(audit.totals().items()):
+        counts = {
+            (str(kind), str(rule), result): 0
+            for kind in KNOWN_ACTION_KINDS
+            for rule in Rule
+            for result in KNOWN_ACTION_RESULTS
+        }
+        counts.update(audit.totals())
+        for (kind, rule, result), n in sorted(counts.items()):
             c.add_metric([kind, rule, result], n)
         yield c
