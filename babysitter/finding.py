@@ -366,6 +366,28 @@ def worst(findings: Iterable[Finding]) -> Severity:
     return sev
 
 
+# Trust of a finding's source (docs/policy.md "Trust of finding sources"), defined once: the
+# controller's policy, fabric correlation and remediation all ask these.
+
+# Checks whose findings come from content a job's owner controls (its log files): evidence about
+# the job, never about the node, its switch or its domain.
+JOB_OWNED_CHECKS = frozenset({"nccl.logs"})
+
+
+def job_owned(f: Finding) -> bool:
+    return f.check in JOB_OWNED_CHECKS or f.component.startswith("job:")
+
+
+# A check that crashed or timed out, or a source it could not read: it said nothing about the
+# node. Such a report is unknown, never clean (no exit 0, no step towards a resume).
+NO_VERDICT_CODES = frozenset({"check.error", "check.timeout"})
+NO_VERDICT_SUFFIXES = (".nvml_error", ".unreadable")
+
+
+def no_verdict(f: Finding) -> bool:
+    return f.code in NO_VERDICT_CODES or f.code.endswith(NO_VERDICT_SUFFIXES)
+
+
 # Nagios / NHC exit codes
 EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
 

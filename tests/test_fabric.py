@@ -246,7 +246,9 @@ def test_time_per_decision_stays_flat_as_the_tree_grows():
     assert cost[32768] < 3 * cost[2048] + 50e-6
 
 
-def test_nccl_ib_transport_error_in_a_job_log_is_a_fabric_finding(tmp_path):
+def test_nccl_ib_transport_error_in_a_job_log_is_never_fabric_evidence(tmp_path):
+    """Anyone can print this line into a job's log: it is the job's (an alert naming it), never
+    evidence against the node's link or its switch (issue 42)."""
     from babysitter.checks.nccl.check import JobLogScanner
 
     log = tmp_path / "slurm-77.out"
@@ -255,7 +257,8 @@ def test_nccl_ib_transport_error_in_a_job_log_is_a_fabric_finding(tmp_path):
         "10.0.0.7<43212> with status=12 opcode=0 len=0 vendor err 129 (Recv)\n"
     )
     [f] = JobLogScanner().scan("77", log, "node3")
-    assert f.code == "nccl.transport_error" and is_fabric(f)
+    assert f.code == "nccl.transport_error" and not is_fabric(f)
+    assert onsets({n: [f] for n in ("a", "b", "c", "d")}, {}, T0) == {}
 
 
 def test_what_an_agent_says_about_its_port_is_shown_only_when_well_formed():

@@ -3,7 +3,8 @@ together, the switch is the suspect, not each node.
 
 A leaf switch that fails takes every port below it down within seconds; judged node by node,
 that is a drain and a page per node until the blast-radius guard trips. Here, fabric findings
-(InfiniBand port down/degraded/flapping, link-down counters, NCCL transport errors) whose onsets
+(InfiniBand port down/degraded/flapping, link-down counters, as the node's agent reads them from
+sysfs) whose onsets
 fall within `window_s` on at least `threshold(size)` nodes of one leaf become one
 `switch_suspected` incident. Leaves suspected in the same tick under one upper switch merge
 into one incident for that switch.
@@ -13,6 +14,10 @@ siblings report, a node's fabric findings are held back from the node policy for
 after their onset; a switch incident is decided once its first onset is `hold_s` old (or every
 node under the switch has reported). A node whose fabric fault stays alone is an ordinary node
 fault `hold_s` later than it would be without correlation.
+
+Only the node's own readings are evidence: a job-owned finding (`finding.job_owned`: an NCCL
+transport error a job printed into its log, which any user can write) never opens, joins or holds
+an incident; it stays the job's alert (docs/policy.md "Trust of finding sources").
 
 Cost: proportional to the nodes with fabric findings, never to the size of the tree (the
 topology maps each node to its switches once, when it is read).
@@ -28,15 +33,15 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from babysitter.finding import Finding, Severity
+from babysitter.finding import Finding, Severity, job_owned
 from babysitter.slurm.topology import Topology
 
 if TYPE_CHECKING:
     from babysitter.config import Config
 
-# the findings that say "this node's link to the fabric is bad" (checks/infiniband/,
-# checks/nccl/); ib.missing (no device at all) and the other NCCL signatures are the node's
-# own or the job's: they stay node faults
+# the findings that say "this node's link to the fabric is bad" (checks/infiniband/);
+# ib.missing (no device at all) is the node's own fault. NCCL's transport errors are read from
+# a job's log (job-owned): the job's, never the fabric's
 FABRIC_CODES = frozenset(
     {
         "ib.port_down",
@@ -45,7 +50,6 @@ FABRIC_CODES = frozenset(
         "ib.link_downed",
         "ib.link_error_recovery",
         "ib.symbol_error",
-        "nccl.transport_error",
     }
 )
 
@@ -58,7 +62,9 @@ class SwitchAction(StrEnum):
 
 
 def is_fabric(f: Finding) -> bool:
-    return f.code in FABRIC_CODES and f.severity >= Severity.WARNING
+    """Evidence against the node's link: its own reading, never one a job owner can write
+    (whatever its code says)."""
+    return f.code in FABRIC_CODES and f.severity >= Severity.WARNING and not job_owned(f)
 
 
 def switch_reason(switch: str) -> str:

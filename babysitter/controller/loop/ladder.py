@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import get_args
 
 from babysitter.config import RemediationConfig, RungName
-from babysitter.finding import Action, Finding, Severity
+from babysitter.finding import Action, Finding, Severity, job_owned
 from babysitter.hardware.xids import CATALOG
 
 
@@ -89,7 +89,7 @@ def remediable(f: Finding) -> bool:
     return (
         f.severity >= Severity.WARNING
         and f.action in (Action.RESET_GPU, Action.REBOOT)
-        and not f.component.startswith("job:")
+        and not job_owned(f)
     )
 
 

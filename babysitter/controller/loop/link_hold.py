@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from babysitter.finding import Finding, Severity
+from babysitter.finding import Finding, Severity, job_owned
 
 LINK_CODES = frozenset({"ib.port_down", "ib.link_downed"})
 DOWN_CODES = frozenset({"ib.port_down"})  # the link is down now (link_downed: it was)
@@ -42,7 +42,8 @@ JobPhase = Literal["running", "failed", "ended"]
 
 
 def critical(findings: Iterable[Finding]) -> list[Finding]:
-    return [f for f in findings if f.severity >= Severity.CRITICAL]
+    """The node's own critical findings (a job's log line is the job's, not the node's)."""
+    return [f for f in findings if f.severity >= Severity.CRITICAL and not job_owned(f)]
 
 
 def is_link_fault(findings: Iterable[Finding]) -> bool:

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
-from babysitter.finding import Action, Finding, Severity
+from babysitter.finding import Action, Finding, Severity, job_owned
 
 if TYPE_CHECKING:
     from babysitter.config import Config
@@ -262,13 +262,8 @@ class PolicyResult:
     guard_tripped: bool
 
 
-# Checks whose findings come from content a job's owner controls (its log files): they say
-# something about the job, not the node, so they never drain a node on their own.
-JOB_OWNED_CHECKS = frozenset({"nccl.logs"})
-
-
-def job_owned(f: Finding) -> bool:
-    return f.check in JOB_OWNED_CHECKS or f.component.startswith("job:")
+# job_owned (finding.py, one predicate for the whole controller): findings from content a
+# job's owner controls say something about the job, never drain a node on their own
 
 
 def drain_worthy(f: Finding) -> bool:
