@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from babysitter import __version__
 from babysitter.errors import BabysitterError, UsageError
-from babysitter.finding import EXIT_CRITICAL, EXIT_UNKNOWN, Finding, Severity, exit_code, worst
+from babysitter.finding import (
+    EXIT_CRITICAL,
+    EXIT_UNKNOWN,
+    Finding,
+    Severity,
+    exit_code,
+    no_verdict,
+    worst,
+)
 
 if TYPE_CHECKING:
     import argparse
@@ -31,13 +39,8 @@ ONLY_HELP = "Comma-separated check names or prefixes (gpu,xid)."
 JSON_HELP = "Print the findings as a JSON list."
 DRAIN_HELP = "Drain this node on a critical finding; resume it when clean (own drains only)."
 SUMMARY = "Run the checks once; exit 0 ok, 1 warning, 2 critical, 3 unknown."
-UNKNOWN_CODES = ("check.error", "check.timeout")
-
-
-def no_verdict(f: Finding) -> bool:
-    """The check, or one signal of it (an NVML read that failed: `<check>.nvml_error`), said
-    nothing about the node: never a clean run, never a resume."""
-    return f.code in UNKNOWN_CODES or f.code.endswith(".nvml_error")
+# `no_verdict` (finding.py): a crashed check or an unreadable source said nothing about the
+# node; the controller's clean-report count asks the same predicate
 
 
 def configure_logging(verbose: int) -> None:

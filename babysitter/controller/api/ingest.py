@@ -35,7 +35,7 @@ from babysitter.controller.db.store import Store, aware, now, stored_severity
 from babysitter.controller.loop.metrics import ControllerMetrics
 from babysitter.controller.loop.policy import drain_worthy
 from babysitter.controller.loop.wake import DrainWake
-from babysitter.finding import Action, Finding, Severity
+from babysitter.finding import Action, Finding, Severity, no_verdict
 from babysitter.report import Report
 
 log = logging.getLogger(__name__)
@@ -468,8 +468,10 @@ class ReportWriter:
         problems = [f.to_json_dict() for f in r.findings if f.severity in _PROBLEM]
         # a report is clean for the resume when nothing in it would drain the node: a warning
         # (an application's XID, kept until the next reboot) or a job's own log line stays an
-        # open finding, but must not keep a node drained for a fault that is gone for good
-        node_clean = not any(drain_worthy(f) for f in r.findings)
+        # open finding, but must not keep a node drained for a fault that is gone for good.
+        # A crashed check or an unreadable source (no_verdict) is unknown, never clean: it
+        # breaks the streak, so a resume needs that many clean reports after it
+        node_clean = not any(drain_worthy(f) or no_verdict(f) for f in r.findings)
         if r.kind == "event":
             keys = {(f["check"], f["component"], f["code"]) for f in problems}
             kept = [
