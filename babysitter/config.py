@@ -227,10 +227,42 @@ class ControllerConfig(Section):
         Meta(
             ge=16,
             description="open HTTP connections at most (also kept 128 below the file-descriptor "
-            "limit); past it the oldest idle ones are closed, so idle connections never "
-            "lock out a report",
+            "limit, whose soft value is raised to the hard one at start); past it the oldest "
+            "idle ones are closed, and a new one is refused when none is idle",
         ),
     ] = 4096
+    body_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="a request's body must arrive whole within this long of its headers, "
+            "else the connection is closed (a slowly trickled body holds no connection)",
+        ),
+    ] = 30.0
+    node_requests_in_flight: Annotated[
+        int,
+        Meta(
+            ge=1,
+            description="requests one node's token may have in flight (more: 429 at once, the "
+            "body unread)",
+        ),
+    ] = 4
+    login_requests_in_flight: Annotated[
+        int,
+        Meta(
+            ge=4,
+            description="status page logins in flight from all clients together, a quarter of "
+            "it from one client address (more: 429 at once)",
+        ),
+    ] = 16
+    login_failures: Annotated[
+        int,
+        Meta(
+            ge=1,
+            description="wrong tokens one client address may type into the login form before "
+            "it waits (429, the wait doubling with each further failure, up to 15 min)",
+        ),
+    ] = 5
     tls_cert_file: Annotated[
         Path | None, Meta(description="serve HTTPS with this certificate (PEM, chain included)")
     ] = None
@@ -444,21 +476,25 @@ _Count = Annotated[int, Meta(ge=1)]
 
 
 class BlastRadiusConfig(Section):
-    """Node-drain caps by scope (controller/loop/blast.py): a tripped cap stops new node drains in
-    its scope only; resumes, switch incidents and other scopes go on. A scope is capped when
-    its fraction or count is set (limit = the smaller, at least 1). Unset by default, so a
-    site keeps the cluster-wide breaker ([policy] max_drained_fraction) it knows until it
-    chooses scopes; docs/fabric.md suggests values."""
+    """Node-drain caps by scope (controller/loop/blast.py, enforced right before each drain by
+    controller/loop/admission.py): a tripped cap stops new node drains in its scope only;
+    resumes and other scopes go on. A scope is capped when its fraction or count is set
+    (limit = the smaller, at least 1). Drains done and pending count, a switch incident's
+    included (its own switch's cap does not hold it back). On by default at half of a switch,
+    a partition and the cluster: no automatic fault, one-line or switch-wide, takes more out of
+    service; set a fraction to 1.0 to lift a scope's cap. docs/fabric.md suggests values."""
 
     switch_fraction: Annotated[
         _Fraction | None, Meta(description="of the nodes under one leaf switch")
-    ] = None
+    ] = 0.5
     switch_count: Annotated[_Count | None, Meta(description="nodes under one leaf switch")] = None
     partition_fraction: Annotated[
         _Fraction | None, Meta(description="of the nodes of one partition")
-    ] = None
+    ] = 0.5
     partition_count: Annotated[_Count | None, Meta(description="nodes of one partition")] = None
-    cluster_fraction: Annotated[_Fraction | None, Meta(description="of every node in Slurm")] = None
+    cluster_fraction: Annotated[
+        _Fraction | None, Meta(description="of every node in Slurm")
+    ] = 0.5
     cluster_count: Annotated[_Count | None, Meta(description="nodes cluster-wide")] = None
 
 

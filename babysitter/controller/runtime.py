@@ -15,12 +15,14 @@ from fastapi import APIRouter, Request
 from sqlalchemy import text
 
 from babysitter.config import Config
-from babysitter.controller.api.app import create_app
+from babysitter.controller.api.app import REPORTS_PATH, create_app
 from babysitter.controller.api.auth import Authenticator, Principal
-from babysitter.controller.api.connguard import connection_cap, guarded_protocol
+from babysitter.controller.api.budget import RequestBudget
+from babysitter.controller.api.connguard import connection_cap, guarded_protocol, raise_fd_limit
 from babysitter.controller.api.fastpath import IngestFastPath
 from babysitter.controller.api.ingest import Ingest, ReportWriter
 from babysitter.controller.api.orders import OrderBook
+from babysitter.controller.api.ui.routes import LOGIN_PATH
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.maintenance import Maintenance
 from babysitter.controller.loop.metrics import ControllerMetrics
@@ -206,8 +208,8 @@ class Controller:
         return time.monotonic() - self.last_progress <= limit
 
     def app(self) -> IngestFastPath:
-        """The ASGI app to serve: the API (with the status page and the maintenance routes)
-        behind the ingest fast path."""
+        """The API (with the status page and the maintenance routes) behind the ingest fast
+        path."""
         api = create_app(
             self.store,
             self.auth,
@@ -217,6 +219,19 @@ class Controller:
             extra=[self._ui_router, self._maintenance_router],
         )
         return IngestFastPath(api, self.ingest)
+
+    def served_app(self) -> RequestBudget:
+        """The ASGI app the server runs: app() behind the senders' budgets of requests in
+        flight (budget.py)."""
+        c = self.cfg.controller
+        return RequestBudget(
+            self.app(),
+            self.auth,
+            REPORTS_PATH,
+            LOGIN_PATH,
+            per_node=c.node_requests_in_flight,
+            login=c.login_requests_in_flight,
+        )
 
     def _slurm_nodes(self) -> dict[str, Any]:
         return dict(self.engine.snapshot.nodes) if self.engine is not None else {}
@@ -271,15 +286,18 @@ class Controller:
             self.orders.start()
         threading.Thread(target=self.loop_forever, name="policy-loop", daemon=True).start()
         c = self.cfg.controller
+        # every HTTP connection is a descriptor: take what the hard limit allows, then keep
+        # the connection cap below it, with room for the database, Slurm and alert sockets
+        raise_fd_limit()
         cap = connection_cap(c.max_connections)
         server = uvicorn.Server(
             uvicorn.Config(
-                self.app(),
+                self.served_app(),
                 host=host or "0.0.0.0",
                 port=int(port),
                 log_level="warning",
                 access_log=False,
-                http=guarded_protocol(c.header_timeout_s, cap),
+                http=guarded_protocol(c.header_timeout_s, cap, c.body_timeout_s),
                 timeout_keep_alive=max(1, round(c.keep_alive_s)),
                 # requests in flight: the guard bounds connections, this bounds tasks (503 past it)
                 limit_concurrency=2 * cap,
