@@ -63,6 +63,7 @@ from unittest import mock
 
 from babysitter.agent.daemon import Agent
 from babysitter.checks.infiniband.check import STICKY_S, InfinibandCheck
+from babysitter.checks.nccl.check import NcclLogCheck, job_id_of
 from babysitter.checks.xid.check import EVENT_XID, NvmlEvents
 from babysitter.config import Config, parse_config
 from babysitter.controller.api.ingest import ReportWriter
@@ -312,6 +313,12 @@ class Soak:
             c.begin = lambda now=None, _b=c.begin: _b(self.clock())  # type: ignore[method-assign]
             if isinstance(c, InfinibandCheck):
                 c.clock = self.clock
+            if isinstance(c, NcclLogCheck):
+                # the node's slurmd, simulated: the jobs whose logs are in its own directory
+                # run there (the real check asks `scontrol listpids`)
+                c.local_jobs = lambda d=node.dir / "jobs": frozenset(
+                    j for p in d.glob("slurm-*.out") if (j := job_id_of(p))
+                )
         node.agent = agent
         # as Agent.run starts: every check once, then a full report
         self._read(node)

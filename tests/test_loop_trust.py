@@ -24,7 +24,7 @@ WATCHDOG = (
 
 
 def test_job_printing_nccl_watchdog_text_drains_nothing_and_alert_names_the_job(
-    clean_cluster, secrets, tmp_path, receiver
+    clean_cluster, secrets, tmp_path, receiver, monkeypatch
 ):
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -45,8 +45,14 @@ def test_job_printing_nccl_watchdog_text_drains_nothing_and_alert_names_the_job(
     node = slurm(clean_cluster, "squeue", "-h", "-j", str(job), "-o", "%N").stdout.strip()
 
     cfg = parse_config({"checks": {"nccl": {"job_log_globs": [str(logs / "*.out")]}}})
+    # the check asks the node's slurmd which jobs run there (scontrol listpids): this cluster's
+    for k in ("SLURM_CONF", "PATH"):
+        monkeypatch.setenv(k, clean_cluster.env()[k])
     findings = NcclLogCheck(CheckContext(cfg, node)).run()
     assert [f.code for f in findings] == ["nccl.watchdog_timeout"]
+    # the same shared glob on a node the job does not run on: nothing of it
+    other = next(n for n in clean_cluster.nodes if n != node)
+    assert NcclLogCheck(CheckContext(cfg, other)).run() == []
 
     ctl = ControllerProcess(
         controller_config(

@@ -69,6 +69,7 @@ def test_watchdog_timeout_in_a_job_log_is_a_finding_on_that_job(tmp_path):
     log.write_text("step 10 loss 2.3\n")
     cfg = parse_config({"checks": {"nccl": {"job_log_globs": [str(tmp_path / "slurm-*.out")]}}})
     chk = NcclLogCheck(CheckContext(cfg, "node3"))
+    chk.local_jobs = lambda: frozenset({"4242"})  # running here
     assert chk.run() == []
     with log.open("a") as f:
         f.write(
@@ -80,3 +81,67 @@ def test_watchdog_timeout_in_a_job_log_is_a_finding_on_that_job(tmp_path):
     assert f.component == "job:4242" and f.code == "nccl.watchdog_timeout"
     assert f.details["node"] == "node3" and f.severity == "critical"
     assert chk.run() == []  # reported once
+
+
+# ---- each agent reads only the logs of the jobs on its own node (issue 42)
+
+RETRY = "transport retry counter exceeded\n"
+
+
+def shared_glob(tmp_path: Path, jobs: dict[int, str]) -> NcclLogCheck:
+    """One shared scratch glob, as docs/checks.md shows it: every job's log matches on every
+    node. `jobs`: job id -> what the job printed."""
+    for job, text in jobs.items():
+        (tmp_path / f"slurm-{job}.out").write_text(text)
+    cfg = parse_config({"checks": {"nccl": {"job_log_globs": [str(tmp_path / "slurm-*.out")]}}})
+    return NcclLogCheck(CheckContext(cfg, "node3"))
+
+
+def test_a_node_reports_only_the_jobs_running_on_it(tmp_path):
+    chk = shared_glob(tmp_path, {11: RETRY, 12: RETRY, 13: "fine\n"})
+    chk.local_jobs = lambda: frozenset({"12", "13"})
+    assert [(f.component, f.code) for f in chk.run()] == [("job:12", "nccl.transport_error")]
+
+
+def test_an_unknown_job_list_reads_no_log_at_all(tmp_path):
+    chk = shared_glob(tmp_path, {11: RETRY, 12: RETRY})
+    chk.local_jobs = lambda: None
+    [f] = chk.run()
+    assert (f.code, f.severity) == ("nccl.logs_skipped", "info")
+    chk.local_jobs = lambda: frozenset()  # known: no job here
+    assert chk.run() == []
+
+
+def fake_scontrol(tmp_path: Path, body: str) -> str:
+    exe = tmp_path / "scontrol"
+    exe.write_text(f"#!/bin/sh\n{body}\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+LISTPIDS = """PID      JOBID    STEPID LOCALID GLOBALID
+4711     77       batch  0       0
+4712     77       batch  -       -
+4800     78       0      0       0
+"""
+
+
+def test_the_jobs_on_the_node_come_from_its_slurmd(tmp_path):
+    from babysitter.checks.nccl.local_jobs import jobs_on_node, parse_listpids
+
+    assert parse_listpids(LISTPIDS) == {"77", "78"}
+    assert parse_listpids("garbage") is None
+    assert parse_listpids(LISTPIDS + "oops\n") is None
+    args = tmp_path / "args"
+    ok = fake_scontrol(tmp_path, f'echo "$@" > {args}; cat <<EOF\n{LISTPIDS}EOF')
+    assert jobs_on_node("node3", ok) == {"77", "78"}
+    assert args.read_text().split() == ["listpids", "*", "node3"]
+    none = fake_scontrol(
+        tmp_path,
+        'echo "PID      JOBID    STEPID LOCALID GLOBALID"; '
+        'echo "No job steps exist on this node." >&2; exit 1',
+    )
+    assert jobs_on_node("node3", none) == frozenset()
+    broken = fake_scontrol(tmp_path, 'echo "scontrol: error: Could not establish" >&2; exit 1')
+    assert jobs_on_node("node3", broken) is None
+    assert jobs_on_node("node3", str(tmp_path / "missing")) is None

@@ -6,7 +6,9 @@ floor.
 Passive: scan the stdout/stderr files of babysat jobs running on this node for NCCL failure
 signatures; each new match is a finding on `job:<id>` with the node attached. Files are found
 with `[checks.nccl] job_log_globs` (e.g. "/scratch/*/slurm-*.out"); the job id is the first
-number after "slurm-" (or the last number) in the file name.
+number after "slurm-" (or the last number) in the file name. Only the files of jobs running on
+this node (its slurmd's answer, local_jobs.py) are read: a shared glob matches every job's log,
+and another node's job is not this node's to report. Job list unknown: nothing is read.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from __future__ import annotations
 import glob
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from babysitter.checks.base import Check
+from babysitter.checks.nccl.local_jobs import jobs_on_node
 from babysitter.checks.nccl.settings import NcclCheckConfig
 from babysitter.finding import Action, Finding, Severity
 
@@ -261,14 +265,34 @@ class NcclLogCheck(Check):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.scanner = JobLogScanner()
+        # the ids of the jobs running on this node; None: unknown (tests and simulations
+        # replace it)
+        self.local_jobs: Callable[[], frozenset[str] | None] = lambda: jobs_on_node(
+            self.ctx.node_name
+        )
 
     def supported(self) -> bool:
         return bool(self.ctx.config.checks.nccl.job_log_globs)
 
     def run(self) -> list[Finding]:
+        mine = self.local_jobs()
+        if mine is None:
+            # never everything: another node's job log is not this node's to report
+            return [
+                self.finding(
+                    "host",
+                    Severity.INFO,
+                    "nccl.logs_skipped",
+                    "job logs not read: the jobs running on this node are unknown "
+                    "(scontrol listpids failed)",
+                )
+            ]
         out: list[Finding] = []
+        if not mine:
+            return out
         for pattern in self.ctx.config.checks.nccl.job_log_globs:
-            for name in sorted(glob.glob(pattern))[:10_000]:
+            names = [n for n in sorted(glob.glob(pattern)) if job_id_of(Path(n)) in mine]
+            for name in names[:10_000]:
                 p = Path(name)
                 jid = job_id_of(p)
                 if jid:

@@ -1,0 +1,53 @@
+"""The jobs running on this node, as its own slurmd knows them: `scontrol listpids '*' <node>`.
+
+The NCCL log check reads only these jobs' logs. A shared glob (`/scratch/*/slurm-*.out`) matches
+every job's log on every node; read whole, each agent would report every job's lines as its own
+(issue 42). `listpids` asks the local slurmstepds (through the slurmd spool directory; no
+slurmctld round trip), names this node explicitly (several slurmd on one host, as in the dev
+cluster), and prints one row per process: `PID JOBID STEPID LOCALID GLOBALID`.
+
+Unknown (scontrol missing, failing, timing out, output unreadable) is None, and the caller
+reads nothing: never everything.
+"""
+
+from __future__ import annotations
+
+import re
+
+# scontrol exits 1 with this when the node has no job step at all: a known, empty answer
+NO_STEPS = "No job steps exist on this node"
+_ROW = re.compile(r"^\s*\d+\s+(\d+)\b")
+TIMEOUT_S = 5.0
+
+
+def parse_listpids(text: str) -> frozenset[str] | None:
+    """Job ids in `scontrol listpids` output; None when it is not that output."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines or lines[0].split()[:2] != ["PID", "JOBID"]:
+        return None
+    out: set[str] = set()
+    for ln in lines[1:]:
+        m = _ROW.match(ln)
+        if m is None:
+            return None  # a row we cannot read: the whole answer is unknown
+        out.add(m.group(1))
+    return frozenset(out)
+
+
+def jobs_on_node(node: str, scontrol: str = "scontrol") -> frozenset[str] | None:
+    """Ids of the jobs with a step on `node` (run on that node); None when unknown."""
+    import subprocess  # only when the check runs: `babysitter check` imports this module
+
+    try:
+        r = subprocess.run(
+            [scontrol, "listpids", "*", node],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if r.returncode != 0:
+        return frozenset() if NO_STEPS in r.stderr else None
+    return parse_listpids(r.stdout)
