@@ -131,6 +131,17 @@ class InMemorySlurm(SlurmClient):
                 raise SlurmNotOwned(f"{node}: reason {n.reason!r} is not babysitter's")
             self._nodes[node] = replace(n, flags=n.flags - {"DRAIN"}, reason="")
 
+    def cancel_reboot(self, node: str) -> None:
+        """Withdraw a reboot not yet under way (Slurm refuses when there is none)."""
+        self._pause("cancel_reboot", node)
+        with self._lock:
+            n = self._nodes.get(node)
+            if n is None:
+                raise SlurmNotFound(f"unknown node {node}")
+            if not n.flags & {"REBOOT_REQUESTED", "REBOOT"}:
+                raise SlurmRejected(f"{node}: no reboot to cancel")
+            self._nodes[node] = replace(n, flags=n.flags - {"REBOOT_REQUESTED", "REBOOT"})
+
     def requeue(self, job_id: int, exclude: list[str] | None = None, hold: bool = False) -> None:
         self._pause("requeue", str(job_id))
         with self._lock:

@@ -35,7 +35,11 @@ def test_auto_without_gpu_backend_fails_with_one_line(
     assert verdict["ok"] is False and verdict["backend"] == "auto" and verdict["devices"] == []
 
 
-def test_explicit_numpy_runs_and_says_so(gpus: FakeGpus, fakenvml_lib: Path, tmp_path: Path):
+def test_explicit_numpy_on_a_gpu_node_fails_and_says_why(
+    gpus: FakeGpus, fakenvml_lib: Path, tmp_path: Path
+):
+    """A CPU run passes only a node configured with no GPUs: on one with 8, numpy tested none
+    of them (issue 42)."""
     env = babysitter_env(
         gpus,
         fakenvml_lib,
@@ -45,11 +49,58 @@ def test_explicit_numpy_runs_and_says_so(gpus: FakeGpus, fakenvml_lib: Path, tmp
         checks__sdc__backend="numpy",
     )
     r = _validate(env, "--json")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr
     verdict = json.loads(r.stdout)
-    assert verdict["ok"] is True and verdict["backend"] == "numpy"
+    assert verdict["ok"] is False and verdict["backend"] == "numpy"
     assert verdict["library"].startswith("numpy-") and len(verdict["devices"]) == 3
-    assert "GPU(s) were not tested" in verdict["note"]
+    assert verdict["gpus_tested"] == [] and verdict["gpus_expected"] == 8
+    assert any("tested 0 of the node's 8 GPU(s)" in f for f in verdict["failures"])
+    # the node configured with none (the controller's job: --gpus from its Slurm gres): a pass
+    r = _validate(env, "--json", "--gpus", "0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["gpus_expected"] == 0
+
+
+def test_nvml_driver_not_loaded_fails_validation_never_runs_on_the_cpu(
+    gpus: FakeGpus, fakenvml_lib: Path, tmp_path: Path
+):
+    """After a reboot the driver is not loaded: NVML fails to start. That is not "0 GPUs, run
+    numpy": the validation fails and names the NVML error, with and without --gpus."""
+    gpus.set(init_error=9).write()  # NVML_ERROR_DRIVER_NOT_LOADED
+    env = babysitter_env(
+        gpus,
+        fakenvml_lib,
+        tmp_path,
+        agent__spool_path=str(tmp_path / "s.db"),
+        checks__sdc__size="64",
+    )
+    for args, expected in (((), None), (("--gpus", "8"), 8)):
+        r = _validate(env, "--json", *args)
+        assert r.returncode == 1, r.stdout + r.stderr
+        verdict = json.loads(r.stdout)
+        assert verdict["ok"] is False and verdict["gpus_expected"] == expected
+        assert verdict["devices"] == [] and verdict["library"] is None
+        assert any("NVML" in f and "Driver Not Loaded" in f for f in verdict["failures"]), verdict
+
+
+def test_nvml_error_during_the_watch_fails_with_the_error_named(
+    gpus: FakeGpus, fakenvml_lib: Path, tmp_path: Path
+):
+    """The ECC watch reads NVML before and after the stress; an error there used to read as
+    "no data" and the watch stopped silently."""
+    gpus.error(2, "nvmlDeviceGetTotalEccErrors", 15).write()  # NVML_ERROR_UNKNOWN on GPU 2
+    env = babysitter_env(
+        gpus,
+        fakenvml_lib,
+        tmp_path,
+        agent__spool_path=str(tmp_path / "s.db"),
+        checks__sdc__size="64",
+        checks__sdc__backend="numpy",
+    )
+    r = _validate(env, "--json", "--gpus", "0")  # even where a CPU run would be enough
+    assert r.returncode == 1, r.stdout + r.stderr
+    failures = json.loads(r.stdout)["failures"]
+    assert any(f.startswith("GPU 2: NVML error reading ECC errors") for f in failures), failures
 
 
 def test_auto_without_nvml_gpus_still_runs_on_the_cpu(tmp_path: Path):

@@ -1,14 +1,20 @@
 """`babysitter validate`: the active test a node passes before it returns to service (run by the
 controller as a Slurm job inside a maintenance reservation, or by an admin by hand).
 
-1. The SDC matmul test on every device, checked with ABFT and across devices.
+1. The SDC matmul test on every device, checked with ABFT and across devices. Every GPU the
+   node should have (`--gpus`, which the controller's job sets from the node's Slurm gres; else
+   the hardware profile; else what NVML lists) must be tested: NVML failing to start (driver
+   not loaded after a reboot), fewer GPUs than expected, or a backend that tested fewer GPUs
+   (numpy, torch on the CPU) fails. Only a node with no GPUs (`--gpus 0`, or no NVML library
+   and nothing saying it has GPUs) passes on the CPU.
 2. A sustained matmul for `validation.stress_s`, watching NVML while it runs: a double-bit ECC
-   error or a hardware slowdown / thermal / power-brake throttle during the stress fails.
+   error or a hardware slowdown / thermal / power-brake throttle during the stress fails, and
+   so does an NVML error reading them (the watch stopped; named in the failures).
 3. NCCL (`validation.nccl_command`, e.g. all_reduce_perf) when configured; its average bus
    bandwidth must reach `validation.min_busbw_gbps`.
 
-Prints one JSON line (`--json`) the controller reads back: {"ok", "failures", "gflops", ...};
-exit 0 pass, 1 fail.
+Prints one JSON line (`--json`) the controller reads back: {"ok", "failures", "backend",
+"library", "devices", "gpus_tested", "gpus_expected", "gflops", ...}; exit 0 pass, 1 fail.
 """
 
 from __future__ import annotations
@@ -32,49 +38,96 @@ HW_THROTTLE = {
     0x80: "hardware power brake slowdown",
 }
 BUSBW = re.compile(r"Avg bus bandwidth\s*:\s*([0-9.]+)")
+# how the controller's validation job passes the node's GPU count (its Slurm gres)
+GPUS_ENV = "BABYSITTER_VALIDATE_GPUS"
 
 
 class _Nvml:
-    """What the stress watches; None where NVML cannot tell (no GPU, unsupported call)."""
+    """What the stress watches, and every NVML error on the way, by name: an error is a failed
+    validation, never "no GPU here" (an unsupported call on a board is only no data)."""
 
     def __init__(self) -> None:
-        self.handles: list[Any] = []
-        try:
-            import pynvml
+        from babysitter.checks import nvml
 
-            pynvml.nvmlInit()
-            self.nv: Any = pynvml
-            self.handles = [
-                pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
-            ]
-        except Exception:  # no driver here: the SDC part still runs on the CPU backend
-            self.nv = None
+        self.nvml = nvml
+        self.handles: list[Any] = []
+        self.init_error: str | None = None  # NVML did not start (the message)
+        self.no_library = False  # ... because this node has no NVML at all
+        self.errors: list[str] = []  # NVML errors during the run, first of each kind
+        try:
+            ok, lost = nvml.devices()
+        except nvml.NvmlUnavailable as exc:
+            self.init_error = str(exc)
+            self.no_library = exc.code == nvml.nv.NVML_ERROR_LIBRARY_NOT_FOUND
+            return
+        except Exception as exc:  # an NVML error listing the GPUs
+            self.init_error = f"NVML could not list the GPUs: {exc}"
+            return
+        self.handles = [d.handle for d in ok]
+        self.errors += [f"GPU {d.index}: lost ({d.error})" for d in lost]
+
+    def _read(self, what: str, i: int, fn: Any, *args: Any) -> Any:
+        try:
+            v = self.nvml.call(fn, *args)
+        except Exception as exc:
+            err = f"GPU {i}: NVML error reading {what} during stress: {exc}"
+            if err not in self.errors:
+                self.errors.append(err)
+            return None
+        return None if v is self.nvml.NOT_SUPPORTED else v
 
     def dbe(self) -> list[int | None]:
-        out: list[int | None] = []
-        for h in self.handles:
-            try:
-                out.append(
-                    int(
-                        self.nv.nvmlDeviceGetTotalEccErrors(
-                            h,
-                            self.nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                            self.nv.NVML_VOLATILE_ECC,
-                        )
-                    )
+        nv = self.nvml.nv
+        return [
+            None
+            if (
+                v := self._read(
+                    "ECC errors",
+                    i,
+                    nv.nvmlDeviceGetTotalEccErrors,
+                    h,
+                    nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                    nv.NVML_VOLATILE_ECC,
                 )
-            except Exception:
-                out.append(None)
-        return out
+            )
+            is None
+            else int(v)
+            for i, h in enumerate(self.handles)
+        ]
 
     def throttles(self) -> list[int]:
-        out = []
-        for h in self.handles:
-            try:
-                out.append(int(self.nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)))
-            except Exception:
-                out.append(0)
-        return out
+        nv = self.nvml.nv
+        return [
+            int(
+                self._read("throttle reasons", i, nv.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+                or 0
+            )
+            for i, h in enumerate(self.handles)
+        ]
+
+
+def expected_gpus(given: int | None, profile: int | None) -> int | None:
+    """The GPUs this node must have tested: the most any source says (the controller passes
+    the node's Slurm gres; the hardware profile / `[checks.gpu] expected_count`); None when
+    nothing says."""
+    known = [n for n in (given, profile) if n is not None]
+    return max(known) if known else None
+
+
+def gpu_failures(nv: _Nvml, expected: int | None) -> tuple[int | None, list[str]]:
+    """(GPUs to test, failures before any test): NVML must start and list them all, unless the
+    node is configured with none (or has no NVML library and nothing says it has GPUs). The
+    count is None where nothing tells it (NVML failed and no expectation): a failure."""
+    if expected == 0:
+        return 0, []
+    if nv.init_error is not None:
+        if nv.no_library and expected is None:
+            return 0, []  # a CPU-only machine: nothing to test but the CPU
+        return expected, [f"NVML: {nv.init_error} (the node's GPUs cannot be validated)"]
+    want = len(nv.handles) if expected is None else expected
+    if len(nv.handles) < want:
+        return want, [f"NVML shows {len(nv.handles)} usable GPU(s), the node has {want}"]
+    return want, []
 
 
 def _nccl(command: list[str], min_busbw: float, timeout_s: float) -> tuple[float | None, str]:
@@ -102,20 +155,35 @@ def _nccl(command: list[str], min_busbw: float, timeout_s: float) -> tuple[float
     "the bad one).",
 )
 @click.option("--inject", default=None, metavar="DEV,I,J,BIT", help="Flip a bit (fault test).")
+@click.option(
+    "--gpus",
+    type=click.IntRange(0, 1024),
+    default=None,
+    envvar=GPUS_ENV,
+    help="GPUs this node must have tested (the controller passes the node's Slurm gres; "
+    "default: the hardware profile, else what NVML lists). 0: a CPU-only node.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_state
 def validate(
-    state: State, stress_s: float | None, replicas: int, inject: str | None, as_json: bool
+    state: State,
+    stress_s: float | None,
+    replicas: int,
+    inject: str | None,
+    gpus: int | None,
+    as_json: bool,
 ) -> int:
     """Active validation of this node: SDC on every device, a stress run, NCCL if configured."""
+    from babysitter.checks.base import CheckContext
     from babysitter.checks.sdc.backends import BackendUnavailable
     from babysitter.checks.sdc.runner import run_sdc
 
     cfg = state.config
     sdc, val = cfg.checks.sdc, cfg.validation
     inj = parse_inject(inject)
-    failures: list[str] = []
     nvml = _Nvml()
+    expected = expected_gpus(gpus, CheckContext(cfg, cfg.agent.node_name).expect().gpu_count)
+    want, failures = gpu_failures(nvml, expected)
     dbe_before = nvml.dbe()
     gflops: list[float] = []
     throttled: set[str] = set()
@@ -136,6 +204,7 @@ def validate(
             gflops.extend(r.gflops for r in res.devices)
             tested["library"] = res.library
             tested["devices"] = [r.label for r in res.devices]
+            tested["gpus_tested"] = [r.device for r in res.devices if r.device.startswith("gpu")]
         for f in res.findings:
             if f.severity.value != "ok":
                 failures.append(f"{f.component}: {f.message}")
@@ -143,9 +212,10 @@ def validate(
             throttled.update(name for bit, name in HW_THROTTLE.items() if reasons & bit)
 
     try:
-        one(inj)
+        if not failures:  # NVML not right: the GPUs cannot be watched, a run proves nothing
+            one(inj)
         deadline = time.monotonic() + (val.stress_s if stress_s is None else stress_s)
-        while not failures and time.monotonic() < deadline:
+        while not failures and not nvml.errors and time.monotonic() < deadline:
             one(None)
     except (BackendUnavailable, ValueError, IndexError) as exc:
         failures.append(f"SDC test could not run: {exc}")
@@ -153,14 +223,19 @@ def validate(
         if before is not None and after is not None and after > before:
             failures.append(f"GPU {i}: {after - before} double-bit ECC error(s) during stress")
     failures += [f"{name} during stress" for name in sorted(throttled)]
+    failures += nvml.errors  # the watch stopped: what it did not see is not a pass
+    gpus_tested = len(tested.get("gpus_tested", []))
+    if want and tested["library"] and gpus_tested < want:
+        failures.append(
+            f"{tested['library']} tested {gpus_tested} of the node's {want} GPU(s) "
+            "(a CPU run does not validate GPUs)"
+        )
+    tested["gpus_expected"] = want
     busbw = None
     if val.nccl_command:
         busbw, why = _nccl(val.nccl_command, val.min_busbw_gbps, timeout_s=600)
         if why:
             failures.append(why)
-    if tested["library"] and str(tested["library"]).startswith("numpy") and nvml.handles:
-        # an explicit numpy on a GPU node: a pass says nothing about the GPUs, and says so
-        tested["note"] = f"numpy: CPU only, the node's {len(nvml.handles)} GPU(s) were not tested"
     verdict = {
         "ok": not failures,
         "node": cfg.agent.node_name or socket.gethostname(),

@@ -233,6 +233,9 @@ class Scontrol:
             what=f"reboot {node}",
         )
 
+    def cancel_reboot(self, node: str) -> None:
+        self.run("scontrol", "cancel_reboot", node, what=f"cancel reboot {node}")
+
     def config_value(self, key: str) -> str:
         """One `scontrol show config` value ("" for `(null)` or absent)."""
         out = self.run("scontrol", "show", "config", what="show config")
@@ -516,6 +519,10 @@ class OwnedClient(SlurmClient):
             )
         # every backend through scontrol: no REST version has a reboot endpoint
         self.sc.reboot(node, self.full_reason(reason), nextstate)
+
+    def cancel_reboot(self, node: str) -> None:
+        # every backend through scontrol, as the reboot itself
+        self.sc.cancel_reboot(validate_node(node))
 
     def reboot_program(self) -> str:
         return self.sc.config_value("RebootProgram")

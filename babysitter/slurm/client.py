@@ -187,6 +187,11 @@ class SlurmClient:
         SlurmNotOwned if the node's reason is someone else's."""
         raise NotImplementedError
 
+    def cancel_reboot(self, node: str) -> None:
+        """`scontrol cancel_reboot NODE`: withdraw a reboot babysitter asked for that has not
+        started yet (SlurmError when there is none to cancel or it is under way)."""
+        raise NotImplementedError
+
     def reboot_program(self) -> str:
         """slurm.conf's RebootProgram ("" when none: `scontrol reboot` cannot complete)."""
         raise NotImplementedError

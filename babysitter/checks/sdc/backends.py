@@ -223,13 +223,19 @@ def cupy_devices(replicas: int = 1) -> tuple[str, list[Device]]:
 
 
 def nvml_gpu_count() -> int:
-    """GPUs NVML lists on this node, lost ones included (0 when there is no NVML at all)."""
+    """GPUs NVML lists on this node, lost ones included; 0 only where there is no NVML library
+    at all. NVML failing where it is installed (the driver not loaded after a reboot) says
+    nothing about the GPUs: BackendUnavailable, never "0 GPUs, run on the CPU"."""
     from babysitter.checks import nvml
 
     try:
         ok, lost = nvml.devices()
-    except Exception:  # no driver, a broken one: nothing says this is a GPU node
-        return 0
+    except nvml.NvmlUnavailable as exc:
+        if exc.code == nvml.nv.NVML_ERROR_LIBRARY_NOT_FOUND:
+            return 0
+        raise BackendUnavailable(f"{exc}: cannot tell this node's GPUs") from None
+    except Exception as exc:
+        raise BackendUnavailable(f"NVML could not list the GPUs: {exc}") from None
     return len(ok) + len(lost)
 
 

@@ -40,13 +40,9 @@ from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.context import LoopContext
 from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
 from babysitter.controller.loop.ledger import ACTIVE, Ledger, Phase, Remediation
-from babysitter.controller.loop.policy import (
-    HEALTHCHECK_MARK,
-    MANUAL_MARK,
-    Decision,
-    DecisionKind,
-    Rule,
-)
+from babysitter.controller.loop.ownership import Owner, automatic_reason, episode_owner
+from babysitter.controller.loop.policy import Decision, DecisionKind, Rule
+from babysitter.controller.loop.takeover import cancel_pending_reboot, end_taken_over
 from babysitter.controller.loop.validation import Validator, reservation_name
 from babysitter.finding import Action, Finding, Severity
 from babysitter.slurm.client import SlurmError, SlurmNode, SlurmUnavailable
@@ -147,9 +143,23 @@ class Healer:
         if not self.enabled or not self.snapshot.ok:
             return
         self.open = self._open_by_node()
+        unsure: set[str] = set()  # nodes whose owner cannot be read this tick: no step
         for node, rem in list(self.open.items()):
-            if node not in self.quiet:
-                self._advance(rem, now, firing, clearing)
+            if node in self.quiet:
+                continue
+            if rem.state in ACTIVE:
+                # at every step of an episode, not only at its start: an admin may have
+                # taken the node over since the last tick
+                sn = self.snapshot.nodes.get(node)
+                owner = episode_owner(sn, self.prefix)
+                if owner is Owner.UNKNOWN:
+                    unsure.add(node)
+                    continue
+                if owner is Owner.OTHER and sn is not None:
+                    end_taken_over(self.store, self.slurm, rem, sn, now)
+                    self.open.pop(node)
+                    continue
+            self._advance(rem, now, firing, clearing)
         candidates = [
             n
             for n in sorted((self.snapshot.held | self._dry_drains) - self.open.keys() - self.quiet)
@@ -162,7 +172,7 @@ class Healer:
             (
                 r
                 for node, r in self.open.items()
-                if r.state is Phase.WAITING and node not in self.quiet
+                if r.state is Phase.WAITING and node not in self.quiet | unsure
             ),
             key=lambda r: r.id,
         )
@@ -174,10 +184,7 @@ class Healer:
 
     def _ours(self, sn: SlurmNode | None) -> bool:
         """Drained by babysitter's policy: not an admin's drain, not the HealthCheckProgram's."""
-        if sn is None or not sn.reason.startswith(self.prefix):
-            return False
-        rest = sn.reason[len(self.prefix) :].lstrip()
-        return not rest.startswith((MANUAL_MARK, HEALTHCHECK_MARK))
+        return sn is not None and automatic_reason(sn.reason, self.prefix)
 
     def _startable(self, sn: SlurmNode | None) -> bool:
         """Drained by the policy and not already in a reboot of Slurm's."""
@@ -556,12 +563,14 @@ class Healer:
             return
         if (now - issued).total_seconds() > self.cfg.reboot_timeout_s:
             why = f"not back {self.cfg.reboot_timeout_s:g} s after its reboot"
-            self.ledger.move(rem, Phase.TIMED_OUT, now, why)
+            # a reboot still pending (jobs never ended) must not happen later, unwatched
+            cancelled = cancel_pending_reboot(self.slurm, rem)
+            self.ledger.move(rem, Phase.TIMED_OUT, now, "; ".join(filter(None, (why, cancelled))))
             self._record(
                 ActionKind.REBOOT,
                 rem.node,
                 why,
-                "paged; stays drained",
+                "; ".join(filter(None, ("paged; stays drained", cancelled))),
                 rem.id,
                 status=ActionStatus.FAILED,
             )

@@ -31,6 +31,8 @@ class Phase(StrEnum):
     LEMON = "lemon"  # too many remediations in the window: stays drained for a human
     DRY_RUN = "dry_run"  # what would have happened
     CLEARED = "cleared"  # an admin cleared the node's ledger
+    # someone else drained the node mid-episode: babysitter withdrew and lets go of it
+    TAKEN_OVER = "taken_over"
 
 
 ACTIVE = frozenset({Phase.WAITING, Phase.REBOOTING, Phase.RESETTING, Phase.VALIDATING})
@@ -208,7 +210,9 @@ class Ledger:
             select(m.remediations)
             .where(or_(*who))
             .where(t.rung.in_([r.value for r in Rung if r.automatic]))
-            .where(t.state.notin_([Phase.DRY_RUN.value, Phase.WAITING.value]))
+            .where(
+                t.state.notin_([Phase.DRY_RUN.value, Phase.WAITING.value, Phase.TAKEN_OVER.value])
+            )
             .where(t.cleared_at.is_(None))
             .where(t.created_at >= since)
             .order_by(t.id)
