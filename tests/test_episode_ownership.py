@@ -82,6 +82,7 @@ def test_an_episode_on_a_node_missing_from_slurm_holds_without_acting(tmp_path: 
     c = Cluster(tmp_path, remediation={"max_concurrent_reboots": 1})
     c.tick()
     c.report("node1", xid79())
+    c.tick()
     c.report("node2", xid79())
     for _ in range(3):
         c.tick()
