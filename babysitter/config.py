@@ -263,6 +263,14 @@ class ControllerConfig(Section):
             "it waits (429, the wait doubling with each further failure, up to 15 min)",
         ),
     ] = 5
+    public_url: Annotated[
+        Annotated[str, Meta(pattern=r"^https?://[^\s]+$")] | None,
+        Meta(
+            description="the URL browsers reach the controller at (e.g. https://babysitter.example"
+            " behind a TLS proxy); the status page's login cookie is Secure unless this is an "
+            "http:// URL",
+        ),
+    ] = None
     tls_cert_file: Annotated[
         Path | None, Meta(description="serve HTTPS with this certificate (PEM, chain included)")
     ] = None
@@ -492,9 +500,7 @@ class BlastRadiusConfig(Section):
         _Fraction | None, Meta(description="of the nodes of one partition")
     ] = 0.5
     partition_count: Annotated[_Count | None, Meta(description="nodes of one partition")] = None
-    cluster_fraction: Annotated[
-        _Fraction | None, Meta(description="of every node in Slurm")
-    ] = 0.5
+    cluster_fraction: Annotated[_Fraction | None, Meta(description="of every node in Slurm")] = 0.5
     cluster_count: Annotated[_Count | None, Meta(description="nodes cluster-wide")] = None
 
 

@@ -107,6 +107,24 @@ def test_a_body_that_never_finishes_is_closed(controller, secrets):
             assert s.recv(1024) == b"", head[:20]  # closed by the controller, no answer
 
 
+def test_wrong_tokens_at_the_login_form_are_throttled(controller, secrets):
+    """300 wrong tokens as fast as the socket allows: the first 5 are checked
+    (controller.login_failures), then the client waits (429, Retry-After), each try during
+    the wait doubles it (1 s, 2 s, ...: whatever the machine's speed, at most ten more are
+    ever checked within the test's time), and during the wait even the right token is not
+    checked, so guessing gets nowhere."""
+    statuses = []
+    with httpx.Client(base_url=controller.url, timeout=30, follow_redirects=False) as c:
+        for i in range(300):
+            r = c.post("/ui/login", data={"token": f"guess-{i}"})
+            statuses.append(r.status_code)
+        refused = c.post("/ui/login", data={"token": secrets.read})
+    assert statuses[:5] == [403] * 5, statuses[:10]
+    assert statuses.count(403) <= 15 and statuses.count(429) >= 285, statuses
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+    assert "babysitter_ui" not in refused.headers.get("set-cookie", "")
+
+
 def _open(host: str, port: int, head: bytes) -> socket.socket | None:
     """A connection that sent `head` (headers and the start of a body) and then stalls; None
     when the controller refused it (closed or reset)."""

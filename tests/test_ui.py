@@ -12,8 +12,10 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from babysitter.controller.api.ui.session import COOKIE, Sessions
+from babysitter.controller.api.ui.throttle import LoginThrottle
 from babysitter.controller.db import audit
 from babysitter.controller.runtime import Controller
+from tests.fixtures.controller import controller_config
 from tests.fixtures.reports import DBE, wire_report
 
 
@@ -25,7 +27,8 @@ def db_url(sqlite_url: str) -> str:
 
 @pytest.fixture
 def api(ctl: Controller) -> TestClient:
-    return TestClient(ctl.app(), follow_redirects=False)
+    # as a browser reaches it (TLS at the controller or at a proxy): the cookie is Secure
+    return TestClient(ctl.app(), base_url="https://testserver", follow_redirects=False)
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -53,7 +56,11 @@ def test_login_form_sets_a_viewing_cookie(api, secrets, ctl):
     _, expiry, sig = api.cookies[COOKIE].split(".")
     api.cookies.set(COOKIE, f"admin.{expiry}.{sig}", path="/ui")
     assert api.get("/ui").status_code == 303
-    assert api.get("/ui/logout").headers["location"] == "/ui/login"
+    # logout is a POST (a link or an image on another page cannot log a viewer out)
+    assert api.get("/ui/logout").status_code == 405
+    out = api.post("/ui/logout")
+    assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+    assert f"{COOKIE}=" in out.headers["set-cookie"] and "Max-Age=0" in out.headers["set-cookie"]
     # logging in wrote nothing
     assert ctl.store.count("actions") == 0 and audit.entries(ctl.store) == []
 
@@ -123,8 +130,8 @@ def test_the_read_token_cannot_change_anything(ctl, secrets):
     writers = [(r.path, m) for r in routes for m in r.methods if m not in ("GET", "HEAD")]
     assert len(writers) >= 7  # reports, drain, resume, requeue, guard reset, maintenance x2
     for path, method in writers:
-        if path == "/ui/login":
-            continue  # checks a token and sets a cookie; asserted to write nothing above
+        if path in ("/ui/login", "/ui/logout"):
+            continue  # set or drop a viewing cookie; asserted to write nothing above
         url = re.sub(r"\{[^}]+\}", "1", path).replace("/nodes/1/", "/nodes/node1/")
         r = api.request(method, url, headers=bearer(secrets.read), json={})
         assert r.status_code in (401, 403), (method, path, r.status_code)
@@ -176,3 +183,45 @@ def test_a_maintenance_window_that_cannot_be_is_refused_in_the_apis_error_shape(
     [err] = r.json()["detail"]
     assert err["loc"] == ["body", "until"] and why in err["msg"]
     assert api.get("/api/v1/maintenance?all=true", headers=bearer(secrets.admin)).json() == []
+
+
+def test_the_page_logs_out_with_a_post_form(api, secrets):
+    page = api.get("/ui", headers=bearer(secrets.read)).text
+    assert '<form class="logout" method="post" action="/ui/logout">' in page
+    assert 'href="/ui/logout"' not in page
+
+
+@pytest.mark.parametrize(
+    ("public_url", "secure"),
+    [(None, True), ("https://babysitter.example", True), ("http://10.0.0.5:8090", False)],
+)
+def test_the_login_cookie_is_secure_unless_the_deployment_is_plain_http(
+    secrets, tmp_path, public_url, secure
+):
+    """Behind a TLS proxy the controller serves plain http itself, yet the cookie must never
+    travel in clear: Secure by default, not only when the controller holds the certificate."""
+    extra = {"public_url": public_url} if public_url else {}
+    ctl = Controller(controller_config(secrets, f"sqlite:///{tmp_path / 'c.db'}", controller=extra))
+    ctl.setup()
+    try:
+        api = TestClient(ctl.app(), follow_redirects=False)
+        r = api.post("/ui/login", data={"token": secrets.read})
+    finally:
+        ctl.close()
+    assert r.status_code == 303
+    assert ("; secure" in r.headers["set-cookie"].lower()) is secure
+
+
+def test_wrong_tokens_wait_longer_and_longer():
+    now = [1000.0]
+    t = LoginThrottle(free=3, clock=lambda: now[0])
+    assert [t.failed("10.0.0.9") for _ in range(2)] == [0.0, 0.0]
+    assert t.failed("10.0.0.9") == 1.0  # the third wrong token: wait 1 s
+    assert t.wait_s("10.0.0.9") == 1.0 and t.wait_s("10.0.0.8") == 0.0  # per address
+    now[0] += 1.0
+    assert t.failed("10.0.0.9") == 2.0 and t.failed("10.0.0.9") == 4.0  # doubling
+    for _ in range(30):
+        wait = t.failed("10.0.0.9")
+    assert wait == 900.0  # bounded
+    t.succeeded("10.0.0.9")
+    assert t.wait_s("10.0.0.9") == 0.0

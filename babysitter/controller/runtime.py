@@ -243,6 +243,7 @@ class Controller:
     def _ui_router(self, reader: Dependency, admin: Dependency) -> APIRouter:
         from babysitter.controller.api.ui.routes import layout_of, ui_router
         from babysitter.controller.api.ui.session import Sessions
+        from babysitter.controller.api.ui.throttle import LoginThrottle
 
         c = self.cfg.controller
         return ui_router(
@@ -252,7 +253,8 @@ class Controller:
             self.state,
             layout_of(self._slurm_nodes, self._leaf_of),
             c.ui_refresh_s,
-            secure_cookie=c.tls_cert_file is not None,
+            secure_cookie=secure_cookie(c.public_url),
+            throttle=LoginThrottle(c.login_failures),
         )
 
     def _maintenance_router(self, reader: Dependency, admin: Dependency) -> APIRouter:
@@ -335,6 +337,13 @@ class Controller:
             if self.retention is not None:
                 self.retention.stop()
             self.close()
+
+
+def secure_cookie(public_url: str | None) -> bool:
+    """The login cookie is Secure unless the deployment says browsers reach it over plain
+    http: behind a TLS proxy the controller itself sees http, yet the cookie must never be
+    sent in clear (docs/deploy.md)."""
+    return not (public_url or "").lower().startswith("http://")
 
 
 def _tune_gc() -> None:

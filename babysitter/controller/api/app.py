@@ -33,7 +33,7 @@ from babysitter.controller.api.ingest import (
     bearer_token,
     report_problems,
 )
-from babysitter.controller.api.ui.routes import LOGIN_PATH, MAX_LOGIN_BODY
+from babysitter.controller.api.ui.routes import LOGIN_PATH, LOGOUT_PATH, MAX_LOGIN_BODY
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.metrics import ControllerMetrics
 from babysitter.report import Report
@@ -280,9 +280,9 @@ class AdminBodyGuard:
         ):
             await self.app(scope, receive, send)
             return
-        if scope["path"] == LOGIN_PATH:
+        if scope["path"] in (LOGIN_PATH, LOGOUT_PATH):
             # the status page's login form: the token is in the form, not a header; it sets a
-            # viewing cookie and writes nothing (ui/routes.py)
+            # viewing cookie and writes nothing (ui/routes.py); logout only drops the cookie
             await self.app(scope, _bounded(receive, MAX_LOGIN_BODY), send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}

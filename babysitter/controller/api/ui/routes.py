@@ -1,9 +1,11 @@
 """The status page's routes: GET pages for a viewer (the read token or the admin token, as a
 bearer header like the API, or the cookie the login form sets), and the login form itself.
-Nothing here writes to the store or to Slurm: the page has no buttons, only links."""
+Nothing here writes to the store or to Slurm: the page has no buttons but "log out" (which
+only drops the cookie), only links."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import datetime
 from importlib.resources import files
@@ -19,11 +21,13 @@ from babysitter.controller.api.auth import Authenticator
 from babysitter.controller.api.ingest import bearer_token
 from babysitter.controller.api.ui import views
 from babysitter.controller.api.ui.session import COOKIE, LIFETIME_S, Sessions
+from babysitter.controller.api.ui.throttle import LoginThrottle
 from babysitter.controller.db import audit
 from babysitter.controller.db.store import Store
 from babysitter.report import NODE_NAME
 
 LOGIN_PATH = "/ui/login"
+LOGOUT_PATH = "/ui/logout"
 MAX_LOGIN_BODY = 4096
 TEMPLATES = files("babysitter.controller.api.ui") / "templates"
 
@@ -73,6 +77,7 @@ def ui_router(
     layout: views.Layout,
     refresh_s: float,
     secure_cookie: bool,
+    throttle: LoginThrottle | None = None,
 ) -> APIRouter:
     router = APIRouter(prefix="/ui", include_in_schema=False)
     env = environment()
@@ -115,7 +120,7 @@ def ui_router(
         rows = audit.entries(store, node=node, limit=500) if viewer(request) else []
         return page(request, "audit.html", entries=rows, node=node)
 
-    _add_login_routes(router, env, auth, sessions, secure_cookie)
+    _add_login_routes(router, env, auth, sessions, secure_cookie, throttle or LoginThrottle(5))
     return router
 
 
@@ -125,8 +130,11 @@ def _add_login_routes(
     auth: Authenticator,
     sessions: Sessions,
     secure_cookie: bool,
+    throttle: LoginThrottle,
 ) -> None:
-    """The login form, its check of a typed token, and logout."""
+    """The login form, its check of a typed token (throttled per client address after a few
+    wrong ones: throttle.py), and logout (a POST: a link or an image elsewhere cannot log a
+    viewer out)."""
 
     @router.get("/login", response_class=HTMLResponse)
     def login_form(request: Request) -> Response:
@@ -136,6 +144,10 @@ def _add_login_routes(
     async def login(request: Request) -> Response:
         """Check a token typed into the form; a valid admin or read token gets a viewing
         cookie. Writes nothing but the cookie."""
+        client = request.client.host if request.client else ""
+        if throttle.wait_s(client) > 0:
+            # a try during the wait is not checked, and counts as one more wrong token
+            return _too_many(env, throttle.failed(client))
         try:
             body = await request.body()
         except ClientDisconnect:  # cut off past MAX_LOGIN_BODY (api.AdminBodyGuard)
@@ -145,7 +157,9 @@ def _add_login_routes(
         token = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0].strip()
         p = auth.identify(token) if token else None
         if p is None or p.role not in ("admin", "read"):
+            throttle.failed(client)  # the wait, if any, is for the next try
             return _login(env, "not a valid read or admin token", 403)
+        throttle.succeeded(client)
         resp = RedirectResponse("/ui", status_code=303)
         resp.set_cookie(
             COOKIE,
@@ -158,7 +172,7 @@ def _add_login_routes(
         )
         return resp
 
-    @router.get("/logout")
+    @router.post("/logout")
     def logout() -> Response:
         resp = RedirectResponse(LOGIN_PATH, status_code=303)
         resp.delete_cookie(COOKIE, path="/ui")
@@ -176,9 +190,18 @@ def _headers() -> dict[str, str]:
     }
 
 
-def _login(env: Environment, error: str | None, status: int = 200) -> Response:
+def _login(
+    env: Environment, error: str | None, status: int = 200, extra: dict[str, str] | None = None
+) -> Response:
     html = env.get_template("login.html").render(error=error)
-    return HTMLResponse(html, status_code=status, headers=_headers())
+    return HTMLResponse(html, status_code=status, headers={**_headers(), **(extra or {})})
+
+
+def _too_many(env: Environment, wait_s: float) -> Response:
+    retry = str(max(1, math.ceil(wait_s)))
+    return _login(
+        env, f"too many wrong tokens: try again in {retry} s", 429, {"Retry-After": retry}
+    )
 
 
 def layout_of(
