@@ -23,6 +23,8 @@ from babysitter.controller.api.ingest import ReportRejected, ReportWriter
 from babysitter.controller.db.store import Store
 from babysitter.finding import Finding, Severity
 from babysitter.report import Report
+from babysitter.slurm.base import validate_node
+from babysitter.slurm.client import SlurmRejected
 from tests.fixtures.controller import ControllerProcess, Secrets, controller_config, free_port
 from tests.fixtures.reports import wire_report
 
@@ -76,6 +78,23 @@ def test_values_no_database_keeps_are_422(client, secrets, ctl, raw):
     ok = client.post("/api/v1/reports", content=body, headers=secrets.headers("node1"))
     assert ok.status_code == 202
     assert ctl.store.count("reports") == 1
+
+
+@pytest.mark.parametrize("name", ["ALL", "all", "Default", "NONE"])
+def test_a_node_named_like_a_slurm_keyword_is_refused(client, secrets, ctl, name):
+    """`ALL` matches the node-name pattern, yet Slurm reads it as every node (`Nodes=ALL`):
+    a report for it, even with that name's valid token, is a 422 naming the node, and
+    nothing is stored or shown; babysitter never hands such a name to Slurm either."""
+    r = client.post("/api/v1/reports", json=wire_report(name), headers=secrets.headers(name))
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "node"] and "keyword" in r.text
+    assert ctl.store.count("reports") == 0 and ctl.store.node_rows() == []
+    with pytest.raises(SlurmRejected):
+        validate_node(name)
+    ok = client.post(
+        "/api/v1/reports", json=wire_report("allnode1"), headers=secrets.headers("allnode1")
+    )
+    assert ok.status_code == 202
 
 
 def test_report_bounds(client, secrets):

@@ -55,8 +55,22 @@ _NOT_FOUND = (
 _BUSY = "requested nodes are busy"
 
 
-def validate_node(name: str) -> str:
+# words Slurm reads as something other than one node wherever a node list goes (`Nodes=ALL`,
+# `NodeName=DEFAULT`, `None`), compared without case as Slurm does: never a node name here
+SLURM_KEYWORDS = frozenset({"all", "default", "none"})
+
+
+def node_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a node's name in babysitter (None: it can)."""
     if not isinstance(name, str) or not _NODE_RE.match(name):
+        return "not a node name (letters, digits, '.', '_', '-'; up to 64)"
+    if name.lower() in SLURM_KEYWORDS:
+        return f"{name!r} is a Slurm keyword, not a node name"
+    return None
+
+
+def validate_node(name: str) -> str:
+    if node_name_problem(name) is not None:
         raise SlurmRejected(f"invalid node name {name!r}")
     return name
 

@@ -37,6 +37,7 @@ from babysitter.controller.loop.policy import drain_worthy
 from babysitter.controller.loop.wake import DrainWake
 from babysitter.finding import Action, Finding, Severity, no_verdict
 from babysitter.report import Report
+from babysitter.slurm.base import node_name_problem
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,9 @@ def _json_size(value: Any) -> int:
 def report_problems(raw: bytes, body: Report) -> list[dict[str, Any]]:
     """What a well-typed report still may not carry (-> 422), in FastAPI's error shape."""
     errors = _unstorable_values(body) if _suspect(raw) else []
+    named = node_name_problem(body.node)  # `ALL` passes the pattern, yet names every node
+    if named is not None:
+        errors.append(_error(("node",), named))
     if len(raw) > MAX_DETAILS_BYTES:  # else no finding's details can be that big
         for k, f in enumerate(body.findings):
             if f.details and _json_size(f.details) > MAX_DETAILS_BYTES:
