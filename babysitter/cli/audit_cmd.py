@@ -10,7 +10,7 @@ import click
 
 from babysitter.cli.api_client import call, client, token_opt, url_opt
 from babysitter.cli.common import State, echo_json, pass_state
-from babysitter.cli.tables import show, table
+from babysitter.cli.tables import echo, show, table
 from babysitter.cli.when import TimeParam
 
 
@@ -73,7 +73,7 @@ def audit(
     columns = ("at", "actor", "action", "node/job", "result", "reason", "evidence", "outcome")
     show(table(*columns, rows=cells))
     if not rows:
-        click.echo("no audit entries" + (f" for {node}" if node else ""))
+        echo("no audit entries" + (f" for {node}" if node else ""))
 
 
 commands = [audit]

@@ -9,7 +9,7 @@ import click
 
 from babysitter.cli.api_client import call, client, token_opt, url_opt
 from babysitter.cli.common import State, echo_json, pass_state
-from babysitter.cli.tables import show, table
+from babysitter.cli.tables import echo, show, table
 
 
 def ledger_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
@@ -64,7 +64,7 @@ def clear(state: State, node: str, reason: str, url: str | None, token: str | No
     manages the node again (resumed once its fault is gone)."""
     with client(state, url, token) as c:
         r = call(c, "POST", f"/api/v1/nodes/{node}/ledger/clear", json={"reason": reason})
-    click.echo(f"ledger of {node} cleared: {r['cleared']} row(s) (action {r['action_id']})")
+    echo(f"ledger of {node} cleared: {r['cleared']} row(s) (action {r['action_id']})")
 
 
 commands = [ledger]

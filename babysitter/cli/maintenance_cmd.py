@@ -11,7 +11,7 @@ import click
 
 from babysitter.cli.api_client import call, client, token_opt, url_opt
 from babysitter.cli.common import State, echo_json, pass_state
-from babysitter.cli.tables import show, table
+from babysitter.cli.tables import echo, show, table
 from babysitter.cli.when import TimeParam
 
 
@@ -80,7 +80,7 @@ def end(state: State, nodes: str, url: str | None, token: str | None) -> None:
     with client(state, url, token) as c:
         closed = call(c, "POST", "/api/v1/maintenance/end", json={"nodes": nodes})
     for w in closed:
-        click.echo(f"window {w['id']} ({w['hostlist']}) ended")
+        echo(f"window {w['id']} ({w['hostlist']}) ended")
 
 
 @maintenance.command("list")

@@ -9,7 +9,7 @@ import click
 
 from babysitter.cli.api_client import call, client, token_opt, url_opt
 from babysitter.cli.common import State, echo_json, pass_state
-from babysitter.cli.tables import show, table
+from babysitter.cli.tables import echo, show, table
 
 
 @click.command("status")
@@ -154,13 +154,13 @@ def _one_node(state: State, node: str, url: str | None, token: str | None, as_js
     if as_json:
         echo_json(n)
         return
-    click.echo(f"{n['name']}: {n['verdict']} (slurm {n.get('slurm_state') or '?'})")
+    echo(f"{n['name']}: {n['verdict']} (slurm {n.get('slurm_state') or '?'})")
     if n.get("slurm_reason"):
-        click.echo(f"  reason: {n['slurm_reason']}")
+        echo(f"  reason: {n['slurm_reason']}")
     for f in n["open_findings"]:
-        click.echo(f"  {f['severity']:8} {f['check']}: {f['message']}")
+        echo(f"  {f['severity']:8} {f['check']}: {f['message']}")
     ledger = n.get("ledger") or []
-    click.echo(f"remediation ledger ({len(ledger)} row(s), newest first):")
+    echo(f"remediation ledger ({len(ledger)} row(s), newest first):")
     if ledger:
         show(table(*LEDGER_COLUMNS, rows=ledger_rows(ledger)))
 
@@ -220,7 +220,7 @@ def drain(state: State, node: str, reason: str, url: str | None, token: str | No
     """Ask the controller to drain NODE (recorded in its action log)."""
     with client(state, url, token) as c:
         r = call(c, "POST", f"/api/v1/nodes/{node}/drain", json={"reason": reason})
-    click.echo(f"drain of {node} requested (action {r['action_id']})")
+    echo(f"drain of {node} requested (action {r['action_id']})")
 
 
 @click.command("resume")
@@ -232,7 +232,7 @@ def resume(state: State, node: str, url: str | None, token: str | None) -> None:
     """Ask the controller to resume NODE (only babysitter's own drains)."""
     with client(state, url, token) as c:
         r = call(c, "POST", f"/api/v1/nodes/{node}/resume")
-    click.echo(f"resume of {node} requested (action {r['action_id']})")
+    echo(f"resume of {node} requested (action {r['action_id']})")
 
 
 @click.command("requeue")
@@ -244,7 +244,7 @@ def requeue(state: State, job_id: int, url: str | None, token: str | None) -> No
     """Ask the controller to requeue JOB_ID."""
     with client(state, url, token) as c:
         r = call(c, "POST", f"/api/v1/jobs/{job_id}/requeue")
-    click.echo(f"requeue of {job_id} requested (action {r['action_id']})")
+    echo(f"requeue of {job_id} requested (action {r['action_id']})")
 
 
 @click.group("guard", invoke_without_command=True)
@@ -265,7 +265,7 @@ def guard(ctx: click.Context, url: str | None, token: str | None, as_json: bool)
         echo_json(g)
         return
     for line in guard_lines(g):
-        click.echo(line)
+        echo(line)
 
 
 def guard_lines(g: dict[str, Any]) -> list[str]:
@@ -303,7 +303,7 @@ def guard_reset(state: State, url: str | None, token: str | None) -> None:
     """Let babysitter drain again after the guard tripped (recorded in the action log)."""
     with client(state, url, token) as c:
         r = call(c, "POST", "/api/v1/guard/reset")
-    click.echo(f"guard reset requested (action {r['action_id']})")
+    echo(f"guard reset requested (action {r['action_id']})")
 
 
 commands = [status, nodes, findings, jobs, drain, resume, requeue, guard]

@@ -8,7 +8,7 @@ import dataclasses
 import click
 
 from babysitter.cli.common import State, echo_json, pass_state
-from babysitter.cli.tables import show, table
+from babysitter.cli.tables import echo, show, table
 from babysitter.slurm.client import SlurmClient
 from babysitter.slurm.factory import make_client
 
@@ -66,7 +66,7 @@ def drain(state: State, node: str, reason: str) -> None:
     """Drain NODE (never overwrites a reason that is not babysitter's)."""
     c = _client(state)
     c.drain(node, reason)
-    click.echo(f"drained {node}: {c.full_reason(reason) if hasattr(c, 'full_reason') else reason}")
+    echo(f"drained {node}: {c.full_reason(reason) if hasattr(c, 'full_reason') else reason}")
 
 
 @slurm_group.command("resume")
@@ -75,7 +75,7 @@ def drain(state: State, node: str, reason: str) -> None:
 def resume(state: State, node: str) -> None:
     """Resume NODE, only if babysitter drained it."""
     _client(state).resume(node)
-    click.echo(f"resumed {node}")
+    echo(f"resumed {node}")
 
 
 @slurm_group.command("requeue")
@@ -87,7 +87,7 @@ def requeue(state: State, job_id: int, exclude: str, hold: bool) -> None:
     """Requeue JOB_ID, then exclude nodes while it is pending."""
     excl = [n for n in exclude.split(",") if n]
     _client(state).requeue(job_id, exclude=excl, hold=hold)
-    click.echo(f"requeued {job_id}" + (f", excluding {','.join(excl)}" if excl else ""))
+    echo(f"requeued {job_id}" + (f", excluding {','.join(excl)}" if excl else ""))
 
 
 commands = [slurm_group]

@@ -69,7 +69,9 @@ def run(argv: list[str] | None) -> Any:
         click.echo("aborted", err=True)
         sys.exit(130)
     except BabysitterError as exc:
-        click.echo(f"error: {exc}", err=True)
+        from babysitter.cli.tables import printable  # only on this path: rich is heavy
+
+        click.echo(f"error: {printable(exc)}", err=True)  # may quote the controller's answer
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
