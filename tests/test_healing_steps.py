@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.loop.ledger import Phase
-from tests.fixtures.healing import Cluster, xid79
+from tests.fixtures.healing import Cluster, sdc_mismatch, xid48, xid79
 
 
 def test_a_reboot_that_times_out_is_cancelled_in_slurm(tmp_path: Path):
@@ -25,4 +26,81 @@ def test_a_reboot_that_times_out_is_cancelled_in_slurm(tmp_path: Path):
     assert ("cancel_reboot", "node1") in c.slurm.calls
     assert "REBOOT_REQUESTED" not in c.slurm.node("node1").flags
     assert c.slurm.node("node1").drained_or_draining  # stays out of service for a human
+    c.close()
+
+
+def _drains(c: Cluster, node: str) -> int:
+    return sum(
+        1
+        for a in c.store.actions()
+        if a.kind is ActionKind.DRAIN and a.node == node and a.status is ActionStatus.DONE
+    )
+
+
+def test_a_fault_no_rung_addresses_makes_a_lemon_instead_of_cycling(tmp_path: Path):
+    """An intermittent SDC mismatch: drained, clean, resumed, again. The third drain in the
+    window (`[policy] lemon_drains`) makes a lemon that stays drained for an admin, with the
+    lemon alert; the admin's `ledger clear` starts the count again."""
+    c = Cluster(tmp_path)
+    c.tick()
+    for _ in range(5):
+        c.report("node1", sdc_mismatch())
+        c.tick()
+        c.report("node1")  # the next report is clean
+        c.tick()
+        c.tick()
+    assert _drains(c, "node1") == 3  # not 5: the cycle stopped at the third
+    n1 = c.slurm.node("node1")
+    assert n1.drained_or_draining and n1.reason.startswith("babysitter: lemon: 3 drains in 7 days")
+    (lemon,) = [r for r in c.ledger("node1") if r.state is Phase.LEMON]
+    assert lemon.open and "GPU 2 miscomputed a reference matmul" in lemon.fault
+    assert "node1|lemon_node" in c.engine.router.firing_keys()
+    c.engine.healer.ledger.clear("node1", "admin", c.now, "GPU 2 replaced")
+    c.report("node1")
+    c.tick()
+    c.tick()
+    assert not c.slurm.node("node1").drained_or_draining  # the admin's way back works
+    c.close()
+
+
+def _reset_refused_then_reboot(c: Cluster, node: str) -> None:
+    """XID 48 on NODE; the agent refuses the GPU reset (a process holds the GPU), the reboot
+    that follows heals it and the validation passes."""
+    c.report(node, xid48())
+    for _ in range(2):
+        c.tick()
+    row = c.ledger(node)[0]
+    if row.state is not Phase.RESETTING:
+        return  # a lemon already
+    refused = {
+        "order": row.evidence["order_id"],
+        "ok": False,
+        "refused": True,
+        "message": "GPU reset refused: 1 process(es) still on GPU 3",
+    }
+    c.report(node, xid48(), gpu_reset=refused)
+    c.tick()
+    assert c.ledger(node)[0].state is Phase.REBOOTING
+    c.power_cycle(node)
+    c.tick()
+    c.slurm.verdict(node)
+    c.tick()
+    c.tick()
+
+
+def test_a_refused_reset_is_no_remediation_and_the_lemon_follows_the_third_rung(tmp_path: Path):
+    """Three automatic rungs carried out within the window, then the next fault is a lemon
+    (docs/self-healing.md): a reset the agent refused never ran and does not count."""
+    c = Cluster(tmp_path)
+    c.tick()
+    for n in (1, 2, 3):
+        _reset_refused_then_reboot(c, "node1")
+        passed = [r for r in c.ledger("node1") if r.state is Phase.PASSED]
+        assert len(passed) == n, [(r.rung, r.state) for r in c.ledger("node1")]
+    assert sum(1 for op, n in c.slurm.calls if op == "reboot" and n == "node1") == 3
+    c.report("node1", xid48())
+    c.tick()
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.LEMON
+    assert c.slurm.node("node1").reason.startswith("babysitter: lemon: 3 remediations in 7 days")
     c.close()

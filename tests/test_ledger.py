@@ -13,6 +13,7 @@ from babysitter.controller.loop.ledger import Ledger, Phase
 
 NOW = datetime(2026, 11, 26, 4, 0, tzinfo=UTC)
 WEEK = timedelta(days=7)
+ISSUED = {"issued_at": NOW.isoformat()}  # the reboot was asked of Slurm
 
 
 def _store(path: Path) -> Store:
@@ -35,10 +36,19 @@ def test_counts_follow_the_gpu_across_a_rename_and_a_restart(tmp_path: Path):
             NOW - timedelta(days=days),
             gpu_uuid="GPU-3",
             gpu_serial="1650922000123",
+            evidence=ISSUED,
         )
         (row,) = [r for r in led.history("gpu-a17") if r.id == rid]
         led.move(row, Phase.PASSED, NOW - timedelta(days=days), "validated")
-    led.add("gpu-a17", Rung.REBOOT, "xid.79", "old", Phase.PASSED, NOW - timedelta(days=9))
+    led.add(
+        "gpu-a17",
+        Rung.REBOOT,
+        "xid.79",
+        "old",
+        Phase.PASSED,
+        NOW - timedelta(days=9),
+        evidence=ISSUED,
+    )
     led.add("gpu-a17", Rung.INSPECT, "xid.74", "inspect", Phase.INSPECT, NOW)
     s.close()
 
@@ -53,9 +63,13 @@ def test_counts_follow_the_gpu_across_a_rename_and_a_restart(tmp_path: Path):
 
 def test_clear_stops_counting_and_is_recorded(tmp_path: Path):
     led = Ledger(_store(tmp_path / "l.db"))
-    led.add("n1", Rung.REBOOT, "xid.79", "f", Phase.PASSED, NOW - timedelta(hours=1))
+    led.add(
+        "n1", Rung.REBOOT, "xid.79", "f", Phase.PASSED, NOW - timedelta(hours=1), evidence=ISSUED
+    )
     led.add("n1", Rung.INSPECT, "xid.79", "f", Phase.LEMON, NOW)
-    led.add("n2", Rung.REBOOT, "xid.79", "f", Phase.PASSED, NOW - timedelta(hours=1))
+    led.add(
+        "n2", Rung.REBOOT, "xid.79", "f", Phase.PASSED, NOW - timedelta(hours=1), evidence=ISSUED
+    )
     assert led.clear("n1", "admin (alice@login1)", NOW, "GPU reseated") == 2
     assert led.counted("n1", set(), NOW - WEEK) == []
     assert len(led.counted("n2", set(), NOW - WEEK)) == 1
@@ -66,3 +80,28 @@ def test_clear_stops_counting_and_is_recorded(tmp_path: Path):
         "admin (alice@login1)",
         "GPU reseated",
     )
+
+
+def test_only_rungs_carried_out_count(tmp_path: Path):
+    """A reset the agent refused (a process held the GPU), a reboot Slurm was never asked for
+    and an episode an admin took over before anything ran are no remediations of the node."""
+    led = Ledger(_store(tmp_path / "l.db"))
+    at = NOW - timedelta(hours=1)
+    led.add("n1", Rung.RESET_GPU, "xid.48", "f", Phase.FAILED, at, evidence={"order_id": "o1"})
+    led.add(
+        "n1",
+        Rung.RESET_GPU,
+        "xid.48",
+        "f",
+        Phase.FAILED,
+        at,
+        evidence={"order_id": "o2", "refused": True},
+    )
+    led.add("n1", Rung.REBOOT, "xid.79", "scontrol reboot failed", Phase.FAILED, at)
+    led.add("n1", Rung.REBOOT, "xid.79", "f", Phase.TAKEN_OVER, at, evidence=ISSUED)
+    led.add("n1", Rung.REBOOT, "xid.79", "f", Phase.TIMED_OUT, at, evidence=ISSUED)
+    counted = led.counted("n1", set(), NOW - WEEK)
+    assert [(r.rung, r.state) for r in counted] == [
+        (Rung.RESET_GPU, Phase.FAILED),  # ran (the agent answered it failed)
+        (Rung.REBOOT, Phase.TIMED_OUT),
+    ]

@@ -1,7 +1,8 @@
 """Self-healing end to end on a real slurmctld with simulated GPUs: XID 79 -> drain ->
 `scontrol reboot` (the devcluster's RebootProgram power-cycles the simulated node and restarts
 its slurmd with -b) -> validation job on the node -> back in service; a failing validation
-keeps the node drained; the fourth fault in the window makes a lemon."""
+keeps the node drained; the fourth fault in the window makes a lemon (another node's
+remediations do not count)."""
 
 from __future__ import annotations
 
@@ -136,9 +137,13 @@ def test_reboot_validate_resume_then_lemon(healing: SimCluster, receiver: Receiv
     assert ledger[0]["evidence"]["boot_id_before"] != ledger[0]["evidence"]["boot_id"]
     # the XID came from the kernel log (a PCI address only): the agent named the board by
     # NVML's UUID and serial, which the lemon count follows across a rename
-    assert ledger[0]["gpu_uuid"] and ledger[0]["gpu_serial"] == "1650000000003"
+    assert ledger[0]["gpu_uuid"] and ledger[0]["gpu_serial"] == "1650000010003"
     assert _in_service(sim, "node2")
 
+    # node2's GPU 3 needs a reboot too: a board of its own (its UUID and serial), so it never
+    # counts towards node1's lemon (with one identity for every node's GPU 3, node1 was a
+    # lemon at its third fault, after two reboots)
+    _fault_and_heal(sim, "node2", 1)
     # the second and third faults are healed the same way
     for n in (2, 3):
         _fault_and_heal(sim, "node1", n)
@@ -243,7 +248,7 @@ def test_gpu_reset_heals_an_idle_gpu_and_a_busy_one_escalates_to_reboot(healing:
     assert (row["rung"], row["state"]) == ("reset_gpu", "passed")
     assert row["fault_class"] == "xid.48"
     # the GPU's identity as the agent reported it (the lemon count follows the board)
-    assert row["gpu_uuid"] and row["gpu_serial"] == "1650000000003"
+    assert row["gpu_uuid"] and row["gpu_serial"] == "1650000010003"
     _one_validation_job(sim, "node1")
     resets = [a for a in sim.api("/api/v1/actions") if a["kind"] == "reset_gpu"]
     assert {a["node"] for a in resets} == {"node1", "node2"}

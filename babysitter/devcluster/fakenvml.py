@@ -74,8 +74,13 @@ def preload(lib_dir: Path) -> None:
 class FakeGpus:
     """State of the simulated GPUs of one node, written atomically on every change."""
 
-    def __init__(self, path: Path, count: int = 8, name: str = "NVIDIA H100 80GB HBM3") -> None:
+    def __init__(
+        self, path: Path, count: int = 8, name: str = "NVIDIA H100 80GB HBM3", ident: int = 0
+    ) -> None:
         self.path = Path(path)
+        # >0: this node's boards have UUIDs and serials of their own (the library's defaults
+        # are the same on every node, and the lemon ledger follows a board across nodes)
+        self.ident = ident
         self.fields: dict[str, str] = {}
         self.events: list[tuple[int, int]] = []
         self._seq = 0
@@ -85,6 +90,9 @@ class FakeGpus:
         self.fields = {"count": str(count), "driver_version": "550.54.15"}
         for i in range(count):
             self.fields[f"gpu{i}.name"] = name
+            if self.ident:
+                self.fields[f"gpu{i}.uuid"] = f"GPU-fa6e{self.ident:04x}-0000-4000-8000-{i:012d}"
+                self.fields[f"gpu{i}.serial"] = f"165{self.ident:06d}{i:04d}"
         self.events = []
         return self.write()
 

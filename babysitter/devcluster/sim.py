@@ -289,7 +289,7 @@ class SimCluster:
         (d / "boot_id").write_text(str(uuid.uuid4()))
         cfg = d / "agent.toml"
         cfg.write_text(_toml(self.agent_config(node)))
-        gpus = FakeGpus(d / "nvml-state", count=8)
+        gpus = FakeGpus(d / "nvml-state", count=8, ident=len(self.nodes) + 1)
         if self.ib_ports:
             simib.make_tree(d / "sysfs", devices=self.ib_ports)
         sim = SimNode(node, gpus, kmsg, cfg)

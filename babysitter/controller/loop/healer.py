@@ -30,7 +30,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from babysitter.controller.db import audit
@@ -40,6 +40,7 @@ from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.context import LoopContext
 from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
 from babysitter.controller.loop.ledger import ACTIVE, Ledger, Phase, Remediation
+from babysitter.controller.loop.lemons import DrainLemon, drain_lemons
 from babysitter.controller.loop.ownership import Owner, automatic_reason, episode_owner
 from babysitter.controller.loop.policy import Decision, DecisionKind, Rule
 from babysitter.controller.loop.takeover import cancel_pending_reboot, end_taken_over
@@ -97,6 +98,9 @@ class Healer:
         self.validator = validator
         self.dry_run = dry_run
         self.ladder = LadderTable.from_config(cfg.remediation)
+        self.lemon_drains = (cfg.policy.lemon_drains, cfg.policy.lemon_window_days)
+        # this tick's drained nodes the policy calls lemons and no rung addresses
+        self._drain_lemons: dict[str, DrainLemon] = {}
         self.ledger = Ledger(store)
         self._program: tuple[float, str] | None = None
         self.open: dict[str, Remediation] = {}  # node -> its open episode (this tick)
@@ -116,8 +120,26 @@ class Healer:
         self._dry_drains = {
             d.node for d in decisions if d.kind is DecisionKind.DRAIN and d.dry_run and d.node
         }
+        asked = {
+            d.node
+            for d in decisions
+            if d.kind is DecisionKind.ESCALATE and d.condition == LEMON_CONDITION and d.node
+        }
+        limit, days = self.lemon_drains
+        self._drain_lemons = drain_lemons(
+            self.store,
+            {n for n in asked - self.open.keys() if self._ours(self.snapshot.nodes.get(n))},
+            datetime.now(UTC),
+            days,
+            limit,
+        )
         out = []
         for d in decisions:
+            if d.node in self._drain_lemons and d.kind in (
+                DecisionKind.RESUME,
+                DecisionKind.VALIDATE,
+            ):
+                continue  # a lemon now (step): stays drained for an admin
             rem = self.open.get(d.node or "")
             if rem is not None and not rem.evidence.get("hold", True):
                 rem = None  # escalated only because this cluster cannot act: not held
@@ -168,6 +190,9 @@ class Healer:
         # one read for all of them: a cluster may hold many drained nodes
         for row in policy_rows(self.store, names=candidates) if candidates else []:
             self._maybe_start(row["name"], row["open_findings"], now, firing)
+        for node, lemon in self._drain_lemons.items():
+            if node not in self.open and node not in self.quiet and not self.dry_run:
+                self._drain_lemon(node, lemon, now)
         waiting = sorted(
             (
                 r
@@ -218,7 +243,17 @@ class Healer:
             gpus = {g for g in (fault.gpu_uuid, fault.gpu_serial) if g}
             past = self.ledger.counted(node, gpus, now - window)
             if len(past) >= self.cfg.lemon_remediations:
-                self._lemon(node, fault, past, now, firing, common)
+                common["evidence"]["history"] = [
+                    {
+                        "at": r.created_at.isoformat(),
+                        "rung": r.rung.value,
+                        "fault": r.fault_class,
+                        "state": r.state.value,
+                    }
+                    for r in past
+                ]
+                days = f"{self.cfg.lemon_window_days:g} days"
+                self._lemon(node, fault, f"{len(past)} remediations in {days}", now, common)
                 return
             why_not = self._cannot(rung, fault)
             while why_not and rung is Rung.RESET_GPU:
@@ -343,25 +378,11 @@ class Healer:
         return True
 
     def _lemon(
-        self,
-        node: str,
-        fault: Fault,
-        past: list[Remediation],
-        now: datetime,
-        firing: list[Alert],
-        common: dict[str, Any],
+        self, node: str, fault: Fault, count: str, now: datetime, common: dict[str, Any]
     ) -> None:
-        days = f"{self.cfg.lemon_window_days:g} days"
-        why = f"lemon: {len(past)} remediations in {days}, {fault.summary}"
-        common["evidence"]["history"] = [
-            {
-                "at": r.created_at.isoformat(),
-                "rung": r.rung.value,
-                "fault": r.fault_class,
-                "state": r.state.value,
-            }
-            for r in past
-        ]
+        """`count` ("3 remediations in 7 days", "3 drains in 7 days") made NODE a lemon."""
+        why = f"lemon: {count}, {fault.summary}"
+        common["evidence"]["lemon"] = count
         rid = self.ledger.add(
             node,
             Rung.INSPECT,
@@ -383,14 +404,33 @@ class Healer:
         self.open[node] = self.ledger.history(node, limit=1)[0]
         log.warning("%s: %s", node, why)
 
+    def _drain_lemon(self, node: str, lemon: DrainLemon, now: datetime) -> None:
+        """A fault no rung addresses drained the node again and again (loop/lemons.py)."""
+        worst = max(lemon.findings, key=lambda f: f.severity.rank, default=None)
+        fault = (
+            Fault.of(worst)
+            if worst
+            else Fault("drain", Action.DRAIN, lemon.last_reason[:300], None, None, None)
+        )
+        common: dict[str, Any] = {
+            "gpu_uuid": fault.gpu_uuid,
+            "gpu_serial": fault.gpu_serial,
+            "evidence": {"action": fault.action.value, "bus_id": fault.bus_id},
+        }
+        count = f"{lemon.drains} drains in {self.lemon_drains[1]:g} days"
+        self._lemon(node, fault, count, now, common)
+
     def _lemon_alert(self, rem: Remediation, now: datetime) -> Alert:
         history = rem.evidence.get("history", [])
         return Alert(
             rem.node,
             LEMON_CONDITION,
             Severity.CRITICAL,
-            f"{rem.node} is a lemon: {len(history)} remediations in "
-            f"{self.cfg.lemon_window_days:g} days (latest: {rem.fault})",
+            f"{rem.node} is a lemon: "
+            + rem.evidence.get(
+                "lemon", f"{len(history)} remediations in {self.cfg.lemon_window_days:g} days"
+            )
+            + f" (latest: {rem.fault})",
             "stays drained; no more automatic remediation until an admin clears the ledger",
             rem.created_at,
             details={"history": history},
@@ -465,6 +505,8 @@ class Healer:
         if isinstance(got, dict) and got.get("order") == ev.get("order_id"):
             message = str(got.get("message") or "")[:300]
             if not got.get("ok"):
+                # a refused reset never ran: it is no remediation for the lemon count
+                rem.evidence["refused"] = bool(got.get("refused"))
                 self._fail(rem, now, f"agent: {message}", firing)
                 return
             self.ledger.move(

@@ -105,6 +105,17 @@ class Remediation:
         return out
 
 
+def carried_out(r: Remediation) -> bool:
+    """The rung happened: a reboot Slurm was asked for, a reset ordered and not refused by the
+    agent (one it never answered may have run: it counts). A rung that never ran (a refused
+    reset, a reboot that could not be issued) is no remediation of the node."""
+    if r.rung is Rung.REBOOT:
+        return "issued_at" in r.evidence
+    if r.rung is Rung.RESET_GPU:
+        return "order_id" in r.evidence and not r.evidence.get("refused")
+    return True
+
+
 def _at(v: Any) -> datetime:
     out = aware(v)
     assert out is not None
@@ -201,7 +212,8 @@ class Ledger:
 
     def counted(self, node: str, gpus: Collection[str], since: datetime) -> list[Remediation]:
         """The remediations that count towards a lemon: automatic rungs actually carried out
-        on this node or on one of its GPUs (by UUID or serial), not cleared, since `since`."""
+        (`carried_out`) on this node or on one of its GPUs (by UUID or serial), not cleared,
+        since `since`."""
         t = m.remediations.c
         who = [t.node == node]
         if gpus:
@@ -218,7 +230,8 @@ class Ledger:
             .order_by(t.id)
         )
         with self.store.engine.connect() as c:
-            return [Remediation.from_row(r._asdict()) for r in c.execute(q)]
+            rows = [Remediation.from_row(r._asdict()) for r in c.execute(q)]
+        return [r for r in rows if carried_out(r)]
 
     def clear(self, node: str, who: str, now: datetime, why: str = "") -> int:
         """An admin's way back: the node's rows stop counting and its episode closes; the
