@@ -22,11 +22,14 @@ from babysitter.checkpoints.resume import STATE_DIR, read_resume_json
 ENV_RESUME = "BABYSIT_RESUME_FROM"
 ENV_CKPT = "BABYSIT_CKPT"
 KEYS = ("ckpt", "max_requeues", "hang_timeout")
-# AdminComment/Comment are the job owner's text: bounded before anything is parsed
-MAX_SPEC_CHARS = 8192
+# AdminComment/Comment are the job owner's text: bounded before anything is parsed. Limits in
+# UTF-8 bytes, as the SPANK plugin counts them (slurm-plugins/babysit_spank.c: MAX_ARG - 1,
+# MAX_CKPT)
+MAX_SPEC_BYTES = 8191
 MAX_SCAN_CHARS = 64 * 1024
-MAX_PATH_CHARS = 4096  # PATH_MAX
+MAX_PATH_BYTES = 4095  # PATH_MAX less its NUL
 MAX_NUMBER = 10**7
+PREFIX = "babysit="
 
 
 class BabysitArgsError(ValueError):
@@ -43,16 +46,22 @@ class BabysitSpec(TypedDict, total=False):
 
 def parse_babysit_args(text: str) -> BabysitSpec:
     """`ckpt=/abs/dir,max_requeues=3,hang_timeout=1800` (optionally prefixed `babysit=`), the
-    value of `--babysit` and of AdminComment/Comment. Same rules as the SPANK plugin."""
-    if len(text) > MAX_SPEC_CHARS:
-        raise BabysitArgsError(f"--babysit: longer than {MAX_SPEC_CHARS} characters")
-    text = text.strip()
-    if text.startswith("babysit="):
-        text = text[len("babysit=") :]
+    value of `--babysit` and of AdminComment/Comment. Same rules as the SPANK plugin
+    (slurm-plugins/babysit_spank.c `parse`; tests/test_spank.py feeds both the same generated
+    specs): no whitespace anywhere (AdminComment is split on it, so a spec with a space could
+    not mean the same on both sides), lengths counted in UTF-8 bytes."""
+    if len(text) > len(PREFIX) + MAX_SPEC_BYTES:  # chars <= bytes: cheap bound first
+        raise BabysitArgsError(f"--babysit: longer than {MAX_SPEC_BYTES} bytes")
+    if text.startswith(PREFIX):
+        text = text[len(PREFIX) :]
     elif text == "babysit":
         text = ""
+    if _utf8_len(text) > MAX_SPEC_BYTES:
+        raise BabysitArgsError(f"--babysit: longer than {MAX_SPEC_BYTES} bytes")
+    if any(ch.isspace() for ch in text):
+        raise BabysitArgsError("--babysit: no whitespace allowed in the value")
     out: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    for part in filter(None, text.split(",")):
         key, sep, val = part.partition("=")
         if not sep or not val:
             raise BabysitArgsError(f"--babysit: '{part}' is not key=value")
@@ -63,7 +72,7 @@ def parse_babysit_args(text: str) -> BabysitSpec:
         if key == "ckpt":
             if not val.startswith("/"):
                 raise BabysitArgsError("--babysit: ckpt must be an absolute path")
-            if len(val) > MAX_PATH_CHARS or "\x00" in val:
+            if _utf8_len(val) > MAX_PATH_BYTES or "\x00" in val:
                 raise BabysitArgsError("--babysit: ckpt is not a usable path")
             out[key] = val
         else:
@@ -80,6 +89,14 @@ def parse_babysit_args(text: str) -> BabysitSpec:
                 raise BabysitArgsError(f"--babysit: {key} is too large")
             out[key] = n
     return cast(BabysitSpec, out)
+
+
+def _utf8_len(text: str) -> int:
+    # a name that is not UTF-8 arrives as lone surrogates (surrogateescape): one byte each
+    try:
+        return len(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # other lone surrogates: as many bytes as they would take
+        return len(text.encode("utf-8", "surrogatepass"))
 
 
 def babysit_spec(admin_comment: str, comment: str = "") -> BabysitSpec | None:

@@ -20,11 +20,105 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/*
+ * The value's rules, shared with babysitter.job.parse_babysit_args (tests/test_spank.py feeds
+ * both the same generated specs): comma-separated key=value parts (empty parts skipped),
+ * keys ckpt (an absolute path of at most MAX_CKPT bytes), max_requeues and hang_timeout
+ * (ASCII digits, at most 8, at most 10^7; hang_timeout > 0), each at most once; the whole
+ * value at most MAX_ARG - 1 bytes and without any whitespace, ASCII or Unicode (what Python's
+ * str.isspace() calls whitespace): AdminComment is split on whitespace by the controller, so a
+ * value with a space in it could not mean the same thing on both sides. Compiled alone (with
+ * BABYSIT_PARSE_ONLY) by the test.
+ */
+#define MAX_ARG 8192
+#define MAX_CKPT 4095 /* PATH_MAX less its NUL */
+
+struct babysit_spec { char ckpt[MAX_CKPT + 1]; };
+
+/* The code point of the UTF-8 sequence at s (its length in *len); -1: not valid UTF-8. */
+static long utf8_at(const unsigned char *s, int *len) {
+    long cp;
+    int n;
+    if (s[0] < 0x80) { *len = 1; return s[0]; }
+    if ((s[0] & 0xE0) == 0xC0) { n = 2; cp = s[0] & 0x1F; }
+    else if ((s[0] & 0xF0) == 0xE0) { n = 3; cp = s[0] & 0x0F; }
+    else if ((s[0] & 0xF8) == 0xF0) { n = 4; cp = s[0] & 0x07; }
+    else { *len = 1; return -1; }
+    for (int i = 1; i < n; i++) {
+        if ((s[i] & 0xC0) != 0x80) { *len = 1; return -1; }
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    *len = n;
+    return cp;
+}
+
+/* Python's str.isspace(), for one code point. */
+static int py_space(long cp) {
+    return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 ||
+           cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
+           cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+static int has_space(const char *arg) {
+    const unsigned char *s = (const unsigned char *)arg;
+    while (*s) {
+        int len;
+        long cp = utf8_at(s, &len);
+        if (cp >= 0 && py_space(cp)) return 1;
+        s += len;
+    }
+    return 0;
+}
+
+/* Validate `arg` (the value of --babysit) and, when out is not NULL, return its ckpt. */
+static int parse(const char *arg, struct babysit_spec *out, char *err, size_t errlen) {
+    static char buf[MAX_ARG];
+    int seen_ckpt = 0, seen_mr = 0, seen_ht = 0;
+    if (out) out->ckpt[0] = 0;
+    if (!arg || !*arg) return 0;
+    if (strlen(arg) >= sizeof buf) { snprintf(err, errlen, "value too long"); return -1; }
+    if (has_space(arg)) { snprintf(err, errlen, "no whitespace allowed in the value"); return -1; }
+    strcpy(buf, arg);
+    char *save = NULL;
+    for (char *part = strtok_r(buf, ",", &save); part; part = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(part, '=');
+        if (!eq || !eq[1]) { snprintf(err, errlen, "'%.64s' is not key=value", part); return -1; }
+        *eq = 0;
+        const char *key = part, *v = eq + 1;
+        int *seen = NULL;
+        if (!strcmp(key, "ckpt")) seen = &seen_ckpt;
+        else if (!strcmp(key, "max_requeues")) seen = &seen_mr;
+        else if (!strcmp(key, "hang_timeout")) seen = &seen_ht;
+        else {
+            snprintf(err, errlen, "unknown key '%.64s' (known: ckpt, max_requeues, hang_timeout)", key);
+            return -1;
+        }
+        if (*seen) { snprintf(err, errlen, "'%s' given twice", key); return -1; }
+        *seen = 1;
+        if (seen == &seen_ckpt) {
+            if (v[0] != '/') { snprintf(err, errlen, "ckpt must be an absolute path"); return -1; }
+            if (strlen(v) > MAX_CKPT) { snprintf(err, errlen, "ckpt is not a usable path"); return -1; }
+            if (out) snprintf(out->ckpt, sizeof out->ckpt, "%s", v);
+            continue;
+        }
+        for (const char *c = v; *c; c++)
+            if (*c < '0' || *c > '9') {
+                snprintf(err, errlen, "%s must be a non-negative integer", key);
+                return -1;
+            }
+        long n = strtol(v, NULL, 10);
+        if (strlen(v) > 8 || n > 10000000L) { snprintf(err, errlen, "%s is too large", key); return -1; }
+        if (seen == &seen_ht && n == 0) { snprintf(err, errlen, "hang_timeout must be > 0"); return -1; }
+    }
+    return 0;
+}
+
+#ifndef BABYSIT_PARSE_ONLY
 #include <slurm/spank.h>
 
 SPANK_PLUGIN(babysit, 1);
 
-#define MAX_ARG 1024
 static char babysit_value[MAX_ARG];
 static int babysit_given = 0;
 
@@ -39,52 +133,11 @@ static struct spank_option babysit_option = {
     opt_cb,
 };
 
-/* Same rules as babysitter.job.parse_babysit_args (a test checks they agree). */
-static int validate(const char *arg, char *err, size_t errlen) {
-    char buf[MAX_ARG];
-    int seen_ckpt = 0, seen_mr = 0, seen_ht = 0;
-    if (!arg || !*arg) return 0;
-    if (strlen(arg) >= sizeof buf) { snprintf(err, errlen, "value too long"); return -1; }
-    strcpy(buf, arg);
-    char *save = NULL;
-    for (char *part = strtok_r(buf, ",", &save); part; part = strtok_r(NULL, ",", &save)) {
-        while (isspace((unsigned char)*part)) part++;
-        if (!*part) continue;
-        char *eq = strchr(part, '=');
-        if (!eq || !eq[1]) { snprintf(err, errlen, "'%s' is not key=value", part); return -1; }
-        *eq = 0;
-        const char *key = part, *v = eq + 1;
-        int *seen = NULL;
-        if (!strcmp(key, "ckpt")) seen = &seen_ckpt;
-        else if (!strcmp(key, "max_requeues")) seen = &seen_mr;
-        else if (!strcmp(key, "hang_timeout")) seen = &seen_ht;
-        else {
-            snprintf(err, errlen, "unknown key '%s' (known: ckpt, max_requeues, hang_timeout)", key);
-            return -1;
-        }
-        if (*seen) { snprintf(err, errlen, "'%s' given twice", key); return -1; }
-        *seen = 1;
-        if (seen == &seen_ckpt) {
-            if (v[0] != '/') { snprintf(err, errlen, "ckpt must be an absolute path"); return -1; }
-            continue;
-        }
-        for (const char *c = v; *c; c++)
-            if (!isdigit((unsigned char)*c)) {
-                snprintf(err, errlen, "%s must be a non-negative integer", key);
-                return -1;
-            }
-        long n = strtol(v, NULL, 10);
-        if (strlen(v) > 8 || n > 10000000L) { snprintf(err, errlen, "%s is too large", key); return -1; }
-        if (seen == &seen_ht && n == 0) { snprintf(err, errlen, "hang_timeout must be > 0"); return -1; }
-    }
-    return 0;
-}
-
 static int opt_cb(int val, const char *optarg, int remote) {
     (void)val;
     char err[256] = "";
     const char *arg = optarg ? optarg : "";
-    if (validate(arg, err, sizeof err) != 0) {
+    if (parse(arg, NULL, err, sizeof err) != 0) {
         slurm_error("--babysit: %s", err);
         return -1;
     }
@@ -301,21 +354,11 @@ static ssize_t read_resume(const char *ckpt, char *doc, size_t cap) {
     return (ssize_t)n;
 }
 
-static void ckpt_of(const char *value, char *out, size_t outlen) {
-    out[0] = 0;
-    const char *p = strstr(value, "ckpt=");
-    while (p && p != value && p[-1] != ',') p = strstr(p + 1, "ckpt=");
-    if (!p) return;
-    p += 5;
-    size_t i = 0;
-    while (*p && *p != ',' && i + 1 < outlen) out[i++] = *p++;
-    out[i] = 0;
-}
-
 int slurm_spank_user_init(spank_t sp, int ac, char **av) {
     (void)ac; (void)av;
     if (spank_context() != S_CTX_REMOTE) return 0;
-    char value[MAX_ARG] = "";
+    static char value[MAX_ARG];
+    value[0] = 0;
     char *optarg = NULL;
     if (spank_option_getopt(sp, &babysit_option, &optarg) == ESPANK_SUCCESS) {
         snprintf(value, sizeof value, "%s", optarg ? optarg : "");
@@ -324,9 +367,11 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av) {
     } else if (spank_getenv(sp, "SPANK_BABYSIT", value, sizeof value) != ESPANK_SUCCESS) {
         return 0;  /* not a babysat job */
     }
-    char ckpt[MAX_ARG];
-    ckpt_of(value, ckpt, sizeof ckpt);
-    if (!ckpt[0]) return 0;
+    /* the same parse as at submission: the ckpt the controller reads from AdminComment */
+    static struct babysit_spec spec;
+    char err[256];
+    if (parse(value, &spec, err, sizeof err) != 0 || !spec.ckpt[0]) return 0;
+    const char *ckpt = spec.ckpt;
     spank_setenv(sp, "BABYSIT_CKPT", ckpt, 1);
     static char doc[RESUME_CAP];
     ssize_t n = read_resume(ckpt, doc, sizeof doc);
@@ -344,3 +389,4 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av) {
     }
     return 0;
 }
+#endif /* BABYSIT_PARSE_ONLY */

@@ -1,5 +1,6 @@
 """The babysit SPANK plugin and job_submit.lua on the real devcluster, and agreement between
-the C plugin's validation and babysitter.job.parse_babysit_args."""
+the C plugin's validation and babysitter.job.parse_babysit_args through a real sbatch (the
+generated specs are tests/test_babysit_spec_parity.py's)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ CASES = [
     "max_requeues=²",
     "hang_timeout=١٢",
     "max_requeues=000000001",
+    # whitespace anywhere is refused by both (AdminComment is split on it)
+    "ckpt=/x ",
+    "max_requeues=3\u3000",
+    "ckpt=/a b",
+    "ckpt=/" + "p" * 1100,  # past the plugin's old 1,024-byte buffer, a usable path
 ]
 
 
@@ -100,7 +106,8 @@ def test_opt_in_becomes_admin_comment_and_comment_fallback(clean_cluster):
 
 @pytest.mark.parametrize(
     "name",
-    ["run-é-日本-🚀 x", os.fsdecode(b"run-\xff\xfe-latin1-\xe9"), 'q"uo\\te'],
+    # no whitespace: a --babysit value has none (tests/test_babysit_spec_parity.py)
+    ["run-é-日本-🚀-x", os.fsdecode(b"run-\xff\xfe-latin1-\xe9"), 'q"uo\\te'],
     ids=["utf8", "not-utf8", "json-escapes"],
 )
 def test_plugin_reads_any_resume_path_python_writes(clean_cluster, tmp_path, name):
