@@ -46,6 +46,19 @@ XID79 = Finding(
 )
 
 
+# Bounded by its number of cases, never by a clock: a fixed seed and no example database
+# (the same cases on a cold machine as on a warm one), no shrinking (a failure is reported as
+# found, not minimised for minutes), each request bounded, and the pytest timeout far above
+# what the cases take (a safety net, not the test's bound).
+SCHEMATHESIS_BOUNDS = [
+    "--seed", "42",
+    "--generation-database", "none",
+    "--no-shrink",
+    "--request-timeout", "30",
+]  # fmt: skip
+
+
+@pytest.mark.timeout(1800)
 def test_schemathesis_against_openapi(secrets, tmp_path):
     cfg = controller_config(secrets, f"sqlite:///{tmp_path / 'st.db'}", port=free_port())
     ctl = ControllerProcess(
@@ -61,13 +74,13 @@ def test_schemathesis_against_openapi(secrets, tmp_path):
                 f"Authorization: Bearer {secrets.admin}",
                 "--max-examples",
                 "300" if FULL else "100",
+                *SCHEMATHESIS_BOUNDS,
                 "-c",
                 "not_a_server_error,response_schema_conformance",
                 "--no-color",
             ],
             capture_output=True,
             text=True,
-            timeout=900,
             cwd=tmp_path,
         )
     finally:
@@ -314,13 +327,13 @@ def test_hostile_input_with_a_node_token_and_with_none(secrets, tmp_path):
                     *headers,
                     "--max-examples",
                     "70" if FULL else "10",
+                    *SCHEMATHESIS_BOUNDS,
                     "-c",
                     "not_a_server_error",
                     "--no-color",
                 ],
                 capture_output=True,
                 text=True,
-                timeout=1800,
                 cwd=tmp_path,
             )
             m = re.search(r"(\d+) generated", r.stdout)
