@@ -163,3 +163,37 @@ def test_self_healing_leaves_nodes_in_maintenance_alone(tmp_path, monkeypatch):
     healer.step(datetime.now(UTC), [], [])
     assert started == ["node1"]
     store.close()
+
+
+def test_a_failed_maintenance_read_holds_instead_of_ending_every_window(tmp_path, monkeypatch):
+    """The windows cannot be read (the database is locked, say): the nodes last known in
+    maintenance stay quiet (not drained, not rebooted, not paged), no new automatic action
+    starts anywhere, and on-call is told; once the read works the loop goes on."""
+    from datetime import timedelta
+
+    from tests.fixtures.healing import Cluster, xid79
+
+    c = Cluster(tmp_path, nodes=3)
+    c.engine.maintenance.start(["node2"], "node2", c.now + timedelta(hours=2), "swap PSU", "admin")
+    c.tick()
+
+    def unreadable(at=None):
+        raise RuntimeError("database is locked")
+
+    with monkeypatch.context() as m:
+        m.setattr(c.engine.maintenance, "expire", unreadable)
+        c.report("node2", xid79())
+        c.report("node3", xid79())
+        for _ in range(3):
+            c.tick()
+        assert not any(c.slurm.node(n).drained_or_draining for n in c.names)
+        assert not [op for op, _ in c.slurm.calls if op in ("reboot", "drain", "drain_many")]
+        firing = c.engine.router.firing_keys()
+        assert "cluster|maintenance_unknown" in firing
+        assert not [k for k in firing if k.startswith("node2|")]  # node2 is not paged
+    c.tick()
+    c.tick()
+    assert c.slurm.node("node3").drained_or_draining  # the read works again: node3's fault
+    assert not c.slurm.node("node2").drained_or_draining  # node2's window is still open
+    assert "cluster|maintenance_unknown" not in c.engine.router.firing_keys()
+    c.close()

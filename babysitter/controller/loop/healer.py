@@ -41,6 +41,7 @@ from babysitter.controller.loop.context import LoopContext
 from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
 from babysitter.controller.loop.ledger import ACTIVE, Ledger, Phase, Remediation
 from babysitter.controller.loop.lemons import DrainLemon, drain_lemons
+from babysitter.controller.loop.maintenance import MAINTENANCE_UNKNOWN, maintenance_unknown
 from babysitter.controller.loop.ownership import Owner, automatic_reason, episode_owner
 from babysitter.controller.loop.policy import Decision, DecisionKind, Rule
 from babysitter.controller.loop.takeover import cancel_pending_reboot, end_taken_over
@@ -108,12 +109,17 @@ class Healer:
         # nodes in an open maintenance window (set by the engine each tick): an admin is on
         # them, so no rung starts or is issued there until the window ends
         self.quiet: set[str] = set()
+        self.maintenance_known = True  # False: the windows could not be read this tick
 
     # ---- the policy's side
     def hold(self, decisions: list[Decision]) -> list[Decision]:
         """The policy's decisions minus those an open episode owns: no resume or validation
         (the healer validates and resumes), no drain while a reboot or validation runs, and
-        the ledger's lemon instead of the policy's drain count."""
+        the ledger's lemon instead of the policy's drain count. While the maintenance windows
+        cannot be read, no drain, resume or validation at all (a window may cover any node)."""
+        if not self.maintenance_known:
+            moves = (DecisionKind.DRAIN, DecisionKind.RESUME, DecisionKind.VALIDATE)
+            decisions = [d for d in decisions if d.kind not in moves]
         if not self.enabled:
             return decisions
         self.open = self._open_by_node()
@@ -162,6 +168,10 @@ class Healer:
     def step(
         self, now: datetime, firing: list[Alert], clearing: list[tuple[str | None, str]]
     ) -> None:
+        if not self.maintenance_known:
+            firing.append(maintenance_unknown(now))
+            return  # a window may have opened on any node since the last read: no step
+        clearing.append((None, MAINTENANCE_UNKNOWN))
         if not self.enabled or not self.snapshot.ok:
             return
         self.open = self._open_by_node()

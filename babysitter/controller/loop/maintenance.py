@@ -24,11 +24,26 @@ from sqlalchemy import select, update
 from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store, aware, now
+from babysitter.controller.loop.alerts import Alert
+from babysitter.finding import Severity
 from babysitter.slurm.client import SlurmClient, SlurmError
 
 log = logging.getLogger(__name__)
 RESERVATION_PREFIX = "babysitter_maint_"
 AM_TIMEOUT_S = 5.0
+MAINTENANCE_UNKNOWN = "maintenance_unknown"  # the alert while the windows cannot be read
+
+
+def maintenance_unknown(now: datetime) -> Alert:
+    return Alert(
+        None,
+        MAINTENANCE_UNKNOWN,
+        Severity.CRITICAL,
+        "maintenance windows cannot be read",
+        "holding: nodes last known in maintenance stay quiet, no new automatic drain, "
+        "reboot, reset or resume anywhere until the windows can be read",
+        now,
+    )
 
 
 class WindowState(StrEnum):
@@ -153,6 +168,28 @@ class Maintenance:
         self.slurm = slurm
         self.am = alertmanager
         self.reservation_user = reservation_user
+        self._last_quiet: set[str] = set()  # the nodes in a window at the last good read
+        self.known = True  # False while the windows cannot be read
+
+    def quiet_now(self, read: set[str] | None) -> set[str]:
+        """The nodes to leave alone this tick: this tick's read, or when it failed (None) the
+        last known set, never none (a failed read must not drain and page nodes an admin is
+        working on). Whether a window opened since is unknown then: `known` is False, and the
+        loop holds every new automatic action until a read succeeds."""
+        if read is None:
+            if self.known:
+                log.error(
+                    "maintenance windows unreadable: %d node(s) kept in maintenance as last "
+                    "read, no new automatic action until they can be read",
+                    len(self._last_quiet),
+                )
+            self.known = False
+            return set(self._last_quiet)
+        if not self.known:
+            log.warning("maintenance windows readable again")
+        self.known = True
+        self._last_quiet = set(read)
+        return set(read)
 
     def start(
         self, nodes: list[str], hostlist: str, until: datetime, reason: str, by: str

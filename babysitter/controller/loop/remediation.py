@@ -208,7 +208,9 @@ class RemediationEngine:
     def tick(self, now: datetime | None = None) -> list[Decision]:
         now = now or datetime.now(UTC)
         read = self._read_slurm()
-        self._quiet = self._isolated("maintenance", lambda: self._maintenance(now)) or set()
+        quiet = self._isolated("maintenance", lambda: self._maintenance(now))
+        self._quiet = self.maintenance.quiet_now(quiet)  # unreadable: the last known set
+        self.healer.maintenance_known = self.maintenance.known  # the healer holds and says so
         facts, cluster, result, noticed = self._decide(now)
         firing, clearing = self._straggler_alerts(noticed, now)
         self._act(result, cluster, now, firing, clearing, read)
