@@ -76,11 +76,16 @@ def start(
 @token_opt
 @pass_state
 def end(state: State, nodes: str, url: str | None, token: str | None) -> None:
-    """End the maintenance windows covering NODES now (babysitter watches them again)."""
+    """End maintenance for NODES now (babysitter watches them again): each window covering
+    them lets go of those nodes only, and ends when it has none left."""
     with client(state, url, token) as c:
-        closed = call(c, "POST", "/api/v1/maintenance/end", json={"nodes": nodes})
-    for w in closed:
-        echo(f"window {w['id']} ({w['hostlist']}) ended")
+        changed = call(c, "POST", "/api/v1/maintenance/end", json={"nodes": nodes})
+    for w in changed:
+        if w["state"] == "ended":
+            echo(f"window {w['id']} ({w['hostlist']}) ended")
+        else:
+            left = len(w["nodes"])
+            echo(f"{nodes} left window {w['id']} ({w['hostlist']}): {left} node(s) still in it")
 
 
 @maintenance.command("list")

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 RESERVATION_PREFIX = "babysitter_maint_"
 AM_TIMEOUT_S = 5.0
 MAINTENANCE_UNKNOWN = "maintenance_unknown"  # the alert while the windows cannot be read
+LEFTOVER_KEY = "maintenance.reservations_to_delete"  # of ended windows, Slurm said no (yet)
 
 
 def maintenance_unknown(now: datetime) -> Alert:
@@ -252,18 +253,60 @@ class Maintenance:
         return _window(r._asdict()) if r else None
 
     def end(self, nodes: list[str], by: str) -> list[Window]:
-        """End the open windows covering any of `nodes`; returns them."""
+        """End maintenance for `nodes`: each open window covering any of them lets go of those
+        nodes only (its reservation and silence shrink to the others) and ends when none is
+        left. Returns the windows it changed."""
         wanted = set(nodes)
         out = []
         for w in windows(self.store):
-            if wanted & set(w.nodes):
+            if not wanted & set(w.nodes):
+                continue
+            rest = [n for n in w.nodes if n not in wanted]
+            if rest:
+                out.append(self._shrink(w, rest, by))
+            else:
                 out.append(self._close(w, by, "ended by an admin"))
         return out
+
+    def _shrink(self, w: Window, rest: list[str], by: str) -> Window:
+        """`w` without the nodes not in `rest`: those leave its reservation and its silence."""
+        gone = sorted(set(w.nodes) - set(rest))
+        notes: list[str] = []
+        if w.reservation and self.slurm is not None:
+            try:
+                self.slurm.shrink_hold(w.reservation, rest)
+            except SlurmError as exc:
+                notes.append(f"{', '.join(gone)} still in reservation {w.reservation}: {exc}")
+        silence = w.silence_id
+        if silence and self.am is not None:
+            try:
+                self.am.expire(silence)
+                silence = self.am.silence(
+                    tuple(rest), w.ends_at, by, f"babysitter maintenance: {w.reason}"
+                )
+            except (httpx.HTTPError, KeyError, ValueError) as exc:
+                notes.append(f"could not narrow silence {silence}: {exc}")
+        t = m.maintenance_windows
+        with self.store.engine.begin() as c:
+            c.execute(
+                update(t)
+                .where(t.c.id == w.id)
+                .values(
+                    nodes=rest,
+                    silence_id=silence,
+                    note="\n".join([*w.notes, f"{', '.join(gone)} ended early by {by}", *notes]),
+                )
+            )
+        self._audit("maintenance_end", w.id, gone, by, "ended by an admin", notes, now())
+        shrunk = self.get(w.id)
+        assert shrunk is not None
+        return shrunk
 
     def expire(self, at: datetime | None = None) -> list[Window]:
         """Close the windows whose deadline has passed (called every tick, one read when
         none has); returns the windows still open."""
         at = at or now()
+        self._retry_leftovers()
         still = []
         for w in windows(self.store):
             if w.ends_at <= at:
@@ -272,13 +315,31 @@ class Maintenance:
                 still.append(w)
         return still
 
+    def _retry_leftovers(self) -> None:
+        """Reservations of ended windows Slurm did not delete: asked again every tick until
+        they are gone (an ended window leaves no reservation behind)."""
+        left = self.store.kv_get(LEFTOVER_KEY) or []
+        if not left or self.slurm is None:
+            return
+        still = []
+        for name in left:
+            try:
+                self.slurm.end_maintenance(name)
+                log.info("maintenance reservation %s deleted at last", name)
+            except SlurmError:
+                still.append(name)
+        if still != left:
+            self.store.kv_set(LEFTOVER_KEY, still)
+
     def _close(self, w: Window, by: str, why: str) -> Window:
         notes: list[str] = []
         if w.reservation and self.slurm is not None:
             try:
                 self.slurm.end_maintenance(w.reservation)
             except SlurmError as exc:
-                notes.append(f"could not delete reservation {w.reservation}: {exc}")
+                notes.append(f"could not delete reservation {w.reservation} yet: {exc}")
+                left = self.store.kv_get(LEFTOVER_KEY) or []
+                self.store.kv_set(LEFTOVER_KEY, sorted({*left, w.reservation}))
         if w.silence_id and self.am is not None:
             try:
                 self.am.expire(w.silence_id)
