@@ -480,19 +480,55 @@ def test_pointer_refusals_are_explained(tmp_path):
     assert "holds '²': not a number of at most 12 ASCII digits" in choice.explanation
 
 
-def test_walk_gives_up_and_says_so(tmp_path):
+def test_many_stray_files_beside_a_complete_checkpoint_cost_no_budget(tmp_path):
+    """Issue 42: 300 log files beside the checkpoints, budget 100 entries: the walk used to
+    give up on the listing and the job restarted from scratch. Names are listed first; only
+    what can be a checkpoint is examined."""
     root = tmp_path / "ckpt"
     for i in range(300):
-        put(root / f"shard{i}.bin")
+        put(root / f"events.out.tfevents.{i}", b"log")
+    dcp(root, 9)
+    dcp(root, 10)
+    age(root)
     scan = discover(root, budget=Budget(max_entries=100))
-    assert scan.gave_up.startswith("gave up: ") and "entries" in scan.gave_up
-    assert "gave up" in scan.explain_none()
+    choice = scan.choice()
+    assert choice is not None and choice.path.name == "step10", scan.explain_none()
+    assert not scan.gave_up and not scan.unknown and choice.warning == ""
 
 
-def test_a_candidate_too_big_to_check_falls_back_to_the_next_older_complete_one(tmp_path):
-    """Two huge newer checkpoints each exhaust their own entry budget: each is given up alone
-    (not known complete) and the older complete one is still found, instead of every older
-    candidate being left "not checked" and the job restarting from scratch."""
+def test_a_newer_sharded_checkpoint_is_found_past_many_older_ones(tmp_path):
+    """Issue 42: more checkpoint directories than the budget: the newest complete (sharded)
+    one is examined first and wins; what the budget did not reach is older."""
+    root = tmp_path / "ckpt"
+    for s in range(1, 151):
+        dcp(root, s)
+    for i in range(60):
+        put(root / "step200" / f"__{i}_0.distcp")
+    put(root / "step200" / ".metadata", b"m")
+    age(root)
+    scan = discover(root, budget=Budget(max_entries=100))
+    choice = scan.choice()
+    assert choice is not None and choice.path.name == "step200", scan.explain_none()
+    assert choice.warning == "" and not scan.unknown  # older ones cannot be newer
+
+
+def test_a_budget_that_runs_out_before_anything_is_verified_says_unknown(tmp_path):
+    """300 unfinished checkpoint directories, budget 100: nothing verified, the older 200 not
+    examined: "unknown", never "no complete checkpoint" (a silent fresh start)."""
+    root = tmp_path / "ckpt"
+    for s in range(300):
+        put(root / f"step{s}" / "shard.bin")
+    age(root)
+    scan = discover(root, budget=Budget(max_entries=100))
+    assert scan.choice() is None and scan.unknown
+    assert scan.explain_none().startswith("UNKNOWN: the discovery budget ran out")
+    assert "200 entries not examined" in scan.explain_none()
+
+
+def test_a_candidate_too_big_to_check_is_unknown_and_the_fallback_says_so(tmp_path):
+    """Two newer checkpoints each exhaust their own entry budget: their completeness is
+    unknown (not "incomplete"). The job resumes from the newest VERIFIED one, and the choice
+    carries a warning naming what could not be verified (docs/jobs.md)."""
     root = tmp_path / "ckpt"
     generic(root, "step1")
     for step in (2, 3):
@@ -503,8 +539,26 @@ def test_a_candidate_too_big_to_check_falls_back_to_the_next_older_complete_one(
     scan = discover(root, budget=Budget(max_entries=100))
     choice = scan.choice()
     assert choice is not None and choice.path.name == "step1", scan.explain_none()
-    assert "step3 (gave up: 101 entries" in choice.explanation
-    assert "step2 (gave up: 101 entries" in choice.explanation
+    assert scan.unknown and choice.warning.startswith("newer checkpoint(s) could not be verified")
+    assert "step3 (not verified: gave up: 101 entries" in choice.warning
+    assert "step2 (not verified: gave up: 101 entries" in choice.warning
+    assert choice.explanation.startswith("WARNING: ") and choice.to_dict()["warning"]
+
+
+def test_the_requeue_records_unknown_not_a_fresh_start(tmp_path, monkeypatch):
+    """What the job owner's helper answers the controller: unknown, so the requeue's record
+    says "resume point unknown", not "restarts from scratch"."""
+    import babysitter.checkpoints.discover as disc
+    from babysitter.checkpoints import owner
+
+    root = tmp_path / "ckpt"
+    for s in range(300):
+        put(root / f"step{s}" / "shard.bin")
+    age(root)
+    monkeypatch.setattr(disc, "Budget", lambda: Budget(max_entries=100))
+    doc = owner._discover({"ckpt": str(root)})
+    assert doc["ok"] is True and doc["choice"] is None and doc["unknown"] is True
+    assert doc["explanation"].startswith("UNKNOWN")
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,17 @@ Formats, and what makes one complete (shared notes: domain.md):
 Everywhere: `.pt/.pth/.ckpt` files must be valid zip archives whose members fit in the file (the
 central directory is read, not every byte: a 40 GB shard is checked in milliseconds), no
 zero-size shard, no temporary names. Links are followed only inside the directory, one hop;
-dangling links and files that vanish mid-scan are skipped with a reason. The walk is bounded
-(entries, depth, time) and says "gave up: N entries" when it stops. All access goes through
+dangling links and files that vanish mid-scan are skipped with a reason. All access goes through
 safefs (no link followed by the kernel, no blocking open, regular files only, capped reads).
+
+Bounded so that the bound cannot hide a checkpoint: the directory is listed by name first (a
+name costs a directory-entry read, not a stat; stray files beside the checkpoints cost no
+budget), names are ranked by their step, and entries are examined newest first within the
+entry budget (depth and time too), contents newest first, each candidate within its own entry
+budget. What the budget did not reach is older than what it did. When it runs out before the
+newest checkpoint is known (a candidate too big to verify, the clock): the answer says
+"unknown" (`Scan.unknown`, `Choice.warning`), never a silent fresh start; the resume then uses
+the newest VERIFIED complete checkpoint and records the warning (docs/jobs.md).
 """
 
 from __future__ import annotations
@@ -47,12 +55,12 @@ from babysitter.checkpoints.safefs import (
     check_name,
     last_number,
     lstat_rel,
+    names,
     open_file,
     open_rel,
     open_root,
     read_capped,
     resolve_link,
-    scan,
     walk,
     why,
 )
@@ -77,6 +85,7 @@ class Candidate:
     why: str
     # the content check still to run (discovery runs them newest first, see check_newest_first)
     check: Callable[[], tuple[bool, str]] | None = field(default=None, repr=False, compare=False)
+    unknown: bool = False  # its completeness could not be told (the budget ran out on it)
 
 
 @dataclass
@@ -87,6 +96,8 @@ class Choice:
     explanation: str
     rejected: list[Candidate] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    # not empty: a newer checkpoint may exist that the budget could not verify
+    warning: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -94,6 +105,7 @@ class Choice:
             "format": self.format,
             "step": self.step,
             "explanation": self.explanation,
+            "warning": self.warning,
             "rejected": [{"path": str(c.path), "why": c.why} for c in self.rejected],
             "skipped": list(self.skipped),
         }
@@ -108,6 +120,26 @@ class Scan:
     candidates: list[Candidate] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     gave_up: str = ""
+    # (name, step) of entries the budget did not reach: ranked below every examined one
+    unexamined: list[tuple[str, int]] = field(default_factory=list)
+
+    def unverified_above(self, step: int) -> list[str]:
+        """What may be a complete checkpoint newer than `step`, but the budget could not tell."""
+        out = [
+            f"{c.path.name} ({c.why})"
+            for c in sorted(self.candidates, key=lambda c: -c.step)
+            if c.unknown and c.step > step
+        ]
+        above = [n for n, s in self.unexamined if s > step]
+        if above:
+            out.append(f"{len(above)} entries not examined (the newest: {above[0]})")
+        return out
+
+    @property
+    def unknown(self) -> bool:
+        """The newest complete checkpoint cannot be told: never read as "none"."""
+        best = max((c.step for c in self.candidates if c.complete), default=-2)
+        return bool(self.unverified_above(best)) or (best == -2 and bool(self.gave_up))
 
     def choice(self) -> Choice | None:
         complete = [c for c in self.candidates if c.complete]
@@ -115,16 +147,37 @@ class Scan:
         if not complete:
             return None
         best = max(complete, key=lambda c: (c.step, c.path.name))
-        newer_bad = [c for c in rejected if c.step > best.step]
+        newer_bad = [c for c in rejected if c.step > best.step and not c.unknown]
+        unverified = self.unverified_above(best.step)
+        warning = ""
+        if unverified:
+            warning = (
+                "newer checkpoint(s) could not be verified within the discovery budget: "
+                + "; ".join(unverified[:5])
+                + f"; resuming from the newest verified one (step {best.step})"
+            )
         text = f"{best.format} checkpoint at step {best.step}: {best.why}"
         if newer_bad:
             text += "; newer but incomplete: " + "; ".join(
                 f"{c.path.name} ({c.why})" for c in sorted(newer_bad, key=lambda c: -c.step)[:5]
             )
+        if warning:
+            text = f"WARNING: {warning}; {text}"
         text += self._notes()
-        return Choice(best.path, best.format, best.step, text, rejected, self.skipped[:MAX_NOTES])
+        return Choice(
+            best.path, best.format, best.step, text, rejected, self.skipped[:MAX_NOTES], warning
+        )
 
     def explain_none(self) -> str:
+        if self.unknown:
+            unverified = self.unverified_above(-2)
+            text = (
+                "UNKNOWN: the discovery budget ran out before a complete checkpoint was found "
+                "(not a fresh start by choice)"
+            )
+            if unverified:
+                text += ": " + "; ".join(unverified[:5])
+            return text + self._notes()
         text = "no complete checkpoint"
         if self.candidates:
             text += ": " + "; ".join(
@@ -144,6 +197,10 @@ class Scan:
 
 class _Bad(Exception):
     pass
+
+
+class _TooBig(Exception):
+    """A candidate's contents exceed its entry budget: its completeness is unknown."""
 
 
 def _zip_problem(dirfd: int, name: str) -> str | None:
@@ -259,9 +316,9 @@ class _Scanner:
         except GaveUp as g:
             if g.out_of_time:
                 raise  # the whole discovery is out of time: the rest stays "not checked"
-            # this candidate alone is too big to check: it is not known complete, the next
-            # older one still can be
-            return False, str(g)
+            # this candidate alone is too big to check: unknown (neither complete nor not);
+            # the next older one still can be verified, and the answer says what was not
+            raise _TooBig(str(g)) from None
         except _Bad as bad:
             return False, str(bad)
         except FileNotFoundError:
@@ -431,18 +488,52 @@ class _Scanner:
 
         return Candidate(p, fmt, step, False, "", check)
 
+    def entries(self) -> tuple[dict[str, str], list[tuple[str, int]]]:
+        """The directory by name (name -> kind), and the names that may be a checkpoint ranked
+        newest first (by the step in the name; links and unnumbered names, `last.ckpt`, first:
+        their step is known only once they are looked at). Stray files cost no budget."""
+        listed = dict(names(self.rootfd, self.budget))
+        ranked = [
+            (n, last_number(n))
+            for n, kind in listed.items()
+            if not n.startswith(".babysitter")
+            and (kind in ("dir", "link") or (kind == "file" and n.endswith(".ckpt")))
+        ]
+        ranked.sort(key=lambda x: (listed[x[0]] == "link" or x[1] < 0, x[1], x[0]), reverse=True)
+        return listed, ranked
+
+    def lstat_top(self, name: str) -> Entry | None:
+        try:
+            return Entry(name, lstat_rel(self.rootfd, (name,)))
+        except FileNotFoundError:
+            self.skip(f"{name}: vanished during the scan")
+            return None
+
     def run(self) -> Scan:
         try:
-            top = scan(self.rootfd, self.budget, self.out.skipped)
-            names = {e.name: e for e in top}
-            ds = self.pointer(names, DS_POINTER, "deepspeed")
-            mg = self.pointer(names, MG_POINTER, "megatron")
+            listed, ranked = self.entries()
+            pointers = {
+                n: e for n in (DS_POINTER, MG_POINTER) if n in listed and (e := self.lstat_top(n))
+            }
+            ds = self.pointer(pointers, DS_POINTER, "deepspeed")
+            mg = self.pointer(pointers, MG_POINTER, "megatron")
             done: set[tuple[str, ...]] = set()
-            for e in top:
-                if e.name.startswith(".babysitter") or (
-                    e.name in (DS_POINTER, MG_POINTER) and not e.is_link
-                ):
-                    continue  # state dir; pointer files were read above
+            for i, (name, _step) in enumerate(ranked):
+                try:
+                    self.budget.tick()
+                except GaveUp as g:
+                    if g.out_of_time:
+                        raise
+                    # every name below this one is older: what was examined can still win
+                    self.out.gave_up = str(g)
+                    self.out.unexamined = ranked[i:]
+                    break
+                found = self.lstat_top(name)
+                if found is None:
+                    continue
+                e = found
+                if e.name in (DS_POINTER, MG_POINTER) and not e.is_link:
+                    continue  # pointer files were read above
                 rel: tuple[str, ...] = (e.name,)
                 if e.is_link:
                     try:
@@ -460,7 +551,7 @@ class _Scanner:
                     if stat.S_ISLNK(st.st_mode):
                         self.skip(f"{e.name}: link to a link: not followed")
                         continue
-                    if len(rel) == 1 and rel[0] in names:
+                    if len(rel) == 1 and rel[0] in listed:
                         continue  # the target is a candidate of its own
                     e = Entry(rel[-1], st)
                 if rel in done:
@@ -474,7 +565,7 @@ class _Scanner:
             self.out.gave_up = str(g)
             for c in self.out.candidates:
                 if c.check is not None:
-                    c.check, c.why = None, f"not checked: {g}"
+                    c.check, c.why, c.unknown = None, f"not checked: {g}", True
         return self.out
 
     def check_newest_first(self) -> None:
@@ -489,7 +580,11 @@ class _Scanner:
                 c.check, c.why = None, "not checked: a newer checkpoint is complete"
                 continue
             check, c.check = c.check, None
-            c.complete, c.why = check()
+            try:
+                c.complete, c.why = check()
+            except _TooBig as big:
+                c.complete, c.unknown, c.why = False, True, f"not verified: {big}"
+                continue
             if c.complete and (best is None or c.step > best):
                 best = c.step
 

@@ -201,6 +201,10 @@ def prepare_resume(
     choice = doc.get("choice")
     explanation = clean(doc.get("explanation", ""))
     if not isinstance(choice, dict) or not isinstance(choice.get("path"), str):
+        if doc.get("unknown") is True:
+            # the budget ran out before any complete checkpoint was verified: said as such,
+            # never passed off as "there is none" (docs/jobs.md)
+            return Outcome(None, f"{explanation}: resume point unknown, no resume.json written")
         return Outcome(None, f"{explanation}: restarts from scratch")
     step = choice.get("step")
     fmt = choice.get("format")
@@ -296,7 +300,7 @@ def _discover(req: dict[str, Any]) -> dict[str, Any]:
     except OSError as exc:
         return {"ok": False, "error": f"cannot open {ckpt}: {safefs.why(exc)}"}
     choice = scan.choice()
-    out: dict[str, Any] = {"ok": True, "choice": None, "write_error": None}
+    out: dict[str, Any] = {"ok": True, "choice": None, "write_error": None, "unknown": scan.unknown}
     if choice is None:
         out["explanation"] = scan.explain_none()
         return out

@@ -27,6 +27,9 @@ HEARTBEAT_CAP = 64 * 1024
 JSON_INDEX_CAP = 4 * 1024 * 1024  # model.safetensors.index.json of a very large model
 MAX_DIGITS = 12
 MAX_ENTRIES = 100_000
+# names one directory listing may hold before discovery calls it unknown: a name costs one
+# directory-entry read, not a stat, and is never charged to the entry budget
+MAX_NAMES = 10_000_000
 MAX_DEPTH = 8
 WALK_SECONDS = 10.0
 
@@ -63,6 +66,10 @@ class Budget:
             raise GaveUp(self.seen, f"more than {self.max_entries}")
         if time.monotonic() - self.started > self.seconds:
             raise GaveUp(self.seen, f"walk took more than {self.seconds:g} s", out_of_time=True)
+
+    def check_clock(self, entries: int) -> None:
+        if time.monotonic() - self.started > self.seconds:
+            raise GaveUp(entries, f"walk took more than {self.seconds:g} s", out_of_time=True)
 
     def part(self) -> Budget:
         """A budget of its own entries for one subtree (a checkpoint candidate) that shares
@@ -201,6 +208,33 @@ def scan(dirfd: int, budget: Budget, skipped: list[str] | None = None) -> list[E
                 if skipped is not None:
                     skipped.append(f"{de.name}: vanished during the scan")
     return sorted(out, key=lambda e: e.name)
+
+
+def names(dirfd: int, budget: Budget, cap: int = MAX_NAMES) -> list[tuple[str, str]]:
+    """Every (name, kind) of a directory, kind "dir" "file" "link" or "other" as the directory
+    entry tells it (no stat where the file system reports the type). Bounded by `cap` names and
+    the walk's clock, never by the entry budget: stray files beside the checkpoints must not
+    spend what the checkpoints need."""
+    out: list[tuple[str, str]] = []
+    with os.scandir(dirfd) as it:
+        for de in it:
+            if len(out) >= cap:
+                raise GaveUp(len(out), f"more than {cap} names in one directory")
+            if len(out) % 4096 == 0:
+                budget.check_clock(len(out))
+            try:
+                if de.is_symlink():
+                    kind = "link"
+                elif de.is_dir(follow_symlinks=False):
+                    kind = "dir"
+                elif de.is_file(follow_symlinks=False):
+                    kind = "file"
+                else:
+                    kind = "other"
+            except OSError:  # vanished between the listing and a type lookup
+                continue
+            out.append((de.name, kind))
+    return out
 
 
 def walk(
