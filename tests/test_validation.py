@@ -90,9 +90,10 @@ def sim(tmp_path: Path, receiver: Receiver, slurm_daemons: str) -> Iterator[SimC
     validate = [sys.executable, "-m", "babysitter.cli.main", "validate", "--json"]
     # node3's validation flips a bit in its matmul (an SDC the node's passive checks cannot
     # see); node2's passes.
+    # --gpus 0: numpy cannot test the fake GPUs, so these nodes are validated as CPU-only ones
     script = (
         f"extra=; [ {{node}} = node3 ] && extra='--inject 0,3,5,30'; "
-        f"exec {shlex.join(validate)} --stress-s 2 $extra"
+        f"exec {shlex.join(validate)} --stress-s 2 --gpus 0 $extra"
     )
     s = SimCluster(
         base,
@@ -147,6 +148,8 @@ def test_validation_job_gates_resume(sim: SimCluster, receiver: Receiver):
     jobs = {a["node"]: a["job_id"] for a in validations()}
     show = slurm(sim.info, "scontrol", "show", "job", str(jobs["node2"])).stdout
     assert "NodeList=node2" in show and "Reservation=babysitter_validate_node2" in show
+    # it asked for the node's 8 GPUs (its Slurm gres): a job that asks for none sees none
+    assert "gpu:8" in show or "gpu=8" in show, show
 
     wait_for(
         lambda: (
@@ -183,3 +186,41 @@ def test_validation_job_gates_resume(sim: SimCluster, receiver: Receiver):
         "lemon alert after max_attempts",
     )
     assert [a["status"] for a in validations() if a["node"] == "node3"] == ["failed"]
+
+
+# ---- the validation job asks for the node's GPUs and says how many to test (issue 42)
+
+
+def _argv_for(gres: str, tmp_path: Path) -> list[str]:
+    from dataclasses import replace
+
+    from babysitter.config import parse_config
+    from babysitter.controller.db.store import Store
+    from babysitter.controller.loop.validation import Validator
+    from bench.slurm_standin import InMemorySlurm
+
+    slurm_ = InMemorySlurm(["n1"])
+    slurm_._nodes["n1"] = replace(slurm_._nodes["n1"], gres=gres)
+    cfg = parse_config({"validation": {"output_dir": str(tmp_path)}})
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
+    store.upgrade()
+    return Validator(cfg, store, slurm_)._argv("n1")
+
+
+@pytest.mark.parametrize(
+    ("gres", "gpus"),
+    [("gpu:8", 8), ("gpu:h100:8(S:0-1)", 8), ("gpu:a100:4,gpu:v100:2,mps:100", 6)],
+)
+def test_the_validation_job_asks_for_every_gpu_of_the_node(tmp_path: Path, gres: str, gpus: int):
+    argv = _argv_for(gres, tmp_path)
+    assert f"--gres=gpu:{gpus}" in argv
+    wrapped = shlex.split(argv[argv.index("--wrap") + 1])
+    assert wrapped[:2] == ["env", f"BABYSITTER_VALIDATE_GPUS={gpus}"]
+    assert wrapped[2:4] == ["babysitter", "validate"]
+
+
+def test_a_node_without_gpu_gres_is_validated_as_a_cpu_node(tmp_path: Path):
+    for gres in ("", "(null)", "mps:100"):
+        argv = _argv_for(gres, tmp_path)
+        assert not [a for a in argv if a.startswith("--gres")]
+        assert "BABYSITTER_VALIDATE_GPUS=0" in argv[argv.index("--wrap") + 1]

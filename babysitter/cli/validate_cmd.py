@@ -28,6 +28,7 @@ from typing import Any
 
 import click
 
+from babysitter.checks.sdc.expected import GPUS_ENV  # how the controller's job passes its gres
 from babysitter.cli.common import State, pass_state
 from babysitter.cli.sdc_cmd import parse_inject
 
@@ -38,8 +39,6 @@ HW_THROTTLE = {
     0x80: "hardware power brake slowdown",
 }
 BUSBW = re.compile(r"Avg bus bandwidth\s*:\s*([0-9.]+)")
-# how the controller's validation job passes the node's GPU count (its Slurm gres)
-GPUS_ENV = "BABYSITTER_VALIDATE_GPUS"
 
 
 class _Nvml:

@@ -54,11 +54,17 @@ def _toml(data: dict[str, dict[str, Any]]) -> str:
 def sim_validation(base: Path, extra: str = "") -> dict[str, Any]:
     """A [validation] section whose job runs the real `babysitter validate` on the node's
     simulated GPUs (numpy asked for explicitly: no GPU backend on a test machine; `auto` would
-    rightly refuse). `extra`: shell words added to its command line (e.g. a fault injection)."""
+    rightly refuse). A CPU run passes only a node configured with no GPUs, so `--gpus 0` says
+    so over the gres the controller passes (NVML is still watched on the fake GPUs). `extra`:
+    shell words added to its command line (e.g. a fault injection)."""
     node_dir = Path(base).resolve() / "nodes" / "{node}"
     validate = [sys.executable, "-m", "babysitter.cli.main", "validate", "--json"]
     return {
-        "command": ["sh", "-c", f"{extra}exec {shlex.join(validate)} --stress-s 0 $extra"],
+        "command": [
+            "sh",
+            "-c",
+            f"{extra}exec {shlex.join(validate)} --stress-s 0 --gpus 0 $extra",
+        ],
         "output_dir": str(Path(base).resolve() / "validation"),
         "time_limit_min": 5,
         "sbatch_args": [

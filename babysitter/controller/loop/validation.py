@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from babysitter.checks.sdc.expected import GPUS_ENV, gres_gpus
 from babysitter.config import Config
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
@@ -108,6 +109,13 @@ class Validator:
 
     def _argv(self, node: str) -> list[str]:
         c = self.cfg
+        # the node's GPUs, from its Slurm gres: the job asks for all of them (under
+        # ConstrainDevices a job that asks for none sees none) and `babysitter validate` must
+        # test that many (SlurmError: unknown, the job is not started)
+        try:
+            gpus = gres_gpus(self.slurm.node(node).gres)
+        except ValueError as exc:
+            raise SlurmError(f"{node}: {exc}") from None
         args = [
             "--job-name=babysitter-validate",
             f"--time={c.time_limit_min}",
@@ -115,10 +123,12 @@ class Validator:
             "--no-requeue",
             "--exclusive",
         ]
+        if gpus:
+            args.append(f"--gres=gpu:{gpus}")
         if c.partition:
             args.append(f"--partition={c.partition}")
         args += [a.replace("{node}", node) for a in c.sbatch_args]
-        command = [a.replace("{node}", node) for a in c.command]
+        command = ["env", f"{GPUS_ENV}={gpus}", *(a.replace("{node}", node) for a in c.command)]
         return [*args, "--wrap", shlex.join(command)]
 
     def start(self, node: str, reason: str, now: datetime) -> str:
