@@ -448,6 +448,16 @@ def _unhealthy(
 ) -> Decision | DrainWish:
     """A broken node: a drain to ask the guard for, or an alert when it is not ours to drain
     or already drained (or about to be) by babysitter."""
+    if not n.in_slurm:
+        # Slurm does not list the node: nothing was drained, nothing can be; say that
+        return Decision(
+            DecisionKind.ALERT,
+            n.name,
+            rule,
+            f"{summary(bad)} — {n.name} is unknown to Slurm: not drained",
+            Severity.CRITICAL,
+            "node_unhealthy_not_in_slurm",
+        )
     if n.drained and not n.ours:
         return Decision(
             DecisionKind.ALERT,
@@ -493,6 +503,11 @@ def _node_decisions(
         return out
     out.append(
         Decision(DecisionKind.RESOLVE_ALERT, n.name, "", "", condition="node_unhealthy_not_ours")
+    )
+    out.append(
+        Decision(
+            DecisionKind.RESOLVE_ALERT, n.name, "", "", condition="node_unhealthy_not_in_slurm"
+        )
     )
     if (
         n.drained
