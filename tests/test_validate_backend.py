@@ -113,3 +113,24 @@ def test_auto_without_nvml_gpus_still_runs_on_the_cpu(tmp_path: Path):
     r = _validate(env, "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["library"].startswith("numpy-")
+
+
+def test_the_agents_sdc_backend_auto_never_reads_an_nvml_error_as_no_gpu(
+    gpus: FakeGpus, fakenvml_lib: Path, tmp_path: Path
+):
+    """`auto` fell back to numpy when NVML failed to start ("0 GPUs"): the agent's SDC test
+    then passed a GPU node on the CPU. An NVML error is "cannot tell", never "no GPU"."""
+    import subprocess
+    import sys
+
+    gpus.set(init_error=9)  # NVML_ERROR_DRIVER_NOT_LOADED
+    env = babysitter_env(gpus, fakenvml_lib, tmp_path)
+    code = (
+        "from babysitter.checks.sdc.backends import BackendUnavailable, devices\n"
+        "try:\n    print(devices('auto')[0])\n"
+        "except BackendUnavailable as exc:\n    print('unavailable:', exc)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert r.stdout.startswith("unavailable:") and "Driver Not Loaded" in r.stdout, r
