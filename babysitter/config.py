@@ -247,6 +247,14 @@ class ControllerConfig(Section):
             "body unread)",
         ),
     ] = 4
+    client_requests_in_flight: Annotated[
+        int,
+        Meta(
+            ge=4,
+            description="requests without a valid token (health, metrics, status page views) "
+            "one client address may have in flight (more: 429 at once)",
+        ),
+    ] = 32
     login_requests_in_flight: Annotated[
         int,
         Meta(

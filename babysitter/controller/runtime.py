@@ -231,6 +231,7 @@ class Controller:
             LOGIN_PATH,
             per_node=c.node_requests_in_flight,
             login=c.login_requests_in_flight,
+            per_client=c.client_requests_in_flight,
         )
 
     def _slurm_nodes(self) -> dict[str, Any]:

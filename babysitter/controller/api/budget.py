@@ -11,11 +11,12 @@ connection closed: the rest of its body is never read), so the rest of the fleet
 - a report with a valid node token: `per_node` in flight for that node (an agent sends one at
   a time);
 - the login form (no token): `login` in flight from all clients together, and a quarter of that
-  from one client address.
+  from one client address;
+- any other request without a valid token (health, metrics, the status page's cookie views, a
+  report or an admin request refused from its headers): `per_client` in flight from one client
+  address, so one address flooding even fast routes cannot hold every connection.
 
-Everything else is either fast without a body (GET), refused from its headers without reading
-the body (a report or an admin request without a valid token: api.py), or sent with the admin
-token (trusted)."""
+Requests with the admin or read token are trusted and not bounded here."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from babysitter.controller.api.auth import NODE_HEADER, Authenticator
+from babysitter.controller.api.auth import NODE_HEADER, Authenticator, Principal
 from babysitter.controller.api.ingest import bearer_token
 
 _NODE = NODE_HEADER.encode()
@@ -40,6 +41,7 @@ class RequestBudget:
         login_path: str,
         per_node: int,
         login: int,
+        per_client: int = 32,
     ) -> None:
         self.app = app
         self.auth = auth
@@ -49,6 +51,7 @@ class RequestBudget:
             "node": per_node,
             "login": login,
             "login-client": max(1, login // 4),
+            "client": per_client,
         }
         self.in_flight: Counter[Key] = Counter()
 
@@ -68,20 +71,20 @@ class RequestBudget:
 
     def keys(self, scope: Scope) -> list[Key]:
         """The budgets a request counts against (none: not bounded here)."""
-        if scope["method"] != "POST":
-            return []
-        path = scope["path"]
-        if path == self.login_path:
-            client = scope.get("client")
-            return [("login", ""), ("login-client", str(client[0]) if client else "")]
-        if path == self.reports_path:
-            node = self._node(scope["headers"])
-            return [("node", node)] if node is not None else []
-        return []
+        client = scope.get("client")
+        address = str(client[0]) if client else ""
+        if scope["method"] == "POST" and scope["path"] == self.login_path:
+            return [("login", ""), ("login-client", address)]
+        p = self._sender(scope["headers"])
+        if p is None:
+            return [("client", address)]
+        if p.role == "node" and p.node is not None:
+            return [("node", p.node)]
+        return []  # the admin or read token
 
-    def _node(self, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-        """The node a report's headers prove it comes from (a valid token for the node it
-        names); None for anything else, which the report route refuses unread."""
+    def _sender(self, headers: Iterable[tuple[bytes, bytes]]) -> Principal | None:
+        """Who the headers prove sends the request: a node (a valid token for the node it
+        names), the admin or read token; None for anyone else."""
         auth = node = None
         for name, value in headers:
             if name == b"authorization" and auth is None:
@@ -89,10 +92,7 @@ class RequestBudget:
             elif name == _NODE and node is None:
                 node = value.decode("latin-1")
         token = bearer_token(auth or "")
-        if token is None:
-            return None
-        p = self.auth.sender(token, node)
-        return p.node if p is not None and p.role == "node" else None
+        return None if token is None else self.auth.sender(token, node)
 
 
 async def _too_many(send: Send) -> None:
