@@ -4,6 +4,7 @@ verdict is late, and when a node keeps failing."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from babysitter.controller.db.actions import ActionKind, ActionStatus
@@ -103,4 +104,33 @@ def test_a_refused_reset_is_no_remediation_and_the_lemon_follows_the_third_rung(
     c.tick()
     assert c.ledger("node1")[0].state is Phase.LEMON
     assert c.slurm.node("node1").reason.startswith("babysitter: lemon: 3 remediations in 7 days")
+    c.close()
+
+
+def test_a_late_verdict_finds_the_node_drained_not_back_in_service(tmp_path: Path):
+    """The validation job has no verdict yet when the node's reservation is about to end (the
+    job waited, the controller was slow): the node is drained before the reservation ends, so
+    it never returns to Slurm unvalidated; the passing verdict, when it comes, returns it."""
+    c = Cluster(tmp_path, remediation={"reboot_timeout_s": 600})
+    c.tick()
+    c.report("node1", xid79())
+    for _ in range(3):
+        c.tick()
+    issued = c.now
+    c.power_cycle("node1")
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.VALIDATING
+    assert not c.slurm.node("node1").drained_or_draining  # in its reservation, for the job
+    # the reservation ends 10 + 25 minutes after the reboot was issued (reboot_timeout_s and the
+    # job's 20-minute limit + 5); the verdict is not there 34 minutes after
+    while c.now < issued + timedelta(minutes=34):
+        c.tick(60)
+    n1 = c.slurm.node("node1")
+    assert n1.drained_or_draining and "no verdict before its reservation ends" in n1.reason
+    assert c.ledger("node1")[0].state is Phase.VALIDATING  # still waiting for it
+    c.slurm.verdict("node1")
+    c.tick()
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.PASSED
+    assert not c.slurm.node("node1").drained_or_draining  # validated, then back
     c.close()

@@ -541,7 +541,14 @@ class Healer:
 
     def _validate(self, rem: Remediation, now: datetime, why: str, firing: list[Alert]) -> None:
         """The rung is done: the validation job must pass before the node returns."""
-        outcome = self.validator.start(rem.node, why, now)
+        reserved = None
+        if rem.rung is Rung.REBOOT and "issued_at" in rem.evidence:
+            # the reservation _issue made with the reboot, not one for the job alone
+            minutes = int(self.cfg.reboot_timeout_s // 60) + self.validation_minutes
+            reserved = datetime.fromisoformat(rem.evidence["issued_at"]) + timedelta(
+                minutes=minutes
+            )
+        outcome = self.validator.start(rem.node, why, now, reserved_until=reserved)
         aid = self._validation_action(rem.node)
         if aid is None:
             self._fail(rem, now, outcome, firing)

@@ -20,7 +20,7 @@ import logging
 import os
 import shlex
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,16 @@ RULE = Rule.VALIDATE_BEFORE_RESUME
 # Job states that are not a verdict yet
 UNFINISHED = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"}
 VERDICT_TAIL = 64 * 1024  # the verdict is the last JSON line of the job's output
+# a validation still without a verdict this long before its reservation ends drains the node
+MARGIN = timedelta(minutes=2)
+AWAITING = "drained until its verdict"
+
+
+def _late(a: Action, now: datetime) -> bool:
+    """The reservation of a running validation is about to end. (Rows of older versions carry
+    their creation time there: not a deadline.)"""
+    due, made = a.next_attempt_at, a.created_at
+    return due is not None and made is not None and due > made and now >= due
 
 
 def reservation_name(node: str) -> str:
@@ -131,7 +141,11 @@ class Validator:
         command = ["env", f"{GPUS_ENV}={gpus}", *(a.replace("{node}", node) for a in c.command)]
         return [*args, "--wrap", shlex.join(command)]
 
-    def start(self, node: str, reason: str, now: datetime) -> str:
+    def start(
+        self, node: str, reason: str, now: datetime, reserved_until: datetime | None = None
+    ) -> str:
+        """Start the validation job. `reserved_until`: when the node's reservation, made
+        before (a reboot's), ends; else it is made now for the job's time limit + 5 min."""
         aid = self.store.record_action(
             KIND,
             node=node,
@@ -156,7 +170,12 @@ class Validator:
             log.warning("%s: %s", node, outcome)
             return outcome
         outcome = f"validation job {job} running on {node} (reservation {reservation_name(node)})"
-        self.store.update_action(aid, job_id=job, attempts=1, outcome=outcome)
+        ends = now + timedelta(minutes=self.cfg.time_limit_min + 5)
+        ends = min(ends, reserved_until) if reserved_until else ends
+        # when the node must be drained if the verdict is late (poll): never unvalidated out
+        self.store.update_action(
+            aid, job_id=job, attempts=1, outcome=outcome, next_attempt_at=ends - MARGIN
+        )
         log.info("%s", outcome)
         return outcome
 
@@ -169,6 +188,8 @@ class Validator:
             job = a.job_id
             if job is None:
                 continue
+            if _late(a, now) and not self._hold_until_verdict(a):
+                return  # Slurm away: again next tick
             try:
                 state, code = self.slurm.validation_outcome(job)
             except SlurmUnavailable:
@@ -181,6 +202,25 @@ class Validator:
             if state in UNFINISHED:
                 continue
             self._finish(a, state, code, now, firing, clearing)
+
+    def _hold_until_verdict(self, a: Action) -> bool:
+        """The reservation ends before the verdict came: drain the node (the job goes on;
+        no other job may start there after the reservation), and keep waiting. False: Slurm
+        is away."""
+        assert a.node is not None
+        reason = f"validation: no verdict before its reservation ends ({AWAITING})"
+        try:
+            self.slurm.drain(a.node, reason)
+            done = AWAITING
+        except SlurmUnavailable:
+            return False
+        except SlurmError as exc:  # someone else's reason: theirs, never overwritten
+            done = f"not drained before its reservation ended: {exc}"
+        log.warning("%s: validation job %s: %s", a.node, a.job_id, done)
+        self.store.update_action(a.id, next_attempt_at=None, outcome=f"{a.outcome}; {done}")
+        if done == AWAITING:
+            self.store.set_node(a.node, babysitter_drained=True, drain_reason=reason)
+        return True
 
     def _finish(
         self,
@@ -200,8 +240,14 @@ class Validator:
         except SlurmError as exc:
             log.warning("%s: could not delete the validation reservation: %s", node, exc)
         if passed:
+            back = ""
+            if AWAITING in (a.outcome or ""):
+                try:  # drained while it waited for this verdict: it returns now
+                    self.slurm.resume(node)
+                except SlurmError as exc:
+                    back = f"; could not resume: {exc}"
             self.store.update_action(
-                a.id, status="done", done_at=now, outcome=f"passed (job {job})"
+                a.id, status="done", done_at=now, outcome=f"passed (job {job}){back}"
             )
             audit.record_actions(self.store, [a.id], now)
             self.store.set_node(node, babysitter_drained=False, drain_reason=None)
