@@ -143,6 +143,26 @@ def _nccl(command: list[str], min_busbw: float, timeout_s: float) -> tuple[float
     return bw, ""
 
 
+def _watched(nvml: _Nvml, dbe_before: list[int | None], throttled: set[str]) -> list[str]:
+    """What the NVML watch saw during the stress, and the NVML errors that stopped it (what
+    it did not see is not a pass)."""
+    out = []
+    for i, (before, after) in enumerate(zip(dbe_before, nvml.dbe(), strict=False)):
+        if before is not None and after is not None and after > before:
+            out.append(f"GPU {i}: {after - before} double-bit ECC error(s) during stress")
+    return out + [f"{name} during stress" for name in sorted(throttled)] + nvml.errors
+
+
+def _untested(tested: dict[str, Any], want: int | None) -> list[str]:
+    gpus_tested = len(tested.get("gpus_tested", []))
+    if want and tested["library"] and gpus_tested < want:
+        return [
+            f"{tested['library']} tested {gpus_tested} of the node's {want} GPU(s) "
+            "(a CPU run does not validate GPUs)"
+        ]
+    return []
+
+
 @click.command("validate")
 @click.option("--stress-s", type=float, default=None, help="Sustained matmul (default: config).")
 @click.option(
@@ -218,17 +238,8 @@ def validate(
             one(None)
     except (BackendUnavailable, ValueError, IndexError) as exc:
         failures.append(f"SDC test could not run: {exc}")
-    for i, (before, after) in enumerate(zip(dbe_before, nvml.dbe(), strict=False)):
-        if before is not None and after is not None and after > before:
-            failures.append(f"GPU {i}: {after - before} double-bit ECC error(s) during stress")
-    failures += [f"{name} during stress" for name in sorted(throttled)]
-    failures += nvml.errors  # the watch stopped: what it did not see is not a pass
-    gpus_tested = len(tested.get("gpus_tested", []))
-    if want and tested["library"] and gpus_tested < want:
-        failures.append(
-            f"{tested['library']} tested {gpus_tested} of the node's {want} GPU(s) "
-            "(a CPU run does not validate GPUs)"
-        )
+    failures += _watched(nvml, dbe_before, throttled)
+    failures += _untested(tested, want)
     tested["gpus_expected"] = want
     busbw = None
     if val.nccl_command:
