@@ -109,7 +109,9 @@ class InMemorySlurm(SlurmClient):
         self._pause("drain_many", ",".join(nodes))
         return each(nodes, lambda n: self._drain(n, reason))
 
-    def resume_many(self, nodes: Sequence[str]) -> dict[str, SlurmError | None]:
+    def resume_many(
+        self, nodes: Sequence[str], manual: bool = False
+    ) -> dict[str, SlurmError | None]:
         self._pause("resume_many", ",".join(nodes))
         return each(nodes, self._resume)
 
@@ -118,7 +120,7 @@ class InMemorySlurm(SlurmClient):
         with self._lock:
             return [j for j in self._jobs.values() if set(nodes) & set(j.nodes)]
 
-    def resume(self, node: str) -> None:
+    def resume(self, node: str, manual: bool = False) -> None:
         self._pause("resume", node)
         self._resume(node)
 

@@ -32,6 +32,10 @@ _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_REASON = 200  # Slurm keeps longer reasons, but sinfo/squeue columns and humans do not
 # nodes per `scontrol update NodeName=a,b,c`: one RPC each; keeps argv far below ARG_MAX
 BATCH = 500
+# an admin's drain through babysitter (`babysitter drain NODE`): reason `<prefix> [manual] ...`
+# (the same mark as controller/loop/policy.py MANUAL_MARK). It is the admin's, not babysitter's
+# automation's: only the admin's own resume (manual=True) takes it back
+MANUAL_MARK = "[manual]"
 
 _UNAVAILABLE = (
     "unable to contact slurm controller",
@@ -347,8 +351,13 @@ class OwnedClient(SlurmClient):
             raise
         return parse_topology(text)
 
-    def owns(self, node: SlurmNode) -> bool:
-        return node.reason.startswith(self.reason_prefix)
+    def owns(self, node: SlurmNode, manual: bool = False) -> bool:
+        """The node's reason is babysitter's to change: its automatic one, or with `manual`
+        (an admin's request through babysitter) also an admin's `[manual]` drain."""
+        if not node.reason.startswith(self.reason_prefix):
+            return False
+        rest = node.reason[len(self.reason_prefix) :].lstrip()
+        return manual or not rest.startswith(MANUAL_MARK)
 
     def full_reason(self, reason: str) -> str:
         text = f"{self.reason_prefix} {clean_reason(reason)}"
@@ -360,9 +369,9 @@ class OwnedClient(SlurmClient):
         if err is not None:
             raise err
 
-    def resume(self, node: str) -> None:
+    def resume(self, node: str, manual: bool = False) -> None:
         validate_node(node)
-        err = self.resume_many([node])[node]
+        err = self.resume_many([node], manual)[node]
         if err is not None:
             raise err
 
@@ -406,10 +415,12 @@ class OwnedClient(SlurmClient):
 
     def drain_many(self, nodes: Sequence[str], reason: str) -> dict[str, SlurmError | None]:
         full = self.full_reason(reason)
+        # an admin's drain (marked) may re-reason an admin's drain; an automatic one may not
+        manual = clean_reason(reason).startswith(MANUAL_MARK)
         out: dict[str, SlurmError | None] = {}
         todo = []
         for name, cur in self._current(nodes, out).items():
-            if cur.reason and not self.owns(cur):
+            if cur.reason and not self.owns(cur, manual):
                 out[name] = SlurmNotOwned(
                     f"{name} already has a reason that is not babysitter's "
                     f"({cur.reason!r}); leaving it alone",
@@ -420,13 +431,15 @@ class OwnedClient(SlurmClient):
         self._batched(todo, lambda chunk: self._set_drain_many(chunk, full), out)
         return out
 
-    def resume_many(self, nodes: Sequence[str]) -> dict[str, SlurmError | None]:
+    def resume_many(
+        self, nodes: Sequence[str], manual: bool = False
+    ) -> dict[str, SlurmError | None]:
         out: dict[str, SlurmError | None] = {}
         todo = []
         for name, cur in self._current(nodes, out).items():
             if not cur.reason and not cur.drained_or_draining and not cur.down:
                 out[name] = None  # nothing to resume
-            elif not self.owns(cur):
+            elif not self.owns(cur, manual):
                 out[name] = SlurmNotOwned(
                     f"refusing to resume {name}: its reason {cur.reason!r} is not "
                     f"babysitter's (prefix {self.reason_prefix!r})",

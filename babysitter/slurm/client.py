@@ -147,9 +147,12 @@ class SlurmClient:
         that can re-check ownership and change them all in one Slurm call (one RPC)."""
         return each(nodes, lambda n: self.drain(n, reason))
 
-    def resume_many(self, nodes: Sequence[str]) -> dict[str, SlurmError | None]:
-        """Resume several of our drains: per node None (done or nothing to do) or its error."""
-        return each(nodes, self.resume)
+    def resume_many(
+        self, nodes: Sequence[str], manual: bool = False
+    ) -> dict[str, SlurmError | None]:
+        """Resume several of our drains: per node None (done or nothing to do) or its error.
+        `manual`: an admin's resume, which may also take back an admin's `[manual]` drain."""
+        return each(nodes, lambda n: self.resume(n, manual))
 
     def jobs_on(self, nodes: Collection[str]) -> list[SlurmJob]:
         """Jobs that have any of `nodes` (one job listing, filtered here: on 22.05
@@ -157,8 +160,9 @@ class SlurmClient:
         wanted = set(nodes)
         return [j for j in self.jobs() if wanted.intersection(j.nodes)]
 
-    def resume(self, node: str) -> None:
-        """Resume only our own drains; SlurmNotOwned otherwise."""
+    def resume(self, node: str, manual: bool = False) -> None:
+        """Resume only our own automatic drains (with `manual`, an admin's resume: also an
+        admin's `[manual]` drain); SlurmNotOwned otherwise."""
         raise NotImplementedError
 
     def requeue(self, job_id: int, exclude: list[str] | None = None, hold: bool = False) -> None:

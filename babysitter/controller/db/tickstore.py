@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, and_, bindparam, cast, false, or_, select, true, update
+from sqlalchemy import String, and_, bindparam, cast, false, func, or_, select, true, update
 
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import Action, ActionStatus
@@ -109,6 +109,28 @@ def xid_history(store: Store, since: datetime) -> dict[str, list[tuple[str, int,
                 assert at is not None
                 out.setdefault(node, []).append((comp, int(code[4:12]), at))
     return out
+
+
+# who decides the drains the rolling hour's budget counts: the node policy and switch incidents
+AUTOMATIC_DRAINERS = ("policy", "fabric")
+
+
+def drains_since(store: Store, since: datetime) -> int:
+    """Automatic drains carried out since `since` (the drain budget's rolling hour), counted
+    in the database: every one of them, however many other actions there are."""
+    a = m.actions.c
+    q = (
+        select(func.count())
+        .select_from(m.actions)
+        .where(
+            a.kind == "drain",
+            a.status == str(ActionStatus.DONE),
+            a.requested_by.in_(AUTOMATIC_DRAINERS),
+            a.done_at >= since,
+        )
+    )
+    with store.engine.connect() as c:
+        return int(c.execute(q).scalar_one())
 
 
 def record_actions(store: Store, actions: list[Action], at: datetime) -> list[Action]:

@@ -15,6 +15,7 @@ from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store, aware
 from babysitter.controller.db.tickstore import Drained, Outcome, Settled, settle
+from babysitter.controller.loop.admission import HOLD_RETRY_S, Act, Admission, Refusal
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.guard import GUARD_KEY
 from babysitter.controller.loop.jobs import HELD_RULE, REQUEUE_RULE, JobTracker
@@ -96,8 +97,11 @@ class ActionExecutor:
         bounded: Callable[..., Any],
         isolated: Callable[..., Any],
         item_timeout_s: float,
+        admission: Admission | None = None,
     ) -> None:
         self.store = store
+        # asked right before each automatic drain/resume goes to Slurm (admission.py)
+        self.admission = admission
         self.slurm = slurm
         self.snapshot = snapshot  # its `ok` and `stale` are set here; our moves applied to it
         self.jobs = jobs
@@ -165,6 +169,7 @@ class ActionExecutor:
         which re-checks ownership of exactly its nodes first (a rack of 32 nodes failing
         alike is one lookup and one `scontrol update NodeName=a,b,...`)."""
         batch, self.batch = self.batch, []
+        batch = self._admitted(batch, now, firing, clearing)
         if batch:
             self.snapshot.stale = True
         results = self._call_grouped(batch)
@@ -179,6 +184,43 @@ class ActionExecutor:
             if outcome != "pending":
                 settled.append(a.id)
         self.isolated("audit", lambda: self._audit(settled, now))
+
+    def _admitted(
+        self,
+        batch: Batch,
+        now: datetime,
+        firing: list[Alert],
+        clearing: list[tuple[str | None, str]],
+    ) -> Batch:
+        """The batch's drains and resumes the admission step lets through; the others are
+        held (pending, the refusal as their outcome, asked again later)."""
+        if self.admission is None or not batch:
+            return batch
+        first = min(a.id for a, _ in batch)
+        verdicts: dict[int, Refusal | None] = {}
+        for act, kind in ((Act.DRAIN, DecisionKind.DRAIN), (Act.RESUME, DecisionKind.RESUME)):
+            items = [(a, d) for a, d in batch if d.kind is kind and not a.manual]
+            if not items:
+                continue
+            got = self.admission.check(
+                act, [str(d.node) for _, d in items], now, before_action=first
+            )
+            verdicts.update({a.id: got.get(str(d.node)) for a, d in items})
+        out: Batch = []
+        for a, d in batch:
+            refusal = verdicts.get(a.id)
+            if refusal is None:
+                out.append((a, d))
+                continue
+            node_alert(d, self._hold(a, now, refusal), firing, clearing, now)
+        return out
+
+    def _hold(self, a: Action, now: datetime, refusal: Refusal) -> str:
+        """Held by the admission step: still pending, not an attempt that failed."""
+        self.store.update_action(
+            a.id, outcome=str(refusal)[:1000], next_attempt_at=now + timedelta(seconds=HOLD_RETRY_S)
+        )
+        return str(refusal)
 
     def _call_grouped(self, batch: Batch) -> Results:
         """One Slurm call per (kind, reason) group; each action with Slurm's answer for its
@@ -309,7 +351,10 @@ class ActionExecutor:
             return self._retry_later(a, now, "waiting for Slurm")
         if a.dry_run:
             return self._dry_run(a, now)
-        if a.kind in (ActionKind.DRAIN, ActionKind.RESUME):
+        if a.kind in (ActionKind.DRAIN, ActionKind.RESUME) and a.node:
+            if (refusal := self._refusal(a, now)) is not None:
+                self._hold(a, now, refusal)
+                return "pending"
             self.snapshot.stale = True
         run = self._runners.get(a.kind)
         try:
@@ -318,6 +363,14 @@ class ActionExecutor:
             return run(a, now)
         except SlurmError as exc:
             return self._slurm_error(a, exc, now)
+
+    def _refusal(self, a: Action, now: datetime) -> Refusal | None:
+        """The admission step's word on an automatic drain/resume (an admin's own request is
+        theirs: Slurm's ownership check still applies to it)."""
+        if self.admission is None or a.manual or not a.node:
+            return None
+        act = Act.DRAIN if a.kind is ActionKind.DRAIN else Act.RESUME
+        return self.admission.check(act, [a.node], now, before_action=a.id)[a.node]
 
     @staticmethod
     def _has_target(a: Action) -> bool:
@@ -354,15 +407,19 @@ class ActionExecutor:
         s = Settled()
         self._drained(a, reason, s)
         settle(self.store, s, now)
+        # the next action's admission counts it (the listing is older than this drain)
+        self.snapshot.moved_here([(a.node, reason)], [])
         self._count(a, "done")
         return "done"
 
     def _resume(self, a: Action, now: datetime) -> str:
         assert a.node is not None
-        self.slurm.resume(a.node)
+        # an admin's resume may take back an admin's drain; the policy's may not
+        self.slurm.resume(a.node, manual=a.manual)
         s = Settled()
         self._resumed(a, s)
         settle(self.store, s, now)
+        self.snapshot.moved_here([], [a.node])
         self._count(a, "done")
         return "done"
 

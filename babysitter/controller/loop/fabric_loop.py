@@ -8,8 +8,10 @@ before each new drain, and publishes what tripped.
 
 Incidents are kept in the store (kv `fabric_incidents`), so a restarted controller resumes
 the nodes of an incident it opened before. Switch drains are recorded as actions with
-requested_by `fabric`: they are one fault, so they use neither the node-drain rate budget nor
-a node's lemon count."""
+requested_by `fabric` and pass the admission step (controller/loop/admission.py) node by node:
+an incident is one fault (it is not held by its own switch's cap, nor counted in a node's lemon
+count), but each node it drains counts towards the partition and cluster caps and the rolling
+hour's drain budget, so a spine incident cannot drain a partition past its cap."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from prometheus_client import Gauge
 
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.loop.admission import Act, Admission
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.blast import CLUSTER, BlastGate, BlastSettings, Scope, ScopeCounts
 from babysitter.controller.loop.context import LoopContext
@@ -86,8 +89,10 @@ class FabricStep:
         metrics: ControllerMetrics,
         policy: PolicySettings,
         isolated: Callable[..., Any],
+        admission: Admission | None = None,
     ) -> None:
         cfg = self.cfg = ctx.cfg
+        self.admission = admission  # asked before each switch drain/resume
         self.store = ctx.store
         self.slurm = ctx.slurm
         self.snapshot = ctx.snapshot
@@ -101,6 +106,9 @@ class FabricStep:
         self._topology_due = float("-inf")
         self._topology_read: Future[Topology] | None = None
         self._topology_first = True
+        # a topology was read (empty for a cluster without one): until then switch caps are
+        # unknown and the admission step admits no drain where one is set
+        self.topology_known = False
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="slurm-topology")
         self._evidence: dict[str, Evidence] = {}
         self.incidents: list[Incident] = self._load()
@@ -162,7 +170,10 @@ class FabricStep:
             topo = read.result(timeout=self.cfg.slurm.timeout_s if first else 0)
         except FutureTimeout:
             return
-        except (SlurmError, NotImplementedError) as exc:
+        except NotImplementedError:
+            self.topology_known = True  # a backend without topology: no switch to cap
+            return
+        except SlurmError as exc:
             log.warning("cannot read Slurm's topology (keeping the last one): %r", exc)
             return
         finally:
@@ -173,6 +184,7 @@ class FabricStep:
         if topo.skipped:
             log.warning("%d topology line(s) could not be read", topo.skipped)
         self.snapshot.topology = topo
+        self.topology_known = True
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -184,8 +196,9 @@ class FabricStep:
         """Correlate, then the facts the node policy decides on (fabric findings of held and
         covered nodes hidden; a node a switch incident holds drained is not the node policy's
         to resume), the guard's counts without switch drains, and the blast-radius gate."""
-        if self.enabled:
+        if self.enabled or self.blast.switch.active:
             self.isolated("topology", self.refresh_topology)
+        if self.enabled:
             fabric = {
                 n.name: n.open_findings for n in facts if any(map(is_fabric, n.open_findings))
             }
@@ -217,13 +230,20 @@ class FabricStep:
         switch_held = self._switch_held()
         if switch_held:
             cluster = replace(cluster, drained_by_us=self._without(cluster, switch_held))
+        return facts, cluster, self.caps_gate(switch_held)
+
+    def caps_gate(
+        self, switch_held: dict[str, tuple[str, ...]] | None = None
+    ) -> Callable[[NodeFacts], bool] | None:
+        """The blast-radius gate the node policy asks before each new drain (None: no cap
+        set). It needs no correlation: when that fails, the engine still asks this."""
         self.gate = None
-        if self.blast.active:
-            gate = BlastGate(self.blast, self._scope_counts(switch_held))
-            topo = self.topology
-            self.gate = gate
-            return facts, cluster, lambda n: gate.admit(n.name, topo.leaf(n.name), n.partitions)
-        return facts, cluster, None
+        if not self.blast.active:
+            return None
+        gate = BlastGate(self.blast, self._scope_counts(switch_held or {}))
+        topo = self.topology
+        self.gate = gate
+        return lambda n: gate.admit(n.name, topo.leaf(n.name), n.partitions)
 
     def true_verdicts(self, result: PolicyResult) -> None:
         """The node policy decided on facts with fabric findings hidden; the verdicts it
@@ -261,7 +281,8 @@ class FabricStep:
         return {p: max(0, n - per.get(p, 0)) for p, n in cluster.drained_by_us.items()}
 
     def _scope_counts(self, switch_held: dict[str, tuple[str, ...]]) -> ScopeCounts:
-        """Sizes and node-drain counts of every scope. Sizes of partitions and the cluster
+        """Sizes and node-drain counts of every scope (switch drains and pending drains
+        included). Sizes of partitions and the cluster
         come from the snapshot's aggregates, switch sizes from the topology; the drained count
         walks only the nodes Slurm holds (a few, not the cluster)."""
         sizes: dict[tuple[Scope, str], int] = {
@@ -271,11 +292,18 @@ class FabricStep:
             sizes[(Scope.CLUSTER, CLUSTER)] = len(self.snapshot.nodes)
         topo = self.topology
         drained: Counter[tuple[Scope, str]] = Counter()
-        for name in self.snapshot.held:
+        # drains decided but not carried out yet count as held: they will be
+        pending = {
+            a.node
+            for a in self.store.pending_actions()
+            if a.kind is ActionKind.DRAIN and a.node and not a.dry_run
+        }
+        for name in self.snapshot.held | pending:
             sn = self.snapshot.nodes.get(name)
-            if sn is None or name in switch_held:
+            if sn is None:  # a switch incident's drains count too: nodes out of service
                 continue
-            if not (sn.drained_or_draining and sn.reason.startswith(self.prefix)):
+            mine = sn.drained_or_draining and sn.reason.startswith(self.prefix)
+            if not mine and name not in pending:
                 continue
             drained[(Scope.CLUSTER, CLUSTER)] += 1
             for p in sn.partitions or ("default",):
@@ -407,9 +435,14 @@ class FabricStep:
                 and not (sn.drained_or_draining or sn.down)
                 and n not in refused
             ]
+            reason = switch_reason(inc.switch)
+            if todo and self.admission is not None and not self.policy.dry_run:
+                # its drains count towards the caps and the drain budget like any other;
+                # a held node is asked again on the next tick
+                got = self.admission.check(Act.DRAIN, todo, now, switch_incident=True)
+                todo = [n for n in todo if got.get(n) is None]
             if not todo:
                 continue
-            reason = switch_reason(inc.switch)
             if self.policy.dry_run:
                 for n in todo:
                     refused.add(n)
@@ -463,6 +496,11 @@ class FabricStep:
             return True
         if not self.snapshot.ok:
             return False
+        if self.admission is not None:
+            got = self.admission.check(Act.RESUME, held, now)
+            held = [n for n in held if got.get(n) is None]
+            if not held:
+                return True
         try:
             res = self.slurm.resume_many(held)
         except SlurmError as exc:

@@ -12,9 +12,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from babysitter.config import Config
-from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.db.store import Store
-from babysitter.controller.db.tickstore import perf_metrics, policy_rows, xid_history
+from babysitter.controller.db.tickstore import drains_since, perf_metrics, policy_rows, xid_history
 from babysitter.controller.loop.alerts import AlertRouter
 from babysitter.controller.loop.guard import GUARD_KEY
 from babysitter.controller.loop.policy import (
@@ -81,20 +81,19 @@ class FactGatherer:
         decide nothing for it."""
         self.isolated("perfs", self._read_perfs)
         actions = self.store.actions(limit=5000)
+        # every pending drain (not only among the newest actions): each holds its place
         pending_drains = {
-            a.node
-            for a in actions
-            if a.status is ActionStatus.PENDING and a.kind is ActionKind.DRAIN and a.node
+            a.node for a in self.store.pending_actions() if a.kind is ActionKind.DRAIN and a.node
         }
         drains_by_node: dict[str, list[datetime]] = {}
-        drains_last_hour = 0
         for a in actions:
             if a.is_policy_drain_done and a.node:
                 when = a.done_at or a.created_at
                 assert when is not None
                 drains_by_node.setdefault(a.node, []).append(when)
-                if now - when <= timedelta(hours=1):
-                    drains_last_hour += 1
+        # the drain budget's rolling hour, counted in the database (a listing of the newest
+        # actions would miss drains behind thousands of other actions)
+        drains_last_hour = drains_since(self.store, now - timedelta(hours=1))
         xids = xid_history(self.store, now - self.settings.xid_window)
         validations = summarise(actions)
         if not self._full_pass_done:
@@ -115,7 +114,7 @@ class FactGatherer:
             rows = policy_rows(self.store, stale_before=stale, names=named)
         self.snapshot.changed = set()
         facts = self._node_facts(rows, now, pending_drains, drains_by_node, xids, validations)
-        drained_by_us = dict(self.snapshot.drained_by_us)
+        drained_by_us = self._with_pending(dict(self.snapshot.drained_by_us), pending_drains)
         if self.settings.dry_run:  # a dry-run drain holds its place in the guard's count
             for f, r in zip(facts, rows, strict=True):
                 if r["babysitter_drained"]:
@@ -128,6 +127,17 @@ class FactGatherer:
             guard_tripped=bool(self.store.kv_get(GUARD_KEY, False)),
         )
         return facts, cluster
+
+    def _with_pending(self, drained_by_us: dict[str, int], pending: set[str]) -> dict[str, int]:
+        """A drain decided but not carried out yet (Slurm away, or held by the admission
+        step) holds its place in the guard's count: it will be carried out."""
+        for name in pending:
+            sn = self.snapshot.nodes.get(name)
+            if sn is not None and sn.drained_or_draining:
+                continue  # counted in Slurm's
+            for p in (sn.partitions if sn is not None else ()) or ("default",):
+                drained_by_us[p] = drained_by_us.get(p, 0) + 1
+        return drained_by_us
 
     def _alerting_nodes(self) -> set[str]:
         """Nodes with a firing alert: the policy must see them to resolve it."""

@@ -36,6 +36,7 @@ from typing import Any
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.tickstore import policy_rows
+from babysitter.controller.loop.admission import Act, Admission
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.context import LoopContext
 from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
@@ -86,6 +87,8 @@ def _text(v: Any) -> str | None:
 
 
 class Healer:
+    admission: Admission | None = None  # asked before a reboot or reset (set by the engine)
+
     def __init__(self, ctx: LoopContext, validator: Validator, dry_run: bool) -> None:
         cfg, store, slurm, snapshot = ctx.cfg, ctx.store, ctx.slurm, ctx.snapshot
         self.cfg = cfg.remediation
@@ -453,6 +456,8 @@ class Healer:
             return
         if rem.rung is not Rung.REBOOT or not self._reboot_slots(rem.node):
             return
+        if self.admission and self.admission.one(Act.REBOOT, rem.node, now):
+            return  # held (controller/loop/admission.py): asked again next tick
         sn = self.snapshot.nodes.get(rem.node)
         row = self.store.node(rem.node) or {}
         boot_id = (row.get("metrics") or {}).get("boot_id")
@@ -488,6 +493,8 @@ class Healer:
         """Order the reset from the node's agent: the order is this open ledger row, handed
         to the agent in the answer to its next report (controller/api/orders.py), until it answers.
         The node stays drained meanwhile (the policy drained it; hold() keeps it so)."""
+        if self.admission and self.admission.one(Act.RESET_GPU, rem.node, now):
+            return  # held (controller/loop/admission.py): asked again next tick
         target = rem.gpu_uuid or rem.evidence.get("bus_id")
         self.ledger.move(
             rem,

@@ -35,6 +35,7 @@ from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import record_actions
+from babysitter.controller.loop.admission import Admission
 from babysitter.controller.loop.alerts import Alert, AlertRouter
 from babysitter.controller.loop.alerts.router import sinks_from_config
 from babysitter.controller.loop.alerts.sender import AlertSender
@@ -114,6 +115,10 @@ class RemediationEngine:
             cfg, store, self.slurm, metrics, self.router, self.bounded, ITEM_TIMEOUT_S
         )
         self.snapshot = SlurmSnapshot(cfg, self.slurm)
+        # every automatic action is asked here right before it is carried out (admission.py)
+        self.admission = Admission(
+            cfg, store, self.slurm, self.snapshot, metrics, lambda: self.fabric.topology_known
+        )
         self.executor = ActionExecutor(
             store,
             self.slurm,
@@ -123,15 +128,20 @@ class RemediationEngine:
             self.bounded,
             self._isolated,
             ITEM_TIMEOUT_S,
+            self.admission,
         )
         self.gatherer = FactGatherer(
             cfg, store, self.settings, self.snapshot, self.router, self._isolated
         )
         self.outcome = OutcomeWriter(store, self.settings, self.snapshot)
         self.validator = Validator(cfg, store, self.slurm)
+        self.validator.admission = self.admission
         ctx = LoopContext(cfg, store, self.slurm, self.snapshot)
-        self.fabric = FabricStep(ctx, self.jobs, metrics, self.settings, self._isolated)
+        self.fabric = FabricStep(
+            ctx, self.jobs, metrics, self.settings, self._isolated, self.admission
+        )
         self.healer = Healer(ctx, self.validator, self.settings.dry_run)
+        self.healer.admission = self.admission
         am = cfg.alerts.alertmanager_url
         self.maintenance = Maintenance(
             store,
@@ -211,6 +221,8 @@ class RemediationEngine:
         quiet = self._isolated("maintenance", lambda: self._maintenance(now))
         self._quiet = self.maintenance.quiet_now(quiet)  # unreadable: the last known set
         self.healer.maintenance_known = self.maintenance.known  # the healer holds and says so
+        # windows that could not be read: no new automatic action anywhere (unknown, not none)
+        self.admission.quiet = quiet
         facts, cluster, result, noticed = self._decide(now)
         firing, clearing = self._straggler_alerts(noticed, now)
         self._act(result, cluster, now, firing, clearing, read)
@@ -234,9 +246,13 @@ class RemediationEngine:
             facts = slow[0]
         # switch incidents answer for their nodes' fabric findings; the caps gate new drains
         hooked = self._isolated("fabric", lambda: self.fabric.before_policy(facts, cluster, now))
-        admit = None
+        admit: Callable[[NodeFacts], bool] | None = None
         if hooked is not None:
             facts, cluster, admit = hooked
+        else:
+            # a failed correlation leaves the caps on: the gate alone, or no new drain at all
+            gate = self._isolated("caps", lambda: (self.fabric.caps_gate(),))
+            admit = gate[0] if gate is not None else (lambda n: False)
         result = decide(facts, cluster, self.settings, now, admit)
         if hooked is not None:
             self._isolated("fabric", lambda: self.fabric.true_verdicts(result))
@@ -303,6 +319,7 @@ class RemediationEngine:
             self._isolated("validation", lambda: self.validator.poll(now, firing, clearing))
         self.healer.quiet = self._quiet
         self._isolated("healer", lambda: self.healer.step(now, firing, clearing))
+        self._isolated("admission", lambda: self.admission.alerts(now, firing, clearing))
 
     def _publish(
         self,

@@ -29,6 +29,7 @@ from babysitter.config import Config
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
+from babysitter.controller.loop.admission import Act, Admission
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.policy import Rule
 from babysitter.finding import Severity
@@ -111,6 +112,8 @@ def read_verdict(path: Path) -> dict[str, Any] | None:
 
 
 class Validator:
+    admission: Admission | None = None  # asked before a validation job (set by the engine)
+
     def __init__(self, cfg: Config, store: Store, slurm: SlurmClient) -> None:
         self.cfg = cfg.validation
         self.enabled = cfg.validation.enabled(cfg.policy)
@@ -146,6 +149,8 @@ class Validator:
     ) -> str:
         """Start the validation job. `reserved_until`: when the node's reservation, made
         before (a reboot's), ends; else it is made now for the job's time limit + 5 min."""
+        if self.admission and (held := self.admission.one(Act.VALIDATE, node, now)):
+            return str(held)  # not started: asked again when the policy decides it next
         aid = self.store.record_action(
             KIND,
             node=node,

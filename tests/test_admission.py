@@ -1,0 +1,387 @@
+"""The admission step (controller/loop/admission.py): every automatic drain, reboot, reset, resume
+and validation is asked right before it is carried out, against the caps counting done AND
+pending work, the ownership of the node's current reason, and whether what it needs is known.
+Regression tests of issue 42, each through the real engine where the bug was seen."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import insert
+
+from babysitter.config import parse_config
+from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.db import models as m
+from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.admission import Act, Limits, Why, World, decide_admission
+from babysitter.controller.loop.blast import BlastSettings, Cap
+from babysitter.controller.loop.policy import MANUAL_MARK, Rule
+from babysitter.controller.loop.remediation import RemediationEngine, make_engine
+from babysitter.finding import Finding
+from babysitter.report import Report
+from babysitter.slurm import base
+from babysitter.slurm.base import OwnedClient
+from babysitter.slurm.client import SlurmNode, SlurmNotOwned
+from babysitter.slurm.topology import tree
+from tests.fixtures.invariants import InvariantSlurm
+
+
+def disk(node: str) -> Finding:
+    return Finding(
+        check="host.disk",
+        component="host",
+        severity="critical",
+        code="disk.readonly",
+        message=f"/ on {node} is read-only",
+        action="drain",
+    )
+
+
+def port_down() -> Finding:
+    return Finding(
+        check="ib.ports",
+        component="ib:mlx5_0/1",
+        severity="critical",
+        code="ib.port_down",
+        message="ib:mlx5_0/1 is DOWN (physical Disabled)",
+        action="drain",
+    )
+
+
+class Site:
+    """The real engine over the in-memory Slurm of the invariants, with a clock the test moves."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        partition_of: dict[str, str],
+        leaves: dict[str, list[str]] | None = None,
+        **sections: dict[str, Any],
+    ) -> None:
+        self.store = Store(f"sqlite:///{tmp_path / 'a.db'}")
+        self.store.upgrade()
+        self.names = sorted(partition_of)
+        self.slurm = InvariantSlurm(partition_of, leaves or {"leaf0": self.names})
+        cfg: dict[str, Any] = {
+            "policy": {"max_drained_fraction": 1.0, "max_drains_per_hour": 1000},
+            "controller": {"heartbeat_timeout_s": 10_000_000},
+            "slurm": {"node_refresh_s": 0},
+            "checks": {"sdc": {"enabled": False}},
+            "remediation": {"enabled": False},
+            "blast_radius": {"switch_fraction": 1.0, "partition_fraction": 1.0},
+            "validation": {"output_dir": str(tmp_path / "validation")},
+        }
+        for key, value in sections.items():
+            cfg[key] = {**cfg.get(key, {}), **value}
+        self.cfg = parse_config(cfg)
+        self.now = datetime.now(UTC)
+        self.report({n: () for n in self.names})
+        self.engine: RemediationEngine = make_engine(self.cfg, self.store, slurm=self.slurm)
+
+    def report(self, of: dict[str, tuple[Finding, ...]]) -> None:
+        if not of:
+            return
+        ReportWriter(self.store).write(
+            [
+                Report(node=n, report_id=str(uuid.uuid4()), sent_at=self.now, findings=list(f))
+                for n, f in of.items()
+            ]
+        )
+
+    def tick(self, seconds: float = 10.0) -> None:
+        self.now += timedelta(seconds=seconds)
+        self.engine.tick(self.now)
+
+    def drained(self) -> list[str]:
+        return sorted(n.name for n in self.slurm.nodes() if n.drained_or_draining)
+
+    def refusals(self, rule: Why) -> float:
+        return sum(
+            self.engine.metrics.registry.get_sample_value(
+                "babysitter_admission_refusals_total", {"rule": str(rule), "action": str(act)}
+            )
+            or 0.0
+            for act in Act
+        )
+
+    def close(self) -> None:
+        self.engine.close()
+        self.store.close()
+
+
+def test_forty_nodes_limit_four_two_faults_a_tick_through_a_slurmctld_outage_drain_four(
+    tmp_path,
+):
+    """Issue 42: with a limit of 4 of 40 (max_drained_fraction 0.1), faults arriving two a
+    tick while slurmctld is away for five minutes drained all 40 once it came back (the
+    caps counted only done drains; the pending ones ran later without a re-check). Now the
+    drains decided while it was away hold their place, and each is asked again right before
+    it runs: 4 drained, the guard tripped."""
+    names = {f"n{i:02d}": "gpu" for i in range(40)}
+    site = Site(tmp_path, names, policy={"max_drained_fraction": 0.1})
+    try:
+        site.tick()
+        site.slurm.unreachable = True
+        faulty = iter(site.names)
+        for _ in range(30):  # 5 minutes at 10 s a tick
+            nxt = [next(faulty, None), next(faulty, None)]
+            site.report({n: (disk(n),) for n in nxt if n is not None})
+            site.tick()
+        site.slurm.unreachable = False
+        for _ in range(5):
+            site.tick()
+        assert len(site.drained()) == 4
+        assert site.store.kv_get("guard_tripped") is True
+    finally:
+        site.close()
+
+
+def test_forty_nodes_limit_four_held_by_the_admission_step_alone(tmp_path, monkeypatch):
+    """The same with the decision-time guard blind to pending drains (as before): the
+    execution-time admission alone keeps it at 4, the rest held pending, not failed."""
+    import babysitter.controller.loop.facts as facts
+
+    monkeypatch.setattr(facts.FactGatherer, "_with_pending", lambda self, d, p: d)
+    names = {f"n{i:02d}": "gpu" for i in range(40)}
+    site = Site(tmp_path, names, policy={"max_drained_fraction": 0.1})
+    try:
+        site.tick()
+        site.slurm.unreachable = True
+        for k in range(0, 40, 2):
+            site.report({n: (disk(n),) for n in site.names[k : k + 2]})
+            site.tick()
+        site.slurm.unreachable = False
+        for _ in range(5):
+            site.tick(40)
+        assert len(site.drained()) == 4
+        held = [
+            a
+            for a in site.store.pending_actions()
+            if a.kind is ActionKind.DRAIN and (a.outcome or "").startswith("held:")
+        ]
+        assert all(a.status is ActionStatus.PENDING for a in held)
+    finally:
+        site.close()
+
+
+def test_a_switch_incident_drains_only_up_to_the_partition_cap(tmp_path):
+    """Issue 42: a switch incident drained every node of it, counted by no cap. A spine
+    incident over 6 of 8 nodes of one partition capped at half: 4 drained, the others held
+    (and said so: metric by rule, one admission_held alert)."""
+    names = {f"n{i}": "gpu" for i in range(1, 9)}
+    leaves = {"leaf1": ["n1", "n2", "n3", "n4"], "leaf2": ["n5", "n6", "n7", "n8"]}
+    site = Site(
+        tmp_path,
+        names,
+        leaves,
+        blast_radius={"partition_fraction": 0.5, "switch_fraction": 1.0},
+        fabric={"hold_s": 10},
+    )
+    try:
+        site.tick()
+        site.report({n: (port_down(),) for n in ["n1", "n2", "n3", "n5", "n6", "n7"]})
+        for _ in range(4):
+            site.tick(20)
+        drained = site.drained()
+        reasons = {site.slurm.node_state(n).reason for n in drained}
+        assert len(drained) == 4 and all(" switch " in r for r in reasons), reasons
+        assert site.refusals(Why.CAP_PARTITION) >= 1
+        assert "cluster|admission_held" in site.engine.router.firing_keys()
+    finally:
+        site.close()
+
+
+def test_an_exception_in_the_fabric_step_leaves_the_caps_on(tmp_path, monkeypatch):
+    """Issue 42: the fabric step raising turned every scoped cap off for that tick. A
+    partition capped at one node, two nodes failing in the tick the correlation raises: one
+    drained."""
+    import babysitter.controller.loop.fabric_loop as fabric_loop
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise RuntimeError("correlation bug")
+
+    monkeypatch.setattr(fabric_loop, "correlate", broken)
+    site = Site(
+        tmp_path, {f"n{i}": "gpu" for i in range(1, 5)}, blast_radius={"partition_count": 1}
+    )
+    try:
+        site.tick()
+        site.report({"n1": (disk("n1"),), "n2": (disk("n2"),)})
+        site.tick()
+        site.tick()
+        assert len(site.drained()) == 1
+    finally:
+        site.close()
+
+
+def test_the_drain_budget_counts_drains_behind_five_thousand_other_actions(tmp_path):
+    """Issue 42: the rate budget read only the newest 5,000 actions: 3 drains in the last
+    hour (budget 3) followed by 5,000 job requeues, and the next fault was drained. Now the
+    rolling hour is counted in the database."""
+    site = Site(tmp_path, {f"n{i}": "gpu" for i in range(1, 5)}, policy={"max_drains_per_hour": 3})
+    try:
+        site.tick()
+        rows: list[dict[str, Any]] = []
+        done = site.now - timedelta(minutes=10)
+        for n in ("n1", "n2", "n3"):
+            rows.append({"kind": "drain", "node": n, "requested_by": "policy"})
+        rows += [
+            {"kind": "requeue", "job_id": 1000 + i, "requested_by": "policy"} for i in range(5000)
+        ]
+        with site.store.engine.begin() as c:
+            c.execute(
+                insert(m.actions),
+                [
+                    {
+                        "node": None,
+                        "job_id": None,
+                        "reason": "earlier",
+                        "rule": "critical_finding",
+                        "status": "done",
+                        "outcome": "ok",
+                        "dry_run": False,
+                        "attempts": 1,
+                        "created_at": done,
+                        "done_at": done,
+                        **r,
+                    }
+                    for r in rows
+                ],
+            )
+        site.report({"n4": (disk("n4"),)})
+        site.tick()
+        site.tick()
+        assert site.drained() == []
+    finally:
+        site.close()
+
+
+def test_an_automatic_resume_never_takes_back_an_admins_manual_drain(tmp_path):
+    """Issue 42: babysitter's ownership treated `babysitter: [manual] …` (an admin's `babysitter
+    drain`) as its own. A resume the policy queued (Slurm away) finds the node drained by the
+    admin when it runs: held, the node stays drained; the admin's own resume still works."""
+    site = Site(tmp_path, {f"n{i}": "gpu" for i in range(1, 5)})
+    try:
+        site.tick()
+        site.slurm.admin_drain("n1", f"babysitter: {MANUAL_MARK} cable check")
+        aid = site.store.record_action(
+            ActionKind.RESUME, node="n1", reason="fault gone", rule=Rule.FAULT_CLEARED
+        )
+        site.tick()
+        site.tick(60)
+        assert site.slurm.node_state("n1").reason == f"babysitter: {MANUAL_MARK} cable check"
+        [a] = [a for a in site.store.actions() if a.id == aid]
+        assert a.status is ActionStatus.PENDING and "the admin's" in (a.outcome or "")
+        assert [c for c in site.slurm.changes if c.node == "n1"] == []
+        site.store.record_action(
+            ActionKind.RESUME, node="n1", rule=Rule.MANUAL, requested_by="admin"
+        )
+        site.tick(60)
+        assert not site.slurm.node_state("n1").drained_or_draining
+    finally:
+        site.close()
+
+
+def test_a_failed_maintenance_read_admits_no_new_drain(tmp_path):
+    """Unknown is not none: with the maintenance windows unreadable, the node's fault is held
+    (it may be in a window an admin is working in), not drained."""
+    site = Site(tmp_path, {f"n{i}": "gpu" for i in range(1, 5)})
+    try:
+        site.tick()
+
+        def fail(now: datetime) -> set[str]:
+            raise RuntimeError("database is locked")
+
+        site.engine._maintenance = fail  # type: ignore[method-assign]
+        site.report({"n1": (disk("n1"),)})
+        site.tick()
+        assert site.drained() == []
+        del site.engine._maintenance
+        site.tick(60)
+        assert site.drained() == ["n1"]
+    finally:
+        site.close()
+
+
+# ---- the pure core
+NODES = {
+    n: SlurmNode(n, "IDLE", partitions=("a" if n in ("n1", "n2") else "b",))
+    for n in ("n1", "n2", "n3", "n4")
+}
+TOPO = tree({"leaf1": ["n1", "n3"], "leaf2": ["n2", "n4"]})
+
+
+def world(**kw: Any) -> World:
+    return World(**{"nodes": NODES, "held": (), "topology": TOPO, **kw})
+
+
+def test_a_scope_whose_count_is_unknown_admits_nothing():
+    lim = Limits(BlastSettings(switch=Cap(count=1)))
+    for w, why in (
+        (world(nodes=None), "slurm snapshot stale"),
+        (world(topology=None), "topology unreadable"),
+        (world(drains_last_hour=None), "last hour unreadable"),
+        (world(quiet=None), "maintenance windows unreadable"),
+    ):
+        got = decide_admission(Act.DRAIN, ["n1"], w, lim)["n1"]
+        assert got is not None and got.why is Why.UNKNOWN and why in got.reason
+    assert decide_admission(Act.DRAIN, ["n1"], world(), lim)["n1"] is None
+
+
+def test_a_batch_cannot_squeeze_past_a_cap_and_pending_drains_count():
+    lim = Limits(BlastSettings(partition=Cap(count=1)))
+    got = decide_admission(Act.DRAIN, ["n1", "n2", "n3"], world(), lim)
+    assert [n for n, r in got.items() if r is None] == ["n1", "n3"]
+    assert got["n2"] is not None and got["n2"].reason == "cap partition a 1/1"
+    # n2 pending ahead (Slurm has not drained it yet): n1 is held
+    got = decide_admission(Act.DRAIN, ["n1"], world(held={"n2"}), lim)
+    assert got["n1"] is not None and got["n1"].why is Why.CAP_PARTITION
+
+
+def test_automatic_actions_on_an_admins_drain_are_refused_the_admins_own_are_not():
+    manual = {
+        **NODES,
+        "n1": SlurmNode("n1", "IDLE", frozenset({"DRAIN"}), "babysitter: [manual] x"),
+    }
+    for act in Act:
+        got = decide_admission(act, ["n1"], world(nodes=manual), Limits())["n1"]
+        assert got is not None and got.why is Why.OWNERSHIP and "admin" in got.reason
+    ours = {**NODES, "n1": SlurmNode("n1", "IDLE", frozenset({"DRAIN"}), "babysitter: xid 79")}
+    for act in (Act.REBOOT, Act.RESET_GPU, Act.RESUME, Act.VALIDATE):
+        assert decide_admission(act, ["n1"], world(nodes=ours), Limits())["n1"] is None
+
+
+class _Client(OwnedClient):
+    """OwnedClient over one node held in memory: what its ownership rules let through."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.node_ = SlurmNode("n1", "IDLE", frozenset({"DRAIN"}), reason)
+        self.done: list[str] = []
+
+    def nodes(self) -> list[SlurmNode]:
+        return [self.node_]
+
+    def _set_drain(self, node: str, reason: str) -> None:
+        self.done.append(f"drain {reason}")
+
+    def _set_resume(self, node: str) -> None:
+        self.done.append("resume")
+
+
+def test_the_slurm_client_keeps_an_admins_manual_drain_from_automation():
+    c = _Client(f"babysitter: {MANUAL_MARK} cable check")
+    assert isinstance(c.resume_many(["n1"])["n1"], SlurmNotOwned)
+    assert isinstance(c.drain_many(["n1"], "xid 79")["n1"], SlurmNotOwned)
+    with pytest.raises(SlurmNotOwned):
+        c.reboot("n1", "reboot: xid 79", "DOWN")
+    assert c.done == []
+    assert c.drain_many(["n1"], f"{MANUAL_MARK} still cabling")["n1"] is None  # the admin's
+    assert c.resume_many(["n1"], manual=True)["n1"] is None
+    assert c.done == [f"drain babysitter: {MANUAL_MARK} still cabling", "resume"]
+    assert base.MANUAL_MARK == MANUAL_MARK
