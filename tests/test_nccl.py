@@ -145,3 +145,14 @@ def test_the_jobs_on_the_node_come_from_its_slurmd(tmp_path):
     broken = fake_scontrol(tmp_path, 'echo "scontrol: error: Could not establish" >&2; exit 1')
     assert jobs_on_node("node3", broken) is None
     assert jobs_on_node("node3", str(tmp_path / "missing")) is None
+    # the agent's [slurm] bin_dir and slurm_conf reach it
+    conf = tmp_path / "slurm.conf"
+    fake_scontrol(tmp_path, f'echo "$SLURM_CONF" > {args}; cat <<EOF\n{LISTPIDS}EOF')
+    cfg = parse_config(
+        {
+            "checks": {"nccl": {"job_log_globs": [str(tmp_path / "slurm-*.out")]}},
+            "slurm": {"bin_dir": str(tmp_path), "slurm_conf": str(conf)},
+        }
+    )
+    assert NcclLogCheck(CheckContext(cfg, "node3")).local_jobs() == {"77", "78"}
+    assert args.read_text().strip() == str(conf)

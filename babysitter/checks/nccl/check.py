@@ -267,8 +267,11 @@ class NcclLogCheck(Check):
         self.scanner = JobLogScanner()
         # the ids of the jobs running on this node; None: unknown (tests and simulations
         # replace it)
+        sl = self.ctx.config.slurm
+        scontrol = str(sl.bin_dir / "scontrol") if sl.bin_dir else "scontrol"
+        conf = str(sl.slurm_conf) if sl.slurm_conf else None
         self.local_jobs: Callable[[], frozenset[str] | None] = lambda: jobs_on_node(
-            self.ctx.node_name
+            self.ctx.node_name, scontrol, conf
         )
 
     def supported(self) -> bool:

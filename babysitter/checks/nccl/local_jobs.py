@@ -34,10 +34,16 @@ def parse_listpids(text: str) -> frozenset[str] | None:
     return frozenset(out)
 
 
-def jobs_on_node(node: str, scontrol: str = "scontrol") -> frozenset[str] | None:
-    """Ids of the jobs with a step on `node` (run on that node); None when unknown."""
+def jobs_on_node(
+    node: str, scontrol: str = "scontrol", slurm_conf: str | None = None
+) -> frozenset[str] | None:
+    """Ids of the jobs with a step on `node` (run on that node); None when unknown.
+    `scontrol`, `slurm_conf`: as `[slurm] bin_dir` / `slurm_conf` say (default: PATH, Slurm's
+    own default)."""
+    import os
     import subprocess  # only when the check runs: `babysitter check` imports this module
 
+    env = None if slurm_conf is None else {**os.environ, "SLURM_CONF": slurm_conf}
     try:
         r = subprocess.run(
             [scontrol, "listpids", "*", node],
@@ -45,6 +51,7 @@ def jobs_on_node(node: str, scontrol: str = "scontrol") -> frozenset[str] | None
             text=True,
             timeout=TIMEOUT_S,
             check=False,
+            env=env,
         )
     except (OSError, subprocess.SubprocessError):
         return None
