@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 
 from babysitter.devcluster.receiver import Receiver
 from babysitter.devcluster.sim import SimCluster, sim_validation
-from tests.fixtures.slurm import node_state, slurm, wait_for
+from tests.fixtures.slurm import node_state, slurm, submit, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -202,6 +203,50 @@ def _lemon_alerts(receiver: Receiver) -> list[dict[str, Any]]:
         for b in receiver.bodies("/hook")
         if b.get("condition") == "lemon_node" and b["state"] == "firing"
     ]
+
+
+def test_babysitter_drain_during_a_reboot_episode_stops_it(healing: SimCluster):
+    """A job keeps node1 busy, so the reboot babysitter asked for after an XID 79 is pending
+    (`scontrol reboot ASAP`). The admin runs `babysitter drain node1`: the episode ends as taken
+    over, the pending reboot is cancelled in Slurm and, once the job is gone, nothing
+    automatic happens to node1: no reboot, no validation, its reason stays the admin's."""
+    sim = healing
+    assert sim.info is not None
+    wait_for(lambda: _healthy(sim), 60, "2 healthy nodes")
+    job = submit(sim.info, "-w", "node1")
+    wait_for(lambda: node_state(sim.info, "node1")[0] == "alloc", 30, "the job on node1")
+    sim.inject_xid("node1", 3, 79, via="kmsg")
+    wait_for(
+        lambda: [r["state"] for r in sim.api("/api/v1/ledger?node=node1")] == ["rebooting"],
+        60,
+        "the reboot asked of Slurm",
+    )
+    _cli(sim, "drain", "node1", "--reason", "swap the fan")
+    wait_for(
+        lambda: [r["state"] for r in sim.api("/api/v1/ledger?node=node1")] == ["taken_over"],
+        60,
+        "the episode taken over",
+    )
+    out = slurm(sim.info, "scontrol", "show", "node", "node1").stdout
+    assert "REBOOT_REQUESTED" not in out and "REBOOT" not in out.split("State=")[1].split()[0]
+    slurm(sim.info, "scancel", str(job))
+    wait_for(lambda: node_state(sim.info, "node1")[0] == "drain", 60, "node1 idle and drained")
+    # the agent reports on (the XID stays open: nothing is clean) for a while of its own time
+    seen = datetime.fromisoformat(sim.api("/api/v1/nodes/node1")["last_report_at"])
+    wait_for(
+        lambda: (
+            datetime.fromisoformat(sim.api("/api/v1/nodes/node1")["last_report_at"])
+            >= seen + timedelta(seconds=5)
+        ),
+        60,
+        "five more seconds of reports",
+    )
+    assert sim.reboots.get("node1", 0) == 0
+    assert node_state(sim.info, "node1") == ("drain", "babysitter: [manual] swap the fan")
+    assert not _validation_jobs(sim, "node1")
+    acts = [a for a in sim.api("/api/v1/actions") if a["node"] == "node1"]
+    assert sorted(a["status"] for a in acts if a["kind"] == "reboot") == ["done", "skipped"]
+    assert not [a for a in acts if a["kind"] in ("validate", "resume")]
 
 
 def test_failed_validation_after_reboot_keeps_node_drained(healing: SimCluster):
