@@ -64,6 +64,9 @@ def sim_for_users(base: Path, receiver: Receiver, nodes: int) -> SimCluster:
         n_nodes=nodes,
         webhook_url=receiver.url + "/hook",
         policy={"max_drained_fraction": 1.0},
+        extra_config={
+            "blast_radius": {f"{s}_fraction": 1.0 for s in ("switch", "partition", "cluster")}
+        },
     )
 
 
