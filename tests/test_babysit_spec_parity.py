@@ -138,7 +138,17 @@ def specs(draw: st.DrawFn) -> str:
     return text
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# bounded by examples, never by a clock (deadline=None); long paths are the point, not a
+# health problem
+@settings(
+    max_examples=600,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.large_base_example,
+    ],
+)
 @given(value=specs())
 def test_plugin_and_python_parse_every_spec_alike(plugin, value):
     assert plugin.parse(value) == python_parse(value), repr(value[:200])
