@@ -217,3 +217,26 @@ def test_only_a_tick_that_succeeded_feeds_the_watchdog(secrets, tmp_path):
         assert ctl.watchdog_ok(30)
     finally:
         ctl.close()
+
+
+def test_the_controller_takes_the_hard_descriptor_limit_and_keeps_its_cap_below_it():
+    """A service started without LimitNOFILE gets 1,024 soft: the controller raises it to the
+    hard limit, and its connection cap stays FD_RESERVE below whatever it got."""
+    code = (
+        "import resource\n"
+        "from babysitter.controller.api.connguard import FD_RESERVE, connection_cap, "
+        "raise_fd_limit\n"
+        "got = raise_fd_limit()\n"
+        "print(got, resource.getrlimit(resource.RLIMIT_NOFILE)[0], connection_cap(100000), "
+        "FD_RESERVE)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 2048)),
+    )
+    assert r.returncode == 0, r.stderr
+    got, soft, cap, reserve = map(int, r.stdout.split())
+    assert got == soft == 2048 and cap == 2048 - reserve
