@@ -28,6 +28,9 @@
  *                                    a type outside the mask is NOT_SUPPORTED, as on real boards
  *   event.<seq>=<gpu>,<data>[,<type>] an event (type default 0x8 XID critical, data = the XID);
  *                                    seen by event sets registered for that type before it
+ *   context_dir=<dir>                GPU contexts of real processes: a live process that holds
+ *                                    <dir>/nvidiaN open (as a CUDA context holds /dev/nvidiaN)
+ *                                    is a compute process of GPU N, listed after gpuN.procs
  *
  * Call counting: with $FAKE_NVML_CALLS set, the number of calls per NVML function is written
  * there (`<function> <count>` lines, atomically) at most once a second, at nvmlShutdown and at
@@ -46,6 +49,8 @@
 #include <poll.h>
 #include <sys/inotify.h>
 #include <libgen.h>
+#include <dirent.h>
+#include <limits.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -576,21 +581,60 @@ typedef struct {
     unsigned int gpuInstanceId, computeInstanceId;
 } fake_proc_info;
 _Static_assert(sizeof(fake_proc_info) == 24, "nvmlProcessInfo_v2_t is 24 bytes");
+/* Live processes holding <context_dir>/nvidia<gpu> open (at most `max` pids into `out`). */
+static unsigned int context_pids(int gpu, unsigned int *out, unsigned int max) {
+    char dir[VAL_LEN], want[PATH_MAX], path[PATH_MAX], target[PATH_MAX];
+    pthread_mutex_lock(&lock);
+    const char *d = get("context_dir");
+    snprintf(dir, sizeof dir, "%s", d ? d : "");
+    pthread_mutex_unlock(&lock);
+    if (!dir[0]) return 0;
+    snprintf(want, sizeof want, "%s/nvidia%d", dir, gpu);
+    unsigned int n = 0;
+    DIR *proc = opendir("/proc");
+    if (!proc) return 0;
+    struct dirent *p;
+    while ((p = readdir(proc)) && n < max) {
+        if (p->d_name[0] < '0' || p->d_name[0] > '9') continue;
+        snprintf(path, sizeof path, "/proc/%s/fd", p->d_name);
+        DIR *fds = opendir(path);
+        if (!fds) continue;  /* gone, or not ours to read */
+        struct dirent *f;
+        while ((f = readdir(fds))) {
+            if (f->d_name[0] == '.') continue;
+            snprintf(path, sizeof path, "/proc/%s/fd/%s", p->d_name, f->d_name);
+            ssize_t len = readlink(path, target, sizeof target - 1);
+            if (len <= 0) continue;
+            target[len] = 0;
+            if (strcmp(target, want) == 0) {
+                out[n++] = (unsigned int)atoi(p->d_name);
+                break;
+            }
+        }
+        closedir(fds);
+    }
+    closedir(proc);
+    return n;
+}
+
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *n, void *infos) {
     DEVICE_ENTER("nvmlDeviceGetComputeRunningProcesses_v3");
     unsigned int procs = (unsigned int)gnum(gpu, "procs", 0);
+    unsigned int holders[256];
+    unsigned int nholders = context_pids(gpu, holders, 256);
+    unsigned int total = procs + nholders;
     if (!n) return NVML_ERROR_INVALID_ARGUMENT;
-    if (*n < procs || (procs && !infos)) {  /* the two-call size protocol */
-        *n = procs;
-        return procs ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    if (*n < total || (total && !infos)) {  /* the two-call size protocol */
+        *n = total;
+        return total ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
     }
     fake_proc_info *out = infos;
-    for (unsigned int i = 0; i < procs; i++) {
-        out[i].pid = 4242 + i;
+    for (unsigned int i = 0; i < total; i++) {
+        out[i].pid = i < procs ? 4242 + i : holders[i - procs];
         out[i].usedGpuMemory = 1ULL << 30;
         out[i].gpuInstanceId = out[i].computeInstanceId = 0xFFFFFFFFu;
     }
-    *n = procs;
+    *n = total;
     return NVML_SUCCESS;
 }
 

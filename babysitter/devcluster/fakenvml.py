@@ -147,6 +147,18 @@ class FakeGpus:
         """What nvmlDeviceGetSupportedEventTypes says for this GPU (None: the default)."""
         return self.set(gpu, event_types=None if mask is None else hex(mask))
 
+    def contexts(self, directory: Path | None) -> FakeGpus:
+        """GPU contexts of real processes: from now on a live process that holds
+        `directory/nvidiaN` open (see `context_file`) is a compute process of GPU N, as a
+        process with a CUDA context is on a real node (it holds /dev/nvidiaN open)."""
+        if directory is not None and len(str(directory)) + 12 >= 128:  # the fake's VAL_LEN
+            raise ValueError(f"context directory path too long for the fake: {directory}")
+        return self.set(context_dir=directory)
+
+    def context_file(self, gpu: int) -> Path:
+        """The stand-in for /dev/nvidiaN that a process holds open while it has a context."""
+        return Path(self.fields["context_dir"]) / f"nvidia{gpu}"
+
     def write(self) -> FakeGpus:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         text = "".join(f"{k}={v}\n" for k, v in self.fields.items())

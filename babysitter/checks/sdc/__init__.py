@@ -2,8 +2,8 @@
 algorithm-based checksums (Huang & Abraham) and by bit-identical comparison across devices
 (or against a stored golden digest when there is only one).
 
-The runner (numpy) is imported on first use: an agent carries the SDC check from the start
-but runs it only when the controller orders a test."""
+The runner (numpy) is imported on first use, and never by the agent: its ordered tests run in
+a child process (child.py, worker.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,10 @@ a job of its own may do that: docs/checks.md, "Periodic SDC tests").
 A run leaves, besides the per-device verdicts the agent keeps reporting until the next run,
 one `info` finding sent once (the run's summary with GFLOP/s per device, so it lands in the
 node's history) and `metrics.sdc` (what the controller's schedule reads: which order ran, when,
-with which backend, and the result)."""
+with which backend, and the result).
+
+The matmul itself runs in a short-lived child process (child.py): the agent never loads torch
+or cupy and never holds a CUDA context."""
 
 from __future__ import annotations
 
@@ -46,28 +49,32 @@ class SdcCheck(Check):
             # the previous verdict stands: a skipped run must not clear a failed one
             code = "sdc.skipped_unknown" if occ.unknown else "sdc.skipped_busy"
             return self._skipped(order, started, code, why) + self.last_findings
-        from babysitter.checks.sdc.backends import BackendUnavailable
-        from babysitter.checks.sdc.runner import run_sdc
+        from babysitter.checks.sdc import child
 
         cfg = self.ctx.config.checks.sdc
-        state = Path(self.ctx.config.agent.spool_path).parent
+        req = child.ChildRequest(
+            cfg.backend,
+            cfg.size,
+            cfg.dtype,
+            cfg.seed,
+            inject=_inject(cfg.inject),
+            state_dir=str(Path(self.ctx.config.agent.spool_path).parent),
+            check_name=self.name,
+        )
         try:
-            res = run_sdc(
-                cfg.backend,
-                cfg.size,
-                cfg.dtype,
-                cfg.seed,
-                state_dir=state,
-                check_name=self.name,
-                inject=_inject(cfg.inject),
-            )
-        except BackendUnavailable as exc:
+            out = child.run_child(req, self.child_timeout(), cfg.max_rss_mb)
+        except child.ChildFailed as exc:
+            return self._no_verdict(order, started, exc)
+        res = out.reply
+        if not res.ok:
+            if res.error != "backend_unavailable":
+                return self._no_verdict(order, started, child.ChildFailed(res.message))
             # no backend that can use the GPUs: a run on the CPU would report them verified
             f = self.finding(
                 "host",
                 Severity.WARNING,
                 "sdc.backend_unavailable",
-                f"SDC test cannot run: {exc}",
+                f"SDC test cannot run: {res.message}",
                 Action.INSPECT,
             )
             # kept in every report (an open problem) rather than sent once
@@ -75,12 +82,13 @@ class SdcCheck(Check):
             self.last_findings = [f]
             return [f]
         finished = time.time()
-        unreadable = sum(f.code == "sdc.golden_unreadable" for f in res.findings)
+        findings = out.findings
+        unreadable = sum(f.code == "sdc.golden_unreadable" for f in findings)
         if unreadable:  # counted in the node's reports beside the warning finding
             self.golden_unreadable += unreadable
             self.metrics["sdc_golden_unreadable_total"] = self.golden_unreadable
         gflops = {r.label: round(r.gflops, 1) for r in res.devices}
-        failed = [f for f in res.findings if f.severity > Severity.OK]
+        failed = [f for f in findings if f.severity > Severity.OK]
         verdict = "FAILED on " + ", ".join(f.component for f in failed) if failed else "passed"
         summary = self.finding(
             "host",
@@ -98,6 +106,7 @@ class SdcCheck(Check):
             started_at=started,
             finished_at=finished,
             order=order,
+            child_peak_rss_mb=round(out.peak_rss_kb / 1024, 1),
         )
         self._summary(order, started, summary, ran=True, finished=finished, gflops=gflops)
         if res.devices:
@@ -108,8 +117,29 @@ class SdcCheck(Check):
                 "gflops": [round(d.gflops, 1) for d in res.devices],
                 "measured_at": finished,
             }
-        self.last_findings = res.findings
-        return res.findings
+        self.last_findings = findings
+        return findings
+
+    def child_timeout(self) -> float:
+        """The child is killed a little before the agent would call the whole check hung, so
+        the run ends with its own finding (and the controller's hold is released)."""
+        t = self.effective_timeout()
+        return max(1.0, t - min(10.0, 0.1 * t))
+
+    def _no_verdict(self, order: str | None, started: float, exc: Exception) -> list[Finding]:
+        """The test gave no verdict (its child crashed, was killed, or sent nonsense): never
+        a pass. The devices' previous verdicts stand beside it (a failed one is not cleared)."""
+        timed_out = getattr(exc, "timed_out", False)
+        f = self.finding(
+            "host",
+            Severity.CRITICAL if timed_out else Severity.WARNING,
+            "check.timeout" if timed_out else "check.error",  # finding.no_verdict codes
+            f"SDC test gave no verdict: {exc}"[:2000],
+            Action.INSPECT,
+            error=str(exc)[:500],
+        )
+        self._summary(order, started, f, ran=False, once=False)
+        return [f] + [x for x in self.last_findings if x.component != "host"]
 
     def _skipped(self, order: str | None, started: float, code: str, why: str) -> list[Finding]:
         f = self.finding("host", Severity.INFO, code, f"SDC test not run: {why}", order=order)

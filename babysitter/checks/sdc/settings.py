@@ -58,6 +58,14 @@ class SdcCheckConfig(CheckConfig):
             "long is released untested (and says why)",
         ),
     ] = 180.0
+    max_rss_mb: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="the test runs in a child process of the agent; it is killed (no "
+            "verdict) when its resident memory goes over this many MB",
+        ),
+    ] = 8192.0
     inject: Annotated[
         list[int] | None,
         Meta(
