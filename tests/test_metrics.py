@@ -179,3 +179,14 @@ def test_a_fresh_controller_publishes_every_known_counter_at_zero(secrets, tmp_p
         'babysitter_actions_total{kind="reboot",result="failed",rule="remediation"} 0.0',
     ):
         assert series in text, series
+
+
+def test_a_fresh_agent_publishes_its_tier_counters_at_zero():
+    from prometheus_client import generate_latest
+
+    from babysitter.agent.metrics import AgentMetrics
+
+    text = generate_latest(AgentMetrics("127.0.0.1:0").registry).decode()
+    for name in ("tier_cpu_seconds", "nvml_calls", "check_runs"):
+        for tier in ("fast", "slow"):
+            assert f'babysitter_agent_{name}_total{{tier="{tier}"}} 0.0' in text, (name, tier)

@@ -10,6 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from babysitter.finding import Finding
 
+TIERS = ("fast", "slow")  # the polling tiers (checks/base.py TierStats)
+
 
 class AgentMetrics:
     def __init__(self, listen: str) -> None:
@@ -58,6 +60,9 @@ class AgentMetrics:
         self.tier_runs = Counter(
             "babysitter_agent_check_runs", "Check runs, by polling tier.", ["tier"], registry=r
         )
+        for counter in (self.tier_cpu, self.tier_calls, self.tier_runs):
+            for tier in TIERS:
+                counter.labels(tier)  # at 0 from the start: increase() sees the first run
         self.process_cpu = Gauge(
             "babysitter_agent_process_cpu_seconds",
             "CPU seconds of the whole agent process (every thread).",
