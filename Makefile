@@ -36,7 +36,7 @@ DEB_SLURM_BUILD := make libmunge-dev libjson-c-dev libhttp-parser-dev libyaml-de
 TORCH_CPU ?= torch==2.13.0
 
 .PHONY: setup venv venv-demo slurm2511 test test-unit lint fmt demo bench reliability clean \
-	docker-engine docker-image docker-up docker-down
+	docker-engine docker-image docker-up docker-down gpu-check
 
 # Everything `make test` needs, installed up front (the test target builds the slow parts in
 # the background itself).
@@ -135,6 +135,20 @@ reliability: setup
 
 bench: setup
 	$(PY) -m bench.run
+
+# babysitter against a real NVIDIA GPU and driver (bench/gpu_check.py; README "Limits"). Without a
+# GPU it stops at once with one line, before any set-up (the preflight is standard library only).
+# On a GPU machine torch must be a CUDA build: the venv's CPU build is replaced by TORCH_GPU;
+# CUPY (e.g. cupy-cuda12x) adds the cupy backend.
+TORCH_GPU ?= torch
+CUPY ?=
+gpu-check:
+	@python3 bench/gpu_check.py --preflight
+	@$(MAKE) --no-print-directory venv
+	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null || \
+	  { $(PY) -m pip uninstall -q -y torch && $(PY) -m pip install -q '$(TORCH_GPU)'; }
+	@if [ -n '$(CUPY)' ]; then $(PY) -m pip install -q '$(CUPY)'; fi
+	$(PY) -m bench.gpu_check
 
 clean:
 	rm -rf .make build *.egg-info .pytest_cache .mypy_cache .ruff_cache
