@@ -264,6 +264,11 @@ def test_a_child_that_dies_or_talks_nonsense_is_no_verdict(tmp_path, body, why):
     assert why in str(exc.value)
 
 
+def test_a_child_that_cannot_start_is_no_verdict(tmp_path):
+    with pytest.raises(child.ChildFailed, match="cannot start the SDC test child"):
+        child.run_child(REQ, timeout_s=60, max_rss_mb=1000, python=str(tmp_path / "missing"))
+
+
 def test_the_check_reports_a_dead_child_as_no_verdict(gpus, fakenvml_lib, tmp_path):
     """`babysitter check --only sdc.matmul` with a child that is killed: exit 3 (unknown),
     a check.error finding, never sdc.passed."""

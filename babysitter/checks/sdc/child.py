@@ -171,15 +171,18 @@ def run_child(
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         # files, not pipes: nothing to drain while waiting, and the child's output does not
         # grow the agent's memory
-        proc = subprocess.Popen(
-            [python or sys.executable, "-m", WORKER],
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=err,
-            env=env,
-            start_new_session=True,  # its own process group: killed as a whole
-            close_fds=True,
-        )
+        try:
+            proc = subprocess.Popen(
+                [python or sys.executable, "-m", WORKER],
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                env=env,
+                start_new_session=True,  # its own process group: killed as a whole
+                close_fds=True,
+            )
+        except OSError as exc:  # no interpreter, no memory or pids left for a process
+            raise ChildFailed(f"cannot start the SDC test child: {exc}") from None
         try:
             assert proc.stdin is not None
             try:

@@ -79,8 +79,8 @@ def digest(c: np.ndarray) -> str:
 
 # --- ABFT reference cache -------------------------------------------------------------------
 # The reference depends only on the inputs, i.e. on (seed, size, dtype) and numpy's RNG stream,
-# so it is computed once and kept in memory (the agent reruns the same test) and on disk beside
-# the golden digests (survives agent restarts).
+# so it is computed once and kept in memory (for a process that reruns the test) and on disk
+# beside the golden digests (what the agent's test, a fresh child process each time, reads).
 
 _REF_FIELDS = ("col_ref", "col_tol", "row_ref", "row_tol")
 _REF_MEM_MAX = 4
