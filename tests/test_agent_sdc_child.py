@@ -218,6 +218,8 @@ def standin_python(tmp_path: Path, body: str) -> str:
     p = tmp_path / "python"
     p.write_text("#!/bin/sh\n" + body + "\n")
     p.chmod(0o755)
+    # a typo in a test's script must fail here, not read as the child failing
+    subprocess.run(["sh", "-n", str(p)], check=True)
     return str(p)
 
 
