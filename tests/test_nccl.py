@@ -112,6 +112,27 @@ def test_an_unknown_job_list_reads_no_log_at_all(tmp_path):
     assert chk.run() == []
 
 
+def test_a_job_that_just_ended_still_has_its_last_lines_read(tmp_path):
+    # NCCL prints its failure right before the job dies: by the next scan the job has left
+    # listpids, yet the line is this node's job's (issue 42 follow-up)
+    from babysitter.checks.nccl.local_jobs import RecentJobs
+
+    chk = shared_glob(tmp_path, {12: "step 1\n"})
+    now = [0.0]
+    chk.recent = RecentJobs(grace_s=600.0, clock=lambda: now[0])
+    chk.local_jobs = lambda: frozenset({"12"})
+    assert chk.run() == []
+    with (tmp_path / "slurm-12.out").open("a") as f:
+        f.write(RETRY)
+    chk.local_jobs = lambda: frozenset()  # the job ended
+    now[0] += 30.0
+    assert [(f.component, f.code) for f in chk.run()] == [("job:12", "nccl.transport_error")]
+    with (tmp_path / "slurm-12.out").open("a") as f:
+        f.write("NCCL WARN NET/IB : Got completion with error 12, opcode 0\n" + RETRY)
+    now[0] += 601.0  # long gone: no longer this node's
+    assert chk.run() == []
+
+
 def fake_scontrol(tmp_path: Path, body: str) -> str:
     exe = tmp_path / "scontrol"
     exe.write_text(f"#!/bin/sh\n{body}\n")
@@ -142,6 +163,19 @@ def test_the_jobs_on_the_node_come_from_its_slurmd(tmp_path):
         'echo "No job steps exist on this node." >&2; exit 1',
     )
     assert jobs_on_node("node3", none) == frozenset()
+    # a step that ended between the listing and the question (or a stale socket): the other
+    # steps' rows are still this node's jobs, not an unknown answer
+    partial = fake_scontrol(
+        tmp_path,
+        f'cat <<EOF\n{LISTPIDS}EOF\necho "Unable to connect to slurmstepd" >&2; exit 1',
+    )
+    assert jobs_on_node("node3", partial) == {"77", "78"}
+    header_only = fake_scontrol(
+        tmp_path,
+        'echo "PID      JOBID    STEPID LOCALID GLOBALID"; '
+        'echo "Unable to connect to slurmstepd" >&2; exit 1',
+    )
+    assert jobs_on_node("node3", header_only) is None
     broken = fake_scontrol(tmp_path, 'echo "scontrol: error: Could not establish" >&2; exit 1')
     assert jobs_on_node("node3", broken) is None
     assert jobs_on_node("node3", str(tmp_path / "missing")) is None

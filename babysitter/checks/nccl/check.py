@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from babysitter.checks.base import Check
-from babysitter.checks.nccl.local_jobs import jobs_on_node
+from babysitter.checks.nccl.local_jobs import RecentJobs, jobs_on_node
 from babysitter.checks.nccl.settings import NcclCheckConfig
 from babysitter.finding import Action, Finding, Severity
 
@@ -265,6 +265,7 @@ class NcclLogCheck(Check):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.scanner = JobLogScanner()
+        self.recent = RecentJobs()  # a job that just ended: its last lines are still read
         # the ids of the jobs running on this node; None: unknown (tests and simulations
         # replace it)
         sl = self.ctx.config.slurm
@@ -290,6 +291,7 @@ class NcclLogCheck(Check):
                     "(scontrol listpids failed)",
                 )
             ]
+        mine = self.recent.update(mine)
         out: list[Finding] = []
         if not mine:
             return out

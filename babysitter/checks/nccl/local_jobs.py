@@ -8,11 +8,16 @@ cluster), and prints one row per process: `PID JOBID STEPID LOCALID GLOBALID`.
 
 Unknown (scontrol missing, failing, timing out, output unreadable) is None, and the caller
 reads nothing: never everything.
+
+A job that ended since the last look is still this node's for `RecentJobs.grace_s`: NCCL prints
+its failure right before the job dies, so its last lines are read after it left listpids.
 """
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 
 # scontrol exits 1 with this when the node has no job step at all: a known, empty answer
 NO_STEPS = "No job steps exist on this node"
@@ -56,5 +61,27 @@ def jobs_on_node(
     except (OSError, subprocess.SubprocessError):
         return None
     if r.returncode != 0:
-        return frozenset() if NO_STEPS in r.stderr else None
+        if NO_STEPS in r.stderr:
+            return frozenset()
+        # one step it could not ask (it ended meanwhile, a stale socket in the spool): the
+        # rows it printed are still this node's jobs; with none, the answer is unknown
+        return parse_listpids(r.stdout) or None
     return parse_listpids(r.stdout)
+
+
+class RecentJobs:
+    """The jobs listpids showed on this node within `grace_s` (bounded: older ones are
+    forgotten)."""
+
+    def __init__(self, grace_s: float = 600.0, clock: Callable[[], float] = time.monotonic):
+        self.grace_s = grace_s
+        self.clock = clock
+        self._seen: dict[str, float] = {}
+
+    def update(self, running: frozenset[str]) -> frozenset[str]:
+        """`running` now, and the jobs that ran here within grace_s."""
+        t = self.clock()
+        for j in running:
+            self._seen[j] = t
+        self._seen = {j: at for j, at in self._seen.items() if t - at <= self.grace_s}
+        return frozenset(self._seen)
