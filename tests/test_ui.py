@@ -225,3 +225,13 @@ def test_wrong_tokens_wait_longer_and_longer():
     assert wait == 900.0  # bounded
     t.succeeded("10.0.0.9")
     assert t.wait_s("10.0.0.9") == 0.0
+
+
+def test_a_script_hammering_the_login_form_stays_locked_out():
+    # every try during the wait counts: past ~1,030 of them 2**n was no float (OverflowError,
+    # a 500 that dropped the address's count and gave the script its free tries back)
+    now = [1000.0]
+    t = LoginThrottle(free=5, clock=lambda: now[0])
+    for _ in range(5000):
+        t.failed("10.0.0.9")
+    assert t.wait_s("10.0.0.9") == 900.0

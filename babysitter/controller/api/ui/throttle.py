@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 FIRST_WAIT_S = 1.0
 MAX_WAIT_S = 900.0
+MAX_DOUBLINGS = 32  # far past MAX_WAIT_S already
 MAX_CLIENTS = 10_000
 
 
@@ -41,7 +42,10 @@ class LoginThrottle:
         f = self._clients.pop(client, None) or _Failures()
         f.count += 1
         if f.count >= self.free:
-            f.until = self.clock() + min(MAX_WAIT_S, FIRST_WAIT_S * 2 ** (f.count - self.free))
+            # the exponent bounded: 2**1024 is no float (OverflowError: a 500 that lost the
+            # address's count, so a script hammering the form got its free tries back)
+            doublings = min(f.count - self.free, MAX_DOUBLINGS)
+            f.until = self.clock() + min(MAX_WAIT_S, FIRST_WAIT_S * 2**doublings)
         self._clients[client] = f  # the newest at the end
         while len(self._clients) > MAX_CLIENTS:
             self._clients.popitem(last=False)
