@@ -33,12 +33,12 @@ from enum import StrEnum
 from prometheus_client import Counter
 
 from babysitter.config import Config
-from babysitter.controller.db.actions import ActionKind
+from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import drains_since
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.blast import BlastSettings
-from babysitter.controller.loop.ledger import Ledger, Phase
+from babysitter.controller.loop.ledger import ACTIVE, Ledger, Phase
 from babysitter.controller.loop.metrics import ControllerMetrics
 from babysitter.controller.loop.ownership import automatic_reason
 from babysitter.controller.loop.policy import HEALTHCHECK_MARK, MANUAL_MARK
@@ -341,10 +341,11 @@ class Admission:
         held: set[str] = set()
         switch_held: set[str] = set()
         if nodes is not None:
+            # down with our reason counts too: back from a reboot, not yet returned
             held = {
                 n
                 for n, sn in nodes.items()
-                if sn.drained_or_draining and sn.reason.startswith(self.prefix)
+                if (sn.drained_or_draining or sn.down) and sn.reason.startswith(self.prefix)
             }
             switch_held = {
                 n for n in held if SWITCH_REASON.match(nodes[n].reason[len(self.prefix) :].strip())
@@ -358,7 +359,17 @@ class Admission:
         except Exception:
             log.exception("cannot count the drains of the last hour")
             rate = None
-        rebooting = {r.node for r in Ledger(self.store).open_rows() if r.state is Phase.REBOOTING}
+        episodes = Ledger(self.store).open_rows()
+        rebooting = {r.node for r in episodes if r.state is Phase.REBOOTING}
+        # a node in a remediation episode or a validation job is babysitter's even while Slurm
+        # shows it back (inside its reservation, or down after the reboot): a failed verdict
+        # drains it again, so it keeps its place in every cap
+        held |= {r.node for r in episodes if r.state in ACTIVE}
+        held |= {
+            a.node
+            for a in self.store.actions(status=ActionStatus.RUNNING)
+            if a.kind is ActionKind.VALIDATE and a.node
+        }
         return World(
             nodes=nodes,
             held=held,
