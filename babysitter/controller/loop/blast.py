@@ -3,9 +3,12 @@ leaf switch, per partition and cluster-wide, each a fraction of the scope and an
 (the limit is the smaller, never below 1 so a scope's first fault is always drained).
 
 A tripped cap stops new node drains in its scope only: a partition over its cap keeps its
-remaining nodes in service while other partitions still drain theirs, and resumes and switch
-incidents (controller/loop/fabric.py) never pass through here. The cluster-wide breaker of
-policy.py (rate budget, [policy] max_drained_fraction) stays behind these as the last resort.
+remaining nodes in service while other partitions still drain theirs; resumes never pass
+through here. This gate is the decision-time filter of the node policy; the same caps are
+enforced right before every drain by the admission step (controller/loop/admission.py), which
+also holds a switch incident's drains at its partition's and the cluster's caps. The
+cluster-wide breaker of policy.py (rate budget, [policy] max_drained_fraction) stays behind
+these as the last resort.
 
 The gate is asked once per wanted drain, in the policy's order (most severe first); it counts
 what it admits, so two faults in one tick cannot both squeeze under a cap of one."""
@@ -73,8 +76,8 @@ class BlastSettings:
 
 @dataclass(frozen=True)
 class ScopeCounts:
-    """Sizes and babysitter-drained counts per scope (switch drains not included: a switch
-    incident is one fault, not one per node)."""
+    """Sizes and babysitter-drained counts per scope: drains done and pending, a switch
+    incident's included (its nodes are out of service like any other)."""
 
     sizes: Mapping[tuple[Scope, str], int]
     drained: Mapping[tuple[Scope, str], int]
