@@ -9,6 +9,7 @@ from pathlib import Path
 
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.loop.ledger import Phase
+from babysitter.slurm.client import SlurmNode, SlurmUnavailable
 from tests.fixtures.healing import Cluster, sdc_mismatch, xid48, xid79
 
 
@@ -133,4 +134,38 @@ def test_a_late_verdict_finds_the_node_drained_not_back_in_service(tmp_path: Pat
     c.tick()
     assert c.ledger("node1")[0].state is Phase.PASSED
     assert not c.slurm.node("node1").drained_or_draining  # validated, then back
+    c.close()
+
+
+def test_a_lemon_stays_paged_while_the_maintenance_windows_cannot_be_read(tmp_path: Path):
+    """A tick that holds (windows unreadable, Slurm away) asserts nothing new, yet the lemon is
+    still a lemon: its page must not resolve and fire again with every held tick."""
+    c = Cluster(tmp_path)
+    c.tick()
+    for _ in range(3):
+        c.report("node1", sdc_mismatch())
+        c.tick()
+        c.report("node1")
+        c.tick()
+        c.tick()
+    assert "node1|lemon_node" in c.engine.router.firing_keys()
+
+    def unreadable(at=None):
+        raise RuntimeError("database is locked")
+
+    real = c.engine.maintenance.expire
+    c.engine.maintenance.expire = unreadable  # type: ignore[method-assign]
+    c.tick()
+    c.tick()
+    assert "cluster|maintenance_unknown" in c.engine.router.firing_keys()
+    assert "node1|lemon_node" in c.engine.router.firing_keys()
+    c.engine.maintenance.expire = real  # type: ignore[method-assign]
+
+    def away() -> list[SlurmNode]:
+        raise SlurmUnavailable("slurmctld not responding")
+
+    c.slurm.nodes = away  # type: ignore[method-assign]
+    c.tick(120)
+    assert not c.engine.snapshot.ok
+    assert "node1|lemon_node" in c.engine.router.firing_keys()
     c.close()

@@ -173,9 +173,11 @@ class Healer:
     ) -> None:
         if not self.maintenance_known:
             firing.append(maintenance_unknown(now))
+            self._lemon_alerts(now, firing)
             return  # a window may have opened on any node since the last read: no step
         clearing.append((None, MAINTENANCE_UNKNOWN))
         if not self.enabled or not self.snapshot.ok:
+            self._lemon_alerts(now, firing)
             return
         self.open = self._open_by_node()
         unsure: set[str] = set()  # nodes whose owner cannot be read this tick: no step
@@ -216,6 +218,11 @@ class Healer:
         )
         for rem in waiting:
             self._issue(rem, now, firing)
+        self._lemon_alerts(now, firing)
+
+    def _lemon_alerts(self, now: datetime, firing: list[Alert]) -> None:
+        """Asserted every tick, a held one too: an alert not asserted is resolved (the
+        engine's per-tick conditions), and a lemon is still a lemon while the loop holds."""
         for rem in self.open.values():
             if rem.state is Phase.LEMON:
                 firing.append(self._lemon_alert(rem, now))
