@@ -33,6 +33,10 @@ def sim(tmp_path: Path, alertmanager: str) -> Iterator[SimCluster]:
         n_nodes=3,
         alertmanager_url=alertmanager,
         policy={"max_drained_fraction": 0.75},
+        # and above the default scoped caps (half of the cluster: 1 of 3)
+        extra_config={
+            "blast_radius": {f"{s}_fraction": 1.0 for s in ("switch", "partition", "cluster")}
+        },
     )
     s.up()
     try:
