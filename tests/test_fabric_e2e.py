@@ -116,7 +116,12 @@ def engine(
             "slurm": {"slurm_conf": info.slurm_conf},
             "alerts": {"webhook_url": receiver.url + "/hook"},
             "fabric": {"hold_s": 30, **sections.get("fabric", {})},
-            **{k: v for k, v in sections.items() if k != "fabric"},
+            # uncapped unless a test caps a scope: a whole leaf here is a whole partition
+            "blast_radius": {
+                **dict.fromkeys(("switch_fraction", "partition_fraction", "cluster_fraction")),
+                **sections.get("blast_radius", {}),
+            },
+            **{k: v for k, v in sections.items() if k not in ("fabric", "blast_radius")},
         }
     )
     return make_engine(cfg, store, slurm=CliSlurmClient(slurm_conf=Path(info.slurm_conf)))

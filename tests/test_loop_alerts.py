@@ -96,6 +96,10 @@ def test_a_webhook_that_never_answers_does_not_hold_up_drains(clean_cluster, sto
     cfg = parse_config(
         {
             "policy": {"max_drained_fraction": 1.0},
+            # three of the four nodes drain: no scope capped at its default half
+            "blast_radius": dict.fromkeys(
+                ("switch_fraction", "partition_fraction", "cluster_fraction"), 1.0
+            ),
             "slurm": {"slurm_conf": clean_cluster.slurm_conf},
             "alerts": {
                 "webhook_url": f"http://127.0.0.1:{hole.getsockname()[1]}/hook",

@@ -142,7 +142,14 @@ def test_slurmctld_down_during_a_fault_storm(clean_cluster, devcluster_obj, tmp_
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     cfg = parse_config(
-        {"policy": {"max_drained_fraction": 1.0}, "slurm": {"slurm_conf": clean_cluster.slurm_conf}}
+        {
+            "policy": {"max_drained_fraction": 1.0},
+            # three of the four nodes drain: no scope capped at its default half
+            "blast_radius": dict.fromkeys(
+                ("switch_fraction", "partition_fraction", "cluster_fraction"), 1.0
+            ),
+            "slurm": {"slurm_conf": clean_cluster.slurm_conf},
+        }
     )
     client = CliSlurmClient(slurm_conf=Path(clean_cluster.slurm_conf))
     engine = make_engine(cfg, store, slurm=client)

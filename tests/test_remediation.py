@@ -61,6 +61,11 @@ def engine(store: Store, info, receiver=None, **policy) -> RemediationEngine:
     cfg = parse_config(
         {
             "policy": {"max_drained_fraction": 0.5, "resume_after_clean_checks": 2, **policy},
+            # the breaker alone: [blast_radius] caps (tests/test_blast.py, test_admission.py)
+            # at half would hold the third drain before the breaker could trip
+            "blast_radius": dict.fromkeys(
+                ("switch_fraction", "partition_fraction", "cluster_fraction")
+            ),
             "slurm": {"slurm_conf": info.slurm_conf},
             "alerts": alerts,
         }
