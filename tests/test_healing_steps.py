@@ -169,3 +169,34 @@ def test_a_lemon_stays_paged_while_the_maintenance_windows_cannot_be_read(tmp_pa
     assert not c.engine.snapshot.ok
     assert "node1|lemon_node" in c.engine.router.firing_keys()
     c.close()
+
+
+def test_a_lemon_counts_drains_behind_thousands_of_other_actions(tmp_path: Path):
+    """Two SDC-mismatch drains of node1, then 6,000 other actions (a busy fleet's requeues),
+    then the third drain: still a lemon. The policy's drain count read the newest 5,000
+    actions only, so older drains of the window read as none and the node cycled on."""
+    from babysitter.controller.db import models as m
+    from babysitter.controller.db.actions import Action
+
+    c = Cluster(tmp_path)
+    c.tick()
+    for _ in range(2):
+        c.report("node1", sdc_mismatch())
+        c.tick()
+        c.report("node1")
+        c.tick()
+        c.tick()
+    assert _drains(c, "node1") == 2 and not c.slurm.node("node1").drained_or_draining
+    busy = Action(
+        ActionKind.REQUEUE, reason="node failure elsewhere", status=ActionStatus.DONE
+    ).created(c.now)
+    with c.store.engine.begin() as conn:
+        conn.execute(m.actions.insert(), [busy.columns() for _ in range(6000)])
+    c.report("node1", sdc_mismatch())
+    c.tick()
+    c.report("node1")
+    c.tick()
+    c.tick()
+    n1 = c.slurm.node("node1")
+    assert n1.drained_or_draining and n1.reason.startswith("babysitter: lemon: 3 drains in 7 days")
+    c.close()

@@ -133,6 +133,28 @@ def drains_since(store: Store, since: datetime) -> int:
         return int(c.execute(q).scalar_one())
 
 
+def policy_drain_times(store: Store, since: datetime) -> dict[str, list[datetime]]:
+    """Per node, when each drain the policy decided and Slurm carried out since `since` was done
+    (the lemon count, `Action.is_policy_drain_done`), counted in the database: a listing of the
+    newest actions would miss drains behind thousands of other actions."""
+    a = m.actions.c
+    when = func.coalesce(a.done_at, a.created_at)
+    q = select(a.node, when).where(
+        a.kind == "drain",
+        a.status == str(ActionStatus.DONE),
+        a.requested_by == "policy",
+        a.node.is_not(None),
+        when >= since,
+    )
+    out: dict[str, list[datetime]] = {}
+    with store.engine.connect() as c:
+        for node, at in c.execute(q):
+            t = aware(at)
+            if t is not None:
+                out.setdefault(node, []).append(t)
+    return out
+
+
 def record_actions(store: Store, actions: list[Action], at: datetime) -> list[Action]:
     """Insert pending actions in one transaction; returns them recorded (with their ids), in
     order."""

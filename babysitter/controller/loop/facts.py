@@ -14,7 +14,13 @@ from typing import Any
 from babysitter.config import Config
 from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.db.store import Store
-from babysitter.controller.db.tickstore import drains_since, perf_metrics, policy_rows, xid_history
+from babysitter.controller.db.tickstore import (
+    drains_since,
+    perf_metrics,
+    policy_drain_times,
+    policy_rows,
+    xid_history,
+)
 from babysitter.controller.loop.alerts import AlertRouter
 from babysitter.controller.loop.guard import GUARD_KEY
 from babysitter.controller.loop.policy import (
@@ -85,12 +91,8 @@ class FactGatherer:
         pending_drains = {
             a.node for a in self.store.pending_actions() if a.kind is ActionKind.DRAIN and a.node
         }
-        drains_by_node: dict[str, list[datetime]] = {}
-        for a in actions:
-            if a.is_policy_drain_done and a.node:
-                when = a.done_at or a.created_at
-                assert when is not None
-                drains_by_node.setdefault(a.node, []).append(when)
+        # the lemon count's drains, counted in the database like the rolling hour's below
+        drains_by_node = policy_drain_times(self.store, now - self.settings.lemon_window)
         # the drain budget's rolling hour, counted in the database (a listing of the newest
         # actions would miss drains behind thousands of other actions)
         drains_last_hour = drains_since(self.store, now - timedelta(hours=1))
