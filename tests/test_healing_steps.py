@@ -200,3 +200,35 @@ def test_a_lemon_counts_drains_behind_thousands_of_other_actions(tmp_path: Path)
     n1 = c.slurm.node("node1")
     assert n1.drained_or_draining and n1.reason.startswith("babysitter: lemon: 3 drains in 7 days")
     c.close()
+
+
+def test_a_validation_behind_hundreds_of_actions_still_ends_its_episode(tmp_path: Path):
+    """While node1's validation job runs, a busy fleet records 600 other actions. Its verdict
+    must still end the episode: the healer looked for the validation among the newest 500
+    actions only, so the episode stayed `validating` for good, and an open episode holds back
+    every later drain of the node (the policy's drain is not taken while a validation runs)."""
+    from babysitter.controller.db import models as m
+    from babysitter.controller.db.actions import Action
+
+    c = Cluster(tmp_path)
+    c.tick()
+    c.report("node1", xid79())
+    for _ in range(3):
+        c.tick()
+    c.power_cycle("node1")
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.VALIDATING
+    busy = Action(
+        ActionKind.REQUEUE, reason="node failure elsewhere", status=ActionStatus.DONE
+    ).created(c.now)
+    with c.store.engine.begin() as conn:
+        conn.execute(m.actions.insert(), [busy.columns() for _ in range(600)])
+    c.slurm.verdict("node1")
+    c.tick()
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.PASSED
+    c.report("node1", xid48())  # a new fault later: drained again
+    c.tick()
+    c.tick()
+    assert c.slurm.node("node1").drained_or_draining
+    c.close()

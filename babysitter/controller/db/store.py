@@ -360,6 +360,13 @@ class Store:
         with self.engine.connect() as c:
             return [stored_action_row(r._mapping) for r in c.execute(q)]
 
+    def action(self, action_id: int) -> Recorded | None:
+        """One action by its id, however many came after it."""
+        q = select(m.actions).where(m.actions.c.id == action_id)
+        with self.engine.connect() as c:
+            row = c.execute(q).first()
+        return stored_action_row(row._mapping) if row is not None else None
+
     def pending_actions(self) -> list[Recorded]:
         return sorted(self.actions(status=ActionStatus.PENDING), key=lambda a: a.id)
 

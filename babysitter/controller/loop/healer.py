@@ -672,7 +672,8 @@ class Healer:
         clearing: list[tuple[str | None, str]],
     ) -> None:
         aid = rem.evidence.get("validation_action")
-        action = next((a for a in self.store.actions(limit=500) if a.id == aid), None)
+        # by its id: a busy fleet may record hundreds of actions while one validation runs
+        action = self.store.action(int(aid)) if aid is not None else None
         if action is None or action.status is ActionStatus.RUNNING:
             return
         if action.status is ActionStatus.DONE:
