@@ -83,6 +83,28 @@ def test_nvml_driver_not_loaded_fails_validation_never_runs_on_the_cpu(
         assert any("NVML" in f and "Driver Not Loaded" in f for f in verdict["failures"]), verdict
 
 
+def test_nvml_driver_not_loaded_fails_even_with_gpus_0_and_numpy(
+    gpus: FakeGpus, fakenvml_lib: Path, tmp_path: Path
+):
+    """`--gpus 0` (an old controller's "no GPU gres", or an admin's) with NVML's library
+    installed but not starting: the node has GPUs nobody can see. It passed on the CPU with
+    backend numpy; only a node with no NVML library at all may be validated on the CPU."""
+    gpus.set(init_error=9).write()  # NVML_ERROR_DRIVER_NOT_LOADED
+    env = babysitter_env(
+        gpus,
+        fakenvml_lib,
+        tmp_path,
+        agent__spool_path=str(tmp_path / "s.db"),
+        checks__sdc__size="64",
+        checks__sdc__backend="numpy",
+    )
+    r = _validate(env, "--json", "--gpus", "0")
+    assert r.returncode == 1, r.stdout + r.stderr
+    verdict = json.loads(r.stdout)
+    assert verdict["ok"] is False and verdict["library"] is None, verdict
+    assert any("NVML" in f and "Driver Not Loaded" in f for f in verdict["failures"]), verdict
+
+
 def test_nvml_error_during_the_watch_fails_with_the_error_named(
     gpus: FakeGpus, fakenvml_lib: Path, tmp_path: Path
 ):

@@ -5,8 +5,8 @@ controller as a Slurm job inside a maintenance reservation, or by an admin by ha
    node should have (`--gpus`, which the controller's job sets from the node's Slurm gres; else
    the hardware profile; else what NVML lists) must be tested: NVML failing to start (driver
    not loaded after a reboot), fewer GPUs than expected, or a backend that tested fewer GPUs
-   (numpy, torch on the CPU) fails. Only a node with no GPUs (`--gpus 0`, or no NVML library
-   and nothing saying it has GPUs) passes on the CPU.
+   (numpy, torch on the CPU) fails. Only a node with no GPUs (`--gpus 0` with a working NVML,
+   or no NVML library and nothing saying it has GPUs) passes on the CPU.
 2. A sustained matmul for `validation.stress_s`, watching NVML while it runs: a double-bit ECC
    error or a hardware slowdown / thermal / power-brake throttle during the stress fails, and
    so does an NVML error reading them (the watch stopped; named in the failures).
@@ -114,15 +114,17 @@ def expected_gpus(given: int | None, profile: int | None) -> int | None:
 
 
 def gpu_failures(nv: _Nvml, expected: int | None) -> tuple[int | None, list[str]]:
-    """(GPUs to test, failures before any test): NVML must start and list them all, unless the
-    node is configured with none (or has no NVML library and nothing says it has GPUs). The
-    count is None where nothing tells it (NVML failed and no expectation): a failure."""
-    if expected == 0:
-        return 0, []
+    """(GPUs to test, failures before any test): NVML must start and list them all. NVML
+    failing to start where its library is there (`Driver Not Loaded` after a reboot) always
+    fails, even with `--gpus 0`: only a node with no NVML library at all, and nothing saying
+    it has GPUs (or an explicit `--gpus 0`), is tested on the CPU alone. The count is None
+    where nothing tells it (NVML failed and no expectation): a failure."""
     if nv.init_error is not None:
-        if nv.no_library and expected is None:
+        if nv.no_library and not expected:
             return 0, []  # a CPU-only machine: nothing to test but the CPU
         return expected, [f"NVML: {nv.init_error} (the node's GPUs cannot be validated)"]
+    if expected == 0:
+        return 0, []  # the admin's explicit statement (NVML's watch still runs)
     want = len(nv.handles) if expected is None else expected
     if len(nv.handles) < want:
         return want, [f"NVML shows {len(nv.handles)} usable GPU(s), the node has {want}"]
@@ -180,7 +182,8 @@ def _untested(tested: dict[str, Any], want: int | None) -> list[str]:
     default=None,
     envvar=GPUS_ENV,
     help="GPUs this node must have tested (the controller passes the node's Slurm gres; "
-    "default: the hardware profile, else what NVML lists). 0: a CPU-only node.",
+    "default: the hardware profile, else what NVML lists). 0: a CPU-only node (NVML failing "
+    "to start still fails).",
 )
 @click.option("--json", "as_json", is_flag=True)
 @pass_state

@@ -1,6 +1,7 @@
 """How many GPUs a validation must test, as the controller tells the validation job: the node's
 Slurm gres (`Gres=gpu:h100:8(S:0-1)` -> 8), passed to `babysitter validate` in its environment
-(`--gpus` reads it). A node whose gres names no GPU is configured with none."""
+(`--gpus` reads it). A gres that names no GPU says nothing (whole-node exclusive clusters
+configure none on GPU nodes): the count is then not passed, never passed as 0."""
 
 from __future__ import annotations
 

@@ -124,7 +124,9 @@ class Validator:
         c = self.cfg
         # the node's GPUs, from its Slurm gres: the job asks for all of them (under
         # ConstrainDevices a job that asks for none sees none) and `babysitter validate` must
-        # test that many (SlurmError: unknown, the job is not started)
+        # test that many (SlurmError: unknown, the job is not started). No GPU gres is not
+        # "no GPUs" (whole-node exclusive clusters configure none): the count is then unknown
+        # and not passed, so validate goes by the hardware profile and NVML
         try:
             gpus = gres_gpus(self.slurm.node(node).gres)
         except ValueError as exc:
@@ -141,7 +143,9 @@ class Validator:
         if c.partition:
             args.append(f"--partition={c.partition}")
         args += [a.replace("{node}", node) for a in c.sbatch_args]
-        command = ["env", f"{GPUS_ENV}={gpus}", *(a.replace("{node}", node) for a in c.command)]
+        # unknown: unset, so no value inherited through sbatch's --export=ALL speaks for it
+        count = [f"{GPUS_ENV}={gpus}"] if gpus else ["-u", GPUS_ENV]
+        command = ["env", *count, *(a.replace("{node}", node) for a in c.command)]
         return [*args, "--wrap", shlex.join(command)]
 
     def start(
