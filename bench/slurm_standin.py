@@ -144,6 +144,13 @@ class InMemorySlurm(SlurmClient):
                 raise SlurmRejected(f"{node}: no reboot to cancel")
             self._nodes[node] = replace(n, flags=n.flags - {"REBOOT_REQUESTED", "REBOOT"})
 
+    def cancel_job(self, job_id: int) -> None:
+        """scancel: the job leaves Slurm's queue (SlurmNotFound when it is not there)."""
+        self._pause("cancel_job", str(job_id))
+        with self._lock:
+            if self._jobs.pop(job_id, None) is None:
+                raise SlurmNotFound(f"Invalid job id specified for job {job_id}")
+
     def requeue(self, job_id: int, exclude: list[str] | None = None, hold: bool = False) -> None:
         self._pause("requeue", str(job_id))
         with self._lock:

@@ -76,6 +76,28 @@ def test_admin_drain_in_slurm_during_validation_keeps_the_verdict_off_the_node(t
     c.close()
 
 
+def test_admin_drain_during_validation_cancels_babysitters_validation_job(tmp_path: Path):
+    """The validation job went on stressing the admin's node after the takeover: babysitter
+    scancels it (its own job, by the id recorded on the validate action), and says so."""
+    c = Cluster(tmp_path)
+    _rebooting(c, "node1")
+    c.power_cycle("node1")
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.VALIDATING
+    (validation,) = [a for a in c.store.actions() if a.kind is ActionKind.VALIDATE]
+    job = validation.job_id
+    assert job is not None and c.slurm.jobs_state[job] == "RUNNING"
+    c.slurm.admin_drain("node1", "cable work")
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.TAKEN_OVER
+    assert c.slurm.jobs_state[job] == "CANCELLED"
+    assert [t for op, t in c.slurm.calls if op == "cancel_job"] == [str(job)]
+    assert f"validation job {job} cancelled" in c.ledger("node1")[0].outcome
+    after = c.store.action(validation.id)
+    assert after is not None and f"validation job {job} cancelled" in (after.outcome or "")
+    c.close()
+
+
 def test_an_episode_on_a_node_missing_from_slurm_holds_without_acting(tmp_path: Path):
     """Whose the node is cannot be read: the episode waits (no reboot, no reservation, no
     failure that would climb the ladder) and goes on once Slurm lists the node again."""

@@ -164,7 +164,7 @@ class Scontrol:
             return r.stdout
         if r.returncode != 0:
             msg = (r.stderr or r.stdout).strip()
-            msg = re.sub(r"^(scontrol|sinfo|squeue): (error: )?", "", msg, flags=re.M)
+            msg = re.sub(r"^(scontrol|sinfo|squeue|scancel): (error: )?", "", msg, flags=re.M)
             raise classify(" ".join(msg.split()) or f"exit {r.returncode}", what)
         return r.stdout
 
@@ -253,6 +253,13 @@ class Scontrol:
 
     def cancel_reboot(self, node: str) -> None:
         self.run("scontrol", "cancel_reboot", node, what=f"cancel reboot {node}")
+
+    def cancel_job(self, job_id: int) -> None:
+        try:
+            self.run("scancel", str(job_id), what=f"cancel job {job_id}")
+        except SlurmRejected as exc:
+            if "already completing or completed" not in exc.slurm_message.lower():
+                raise  # ended already: nothing left to cancel
 
     def config_value(self, key: str) -> str:
         """One `scontrol show config` value ("" for `(null)` or absent)."""
@@ -550,6 +557,10 @@ class OwnedClient(SlurmClient):
     def cancel_reboot(self, node: str) -> None:
         # every backend through scontrol, as the reboot itself
         self.sc.cancel_reboot(validate_node(node))
+
+    def cancel_job(self, job_id: int) -> None:
+        # every backend through scancel, as the reboot through scontrol
+        self.sc.cancel_job(validate_job_id(job_id))
 
     def reboot_program(self) -> str:
         return self.sc.config_value("RebootProgram")

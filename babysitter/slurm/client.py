@@ -185,6 +185,12 @@ class SlurmClient:
         """(state, exit code) of a validation job."""
         raise NotImplementedError
 
+    def cancel_job(self, job_id: int) -> None:
+        """`scancel JOB`: end one of babysitter's own jobs (its validation job, recorded on the
+        validate action: an admin took the node over, or its verdict is overdue). Never a
+        user's job. A job already ended is fine; SlurmNotFound when Slurm forgot it."""
+        raise NotImplementedError
+
     def reboot(self, node: str, reason: str, nextstate: str) -> None:
         """`scontrol reboot ASAP nextstate=... reason="<prefix> <reason>" NODE` on a node we
         drained: Slurm waits until it is empty, runs the RebootProgram and sees it boot.

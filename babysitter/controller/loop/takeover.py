@@ -1,7 +1,8 @@
 """The end of a remediation episode someone else took over: an admin drained the node (through
 `babysitter drain`, which writes `[manual]`, or in Slurm) while babysitter was waiting to act,
 rebooting, resetting or validating it. What babysitter had set in motion is withdrawn (a
-pending `scontrol reboot`, the validation reservation, a running validation's verdict), the
+pending `scontrol reboot`, a running validation job, the validation reservation, that
+validation's verdict), the
 episode is closed and recorded, and the node is never touched again by this episode: only a
 new babysitter drain starts another one."""
 
@@ -16,7 +17,7 @@ from babysitter.controller.db.store import Store
 from babysitter.controller.loop.ledger import Ledger, Phase, Remediation
 from babysitter.controller.loop.policy import Rule
 from babysitter.controller.loop.validation import reservation_name
-from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNode
+from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNode, SlurmNotFound
 
 log = logging.getLogger(__name__)
 
@@ -32,22 +33,50 @@ def cancel_pending_reboot(slurm: SlurmClient, rem: Remediation) -> str:
     return "pending reboot cancelled"
 
 
+def cancel_validation_job(slurm: SlurmClient, job_id: int | None) -> str:
+    """scancel babysitter's own validation job (its id as recorded on the validate action,
+    never any other job), so it stops stressing a node that is no longer babysitter's to
+    test; what was done."""
+    if job_id is None:
+        return ""
+    try:
+        slurm.cancel_job(job_id)
+    except SlurmNotFound:
+        return f"validation job {job_id} already gone"
+    except SlurmError as exc:
+        return f"validation job {job_id} not cancelled ({exc})"
+    return f"validation job {job_id} cancelled"
+
+
 def end_taken_over(
     store: Store, slurm: SlurmClient, rem: Remediation, sn: SlurmNode, now: datetime
 ) -> None:
     """Close `rem`: the node carries someone else's reason (sn.reason)."""
-    done = [cancel_pending_reboot(slurm, rem)]
+    aid = rem.evidence.get("validation_action")
+    action = store.action(int(aid)) if rem.state is Phase.VALIDATING and aid else None
+    cancelled = ""
+    if (
+        action is not None
+        and action.kind is ActionKind.VALIDATE
+        and action.node == rem.node
+        and action.status is ActionStatus.RUNNING
+    ):
+        # before the reservation goes: the job must not go on stressing the admin's node
+        cancelled = cancel_validation_job(slurm, action.job_id)
+    done = [cancel_pending_reboot(slurm, rem), cancelled]
     if rem.state in (Phase.REBOOTING, Phase.VALIDATING):
         try:
             slurm.end_validation(reservation_name(rem.node))
             done.append("validation reservation ended")
         except SlurmError as exc:
             done.append(f"validation reservation not ended ({exc})")
-    aid = rem.evidence.get("validation_action")
     if rem.state is Phase.VALIDATING and aid:
         # its verdict must not drain, resume or re-reason the admin's node when it comes
         store.update_action(
-            aid, status=ActionStatus.SKIPPED, done_at=now, outcome="node taken over by an admin"
+            aid,
+            status=ActionStatus.SKIPPED,
+            done_at=now,
+            outcome="; ".join(filter(None, ("node taken over by an admin", cancelled))),
         )
         audit.record_actions(store, [aid], now)
     why = f"taken over by an admin while {rem.state.value} (reason {sn.reason[:200]!r})"
