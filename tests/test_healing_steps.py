@@ -137,6 +137,47 @@ def test_a_late_verdict_finds_the_node_drained_not_back_in_service(tmp_path: Pat
     c.close()
 
 
+def test_a_validation_with_no_verdict_by_its_deadline_fails_the_rung(tmp_path: Path):
+    """The job is still PENDING when the late drain comes: it can never start on the drained
+    node, and the episode stayed `validating` for good with no page. No verdict by the
+    reservation's end + the job's time limit + grace is a failed validation: the job is
+    cancelled, the node stays drained, the rung fails and the ladder climbs, paged."""
+    c = Cluster(tmp_path, remediation={"reboot_timeout_s": 600})
+    c.tick()
+    c.report("node1", xid79())
+    for _ in range(3):
+        c.tick()
+    c.power_cycle("node1")
+    c.tick()
+    started = c.now
+    assert c.ledger("node1")[0].state is Phase.VALIDATING
+    (validation,) = [a for a in c.store.actions() if a.kind is ActionKind.VALIDATE]
+    job = validation.job_id
+    assert job is not None
+    c.slurm.jobs_state[job] = "PENDING"  # never started (the node was busy, the queue long)
+    # its reservation ends 25 minutes after it started (the job's 20-minute limit + 5): the
+    # node is drained then; the deadline is the job's limit + 5 minutes after that
+    while c.now < started + timedelta(minutes=49):
+        c.tick(60)
+    assert c.slurm.node("node1").drained_or_draining
+    assert c.ledger("node1")[0].state is Phase.VALIDATING  # the job may still start and run
+    while c.now < started + timedelta(minutes=51):
+        c.tick(60)
+    assert c.slurm.jobs_state[job] == "CANCELLED"
+    failed = c.store.action(validation.id)
+    assert failed is not None and failed.status is ActionStatus.FAILED
+    assert "no verdict by" in (failed.outcome or "")
+    n1 = c.slurm.node("node1")
+    assert n1.drained_or_draining and "validation failed: no verdict by" in n1.reason
+    rows = c.ledger("node1")
+    assert [r.state for r in rows if r.state is Phase.FAILED], [(r.rung, r.state) for r in rows]
+    failed_row = next(r for r in rows if r.state is Phase.FAILED)
+    assert "no verdict by" in failed_row.outcome
+    assert rows[0].open and rows[0].id != failed_row.id  # the next rung
+    assert "node1|validation_failed" in c.engine.router.firing_keys()
+    c.close()
+
+
 def test_a_lemon_stays_paged_while_the_maintenance_windows_cannot_be_read(tmp_path: Path):
     """A tick that holds (windows unreadable, Slurm away) asserts nothing new, yet the lemon is
     still a lemon: its page must not resolve and fire again with every held tick."""

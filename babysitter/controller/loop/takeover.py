@@ -16,8 +16,8 @@ from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.ledger import Ledger, Phase, Remediation
 from babysitter.controller.loop.policy import Rule
-from babysitter.controller.loop.validation import reservation_name
-from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNode, SlurmNotFound
+from babysitter.controller.loop.validation import cancel_validation_job, reservation_name
+from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNode
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +31,6 @@ def cancel_pending_reboot(slurm: SlurmClient, rem: Remediation) -> str:
     except SlurmError as exc:
         return f"reboot not cancelled ({exc})"
     return "pending reboot cancelled"
-
-
-def cancel_validation_job(slurm: SlurmClient, job_id: int | None) -> str:
-    """scancel babysitter's own validation job (its id as recorded on the validate action,
-    never any other job), so it stops stressing a node that is no longer babysitter's to
-    test; what was done."""
-    if job_id is None:
-        return ""
-    try:
-        slurm.cancel_job(job_id)
-    except SlurmNotFound:
-        return f"validation job {job_id} already gone"
-    except SlurmError as exc:
-        return f"validation job {job_id} not cancelled ({exc})"
-    return f"validation job {job_id} cancelled"
 
 
 def end_taken_over(

@@ -45,6 +45,10 @@ VERDICT_TAIL = 64 * 1024  # the verdict is the last JSON line of the job's outpu
 # a validation still without a verdict this long before its reservation ends drains the node
 MARGIN = timedelta(minutes=2)
 AWAITING = "drained until its verdict"
+# ... and one still without a verdict this long after the job's time limit past that end is a
+# failed validation (Slurm's end of a job at its time limit: KillWait, epilog)
+GRACE = timedelta(minutes=5)
+DUE = "verdict due by"
 
 
 def _late(a: Action, now: datetime) -> bool:
@@ -52,6 +56,20 @@ def _late(a: Action, now: datetime) -> bool:
     their creation time there: not a deadline.)"""
     due, made = a.next_attempt_at, a.created_at
     return due is not None and made is not None and due > made and now >= due
+
+
+def cancel_validation_job(slurm: SlurmClient, job_id: int | None) -> str:
+    """scancel babysitter's own validation job (its id as recorded on the validate action,
+    never any other job); what was done."""
+    if job_id is None:
+        return ""
+    try:
+        slurm.cancel_job(job_id)
+    except SlurmNotFound:
+        return f"validation job {job_id} already gone"
+    except SlurmError as exc:
+        return f"validation job {job_id} not cancelled ({exc})"
+    return f"validation job {job_id} cancelled"
 
 
 def reservation_name(node: str) -> str:
@@ -197,7 +215,9 @@ class Validator:
             job = a.job_id
             if job is None:
                 continue
-            if _late(a, now) and not self._hold_until_verdict(a):
+            # held at its reservation's end already, and now past its verdict's deadline
+            overdue = _late(a, now) and DUE in (a.outcome or "")
+            if _late(a, now) and not overdue and not self._hold_until_verdict(a):
                 return  # Slurm away: again next tick
             try:
                 state, code = self.slurm.validation_outcome(job)
@@ -209,14 +229,34 @@ class Validator:
                 log.warning("validation job %s: %s", job, exc)
                 continue
             if state in UNFINISHED:
+                if overdue:  # a job pending on the drained node never starts: unknown, no pass
+                    self._no_verdict(a, state, now, firing, clearing)
                 continue
             self._finish(a, state, code, now, firing, clearing)
 
+    def _no_verdict(
+        self,
+        a: Action,
+        state: str,
+        now: datetime,
+        firing: list[Alert],
+        clearing: list[tuple[str | None, str]],
+    ) -> None:
+        """No verdict by its deadline: a failed validation (the job is cancelled, the node
+        stays drained, the rung fails as on a failing verdict)."""
+        due = a.next_attempt_at or now
+        cancelled = cancel_validation_job(self.slurm, a.job_id)
+        why = f"no verdict by {due.isoformat(timespec='seconds')} (job {a.job_id} {state}"
+        self._finish(a, state, "", now, firing, clearing, why=f"{why}; {cancelled})")
+
     def _hold_until_verdict(self, a: Action) -> bool:
         """The reservation ends before the verdict came: drain the node (the job goes on;
-        no other job may start there after the reservation), and keep waiting. False: Slurm
-        is away."""
-        assert a.node is not None
+        no other job may start there after the reservation), and keep waiting until the
+        reservation's end + the job's time limit (one that started just before the drain may
+        run all of it) + GRACE; then no verdict is a failed validation. False: Slurm is
+        away."""
+        assert a.node is not None and a.next_attempt_at is not None
+        due = a.next_attempt_at + MARGIN + timedelta(minutes=self.cfg.time_limit_min) + GRACE
         reason = f"validation: no verdict before its reservation ends ({AWAITING})"
         try:
             self.slurm.drain(a.node, reason)
@@ -226,7 +266,8 @@ class Validator:
         except SlurmError as exc:  # someone else's reason: theirs, never overwritten
             done = f"not drained before its reservation ended: {exc}"
         log.warning("%s: validation job %s: %s", a.node, a.job_id, done)
-        self.store.update_action(a.id, next_attempt_at=None, outcome=f"{a.outcome}; {done}")
+        outcome = f"{a.outcome}; {done}; {DUE} {due.isoformat(timespec='seconds')}"
+        self.store.update_action(a.id, next_attempt_at=due, outcome=outcome)
         if done == AWAITING:
             self.store.set_node(a.node, babysitter_drained=True, drain_reason=reason)
         return True
@@ -239,11 +280,18 @@ class Validator:
         now: datetime,
         firing: list[Alert],
         clearing: list[tuple[str | None, str]],
+        why: str = "",
     ) -> None:
+        """`why`: the validation failed without a verdict (that is why)."""
         node, job = a.node, a.job_id
         assert node is not None
         verdict = read_verdict(self.cfg.output_dir / f"validate-{node}-{job}.out")
-        passed = state == "COMPLETED" and code.startswith("0:") and (verdict or {}).get("ok", True)
+        passed = (
+            not why
+            and state == "COMPLETED"
+            and code.startswith("0:")
+            and (verdict or {}).get("ok", True)
+        )
         try:
             self.slurm.end_validation(reservation_name(node))
         except SlurmError as exc:
@@ -263,7 +311,7 @@ class Validator:
             clearing += [(node, "node_unhealthy"), (node, "validation_failed")]
             log.info("%s passed validation job %s: back in service", node, job)
             return
-        failures = [str(f) for f in (verdict or {}).get("failures", [])][:3]
+        failures = [why] if why else [str(f) for f in (verdict or {}).get("failures", [])][:3]
         detail = "; ".join(failures) or f"job {job} ended {state} exit {code or '?'}"
         reason = f"validation failed: {detail}"
         self.store.update_action(a.id, status="failed", done_at=now, outcome=reason)
