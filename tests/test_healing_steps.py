@@ -178,6 +178,81 @@ def test_a_validation_with_no_verdict_by_its_deadline_fails_the_rung(tmp_path: P
     c.close()
 
 
+def test_a_held_validation_start_is_asked_again_not_a_failed_rung(tmp_path: Path):
+    """The admission step holds the validation after the reboot (node1's state could not be
+    read from Slurm right then): that came back as "held: ..." and failed the rung, climbed
+    the ladder and paged. Held is not failed: the validation starts on a later tick."""
+    c = Cluster(tmp_path, remediation={"reboot_timeout_s": 600})
+    c.tick()
+    c.report("node1", xid79())
+    for _ in range(3):
+        c.tick()
+    assert c.ledger("node1")[0].state is Phase.REBOOTING
+    c.power_cycle("node1")
+    real = c.slurm.node
+
+    def unreadable(name: str) -> SlurmNode:
+        if name == "node1":
+            raise SlurmUnavailable("node1: slurmctld busy")
+        return real(name)
+
+    c.slurm.node = unreadable  # type: ignore[method-assign]
+    c.tick()
+    c.slurm.node = real  # type: ignore[method-assign]
+    (row,) = c.ledger("node1")
+    assert row.state is Phase.REBOOTING and row.open and "held" in row.outcome
+    assert "node1|remediation_inspect" not in c.engine.router.firing_keys()  # no climb
+    assert not [a for a in c.store.actions() if a.status is ActionStatus.FAILED]
+    assert "cluster|admission_held" in c.engine.router.firing_keys()
+    c.tick()
+    (row,) = c.ledger("node1")
+    assert row.state is Phase.VALIDATING and row.rung.value == "reboot"
+    (validation,) = [a for a in c.store.actions() if a.kind is ActionKind.VALIDATE]
+    assert validation.status is ActionStatus.RUNNING
+    c.slurm.verdict("node1")
+    c.tick()
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.PASSED
+    c.close()
+
+
+def test_a_held_validation_after_a_gpu_reset_is_asked_again_once_reset(tmp_path: Path):
+    """The same after a GPU reset: the validation is asked again on the next tick, and the
+    agent's answer is recorded once (not once per held tick)."""
+    c = Cluster(tmp_path)
+    c.tick()
+    c.report("node1", xid48())
+    for _ in range(2):
+        c.tick()
+    row = c.ledger("node1")[0]
+    assert row.state is Phase.RESETTING
+    done = {"order": row.evidence["order_id"], "ok": True, "message": "GPU 3 reset"}
+    c.report("node1", gpu_reset=done)
+    real = c.slurm.node
+
+    def unreadable(name: str) -> SlurmNode:
+        if name == "node1":
+            raise SlurmUnavailable("node1: slurmctld busy")
+        return real(name)
+
+    c.slurm.node = unreadable  # type: ignore[method-assign]
+    c.tick()
+    c.tick()
+    c.slurm.node = real  # type: ignore[method-assign]
+    (row,) = c.ledger("node1")
+    assert row.state is Phase.RESETTING and row.open and "held" in row.outcome
+    assert not [a for a in c.store.actions() if a.status is ActionStatus.FAILED]
+    c.tick()
+    (row,) = c.ledger("node1")
+    assert row.state is Phase.VALIDATING and row.rung.value == "reset_gpu"
+    resets = [a for a in c.store.actions() if a.kind is ActionKind.RESET_GPU]
+    assert [a.outcome.split(" (")[0] for a in resets if a.outcome] == [
+        "GPU 3 reset",
+        "ordered from the agent",
+    ]
+    c.close()
+
+
 def test_a_lemon_stays_paged_while_the_maintenance_windows_cannot_be_read(tmp_path: Path):
     """A tick that holds (windows unreadable, Slurm away) asserts nothing new, yet the lemon is
     still a lemon: its page must not resolve and fire again with every held tick."""

@@ -36,7 +36,7 @@ from typing import Any
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.tickstore import policy_rows
-from babysitter.controller.loop.admission import Act, Admission
+from babysitter.controller.loop.admission import Act, Admission, Refusal
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.context import LoopContext
 from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
@@ -524,6 +524,9 @@ class Healer:
         """The agent's answer to the reset order (its report metrics): done -> validation;
         refused or failed -> the next rung; no answer within reset_timeout_s -> the next rung."""
         ev = rem.evidence
+        if "reset_done_at" in ev:  # done; its validation was held: asked again
+            self._validate(rem, now, f"after GPU reset: {rem.fault}", firing)
+            return
         row = self.store.node(rem.node) or {}
         got = (row.get("metrics") or {}).get(RESET_METRIC)
         if isinstance(got, dict) and got.get("order") == ev.get("order_id"):
@@ -563,6 +566,10 @@ class Healer:
                 minutes=minutes
             )
         outcome = self.validator.start(rem.node, why, now, reserved_until=reserved)
+        if isinstance(outcome, Refusal):
+            # held by the admission step, not a failed rung: the phase stays, asked next tick
+            self.ledger.move(rem, rem.state, now, f"validation {outcome}")
+            return
         aid = self._validation_action(rem.node)
         if aid is None:
             self._fail(rem, now, outcome, firing)
@@ -624,9 +631,9 @@ class Healer:
         agent_boot = (row.get("metrics") or {}).get("boot_id")
         if booted and agent_boot and agent_boot != ev.get("boot_id_before"):
             persisting = [f for f in row["open_findings"] if remediable(f)]
-            self.ledger.move(
-                rem, rem.state, now, "back", booted_at=now.isoformat(), boot_id=agent_boot
-            )
+            # (once: a held validation is asked again on later ticks)
+            at = ev.get("booted_at", now.isoformat())
+            self.ledger.move(rem, rem.state, now, "back", booted_at=at, boot_id=agent_boot)
             if persisting:
                 self._fail(
                     rem, now, f"fault still there after the reboot: {persisting[0].message}", firing

@@ -29,7 +29,7 @@ from babysitter.config import Config
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.admission import Act, Admission
+from babysitter.controller.loop.admission import Act, Admission, Refusal
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.policy import Rule
 from babysitter.finding import Severity
@@ -168,11 +168,12 @@ class Validator:
 
     def start(
         self, node: str, reason: str, now: datetime, reserved_until: datetime | None = None
-    ) -> str:
-        """Start the validation job. `reserved_until`: when the node's reservation, made
-        before (a reboot's), ends; else it is made now for the job's time limit + 5 min."""
+    ) -> str | Refusal:
+        """Start the validation job; what was done, or the admission step's refusal (held,
+        not failed). `reserved_until`: when the node's reservation, made before (a
+        reboot's), ends; else it is made now for the job's time limit + 5 min."""
         if self.admission and (held := self.admission.one(Act.VALIDATE, node, now)):
-            return str(held)  # not started: asked again when the policy decides it next
+            return held  # not started: asked again when the policy / the healer asks next
         aid = self.store.record_action(
             KIND,
             node=node,
