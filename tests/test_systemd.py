@@ -153,3 +153,31 @@ def test_every_command_a_unit_runs_is_one_the_cli_takes(unit: Path, tmp_path: Pa
             [sys.executable, "-m", "babysitter.cli.main", *args], check=True, timeout=120
         )
         assert (tmp_path / "b.db").exists()
+
+
+AGENT_BUDGET_MB = 512  # the agent itself (~55 MB measured) with room to spare
+
+
+def _memory_max_mb(unit: Path) -> float:
+    """The unit's MemoryMax in MB (systemd's K/M/G/T suffixes are powers of 1024)."""
+    (value,) = [
+        line.split("=", 1)[1].strip()
+        for line in unit.read_text().splitlines()
+        if line.startswith("MemoryMax=")
+    ]
+    scale = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}
+    if value[-1] in scale:
+        return float(value[:-1]) * scale[value[-1]]
+    return float(value) / 1024**2  # bytes
+
+
+def test_the_sdc_childs_own_memory_limit_acts_before_the_units_memory_max():
+    """The SDC test runs in a child in the agent's cgroup: with MemoryMax=512M and the child's
+    default max_rss_mb of 8192, the kernel OOM-killed every CUDA child (no reason recorded)
+    long before babysitter's own limit (which says why) could act. The default limit plus the
+    agent's own budget must fit under the unit's MemoryMax."""
+    from babysitter.checks.sdc.settings import SdcCheckConfig
+
+    max_rss_mb = SdcCheckConfig().max_rss_mb  # the default
+    memory_max = _memory_max_mb(SYSTEMD_DIR / "babysitter-agent.service")
+    assert max_rss_mb + AGENT_BUDGET_MB <= memory_max, (max_rss_mb, memory_max)
