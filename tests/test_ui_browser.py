@@ -84,6 +84,16 @@ def verdict(driver: WebDriver, node: str) -> str | None:
         return None
 
 
+def clicked(driver: WebDriver, element_id: str) -> bool:
+    """Click the element if it is there and still the page's own (the page reloads itself:
+    an element found just before a reload is stale, so find it again)."""
+    try:
+        driver.find_element(By.ID, element_id).click()
+    except StaleElementReferenceException:
+        return False
+    return True
+
+
 def test_status_page_shows_a_fault_within_seconds(sim, browser, tmp_path):
     out = artefacts(tmp_path)
     browser.get(sim.url + "/ui")
@@ -109,12 +119,15 @@ def test_status_page_shows_a_fault_within_seconds(sim, browser, tmp_path):
     assert verdict(browser, "node2") == "healthy"
     browser.save_screenshot(str(out / "fleet-node1-unhealthy.png"))
 
-    browser.find_element(By.ID, "node-node1").click()
+    wait_for(lambda: clicked(browser, "node-node1"), 30, "node1's tile clicked")
     wait_for(lambda: "/ui/nodes/node1" in browser.current_url, 10, "node1's page")
 
     def drain_with_evidence() -> bool:
         rows = browser.find_elements(By.CSS_SELECTOR, "#actions tr.kind-drain")
-        return any("done" in r.text and "xid.79" in r.text and "policy" in r.text for r in rows)
+        try:
+            return any("done" in r.text and "xid.79" in r.text and "policy" in r.text for r in rows)
+        except StaleElementReferenceException:  # reloaded while read: ask again
+            return False
 
     wait_for(drain_with_evidence, 30, "node1's drain with its evidence")
     assert "drained by babysitter" in browser.page_source
