@@ -111,6 +111,18 @@ def test_requeue_of_a_no_requeue_job_is_a_clear_error(slurm_client, clean_cluste
         slurm_client.requeue(job)
 
 
+def test_cancel_job_ends_that_job_and_again_is_no_error(slurm_client, clean_cluster):
+    """babysitter's own validation job is cancelled on a takeover or a missing verdict
+    (issue 42): scancel for every backend; a job that ended already is nothing to cancel."""
+    job = submit(clean_cluster, "-w", "node2")
+    other = submit(clean_cluster, "-w", "node3")
+    wait_for(lambda: slurm_client.job(job).running, 20, "job running")
+    slurm_client.cancel_job(job)
+    wait_for(lambda: "CANCELLED" in slurm_client.job(job).states, 20, "job cancelled")
+    slurm_client.cancel_job(job)
+    assert not slurm_client.job(other).state.startswith("CANCELLED")  # that job only
+
+
 def test_unknown_node_and_job(slurm_client: SlurmClient, clean_cluster):
     with pytest.raises(SlurmNotFound):
         slurm_client.node("node99")
