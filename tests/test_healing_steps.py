@@ -178,6 +178,39 @@ def test_a_validation_with_no_verdict_by_its_deadline_fails_the_rung(tmp_path: P
     c.close()
 
 
+def test_a_validation_an_older_version_left_waiting_for_ever_gets_a_deadline(tmp_path: Path):
+    """Rows an older version drained for their verdict carry no deadline (they waited for
+    ever): they get one (the job's time limit + 5 min from now) and then fail as above."""
+    c = Cluster(tmp_path)
+    c.tick()
+    c.report("node1", xid79())
+    for _ in range(3):
+        c.tick()
+    c.power_cycle("node1")
+    c.tick()
+    (validation,) = [a for a in c.store.actions() if a.kind is ActionKind.VALIDATE]
+    assert validation.job_id is not None
+    c.slurm.jobs_state[validation.job_id] = "PENDING"
+    c.slurm.drain("node1", "validation: no verdict before its reservation ends")
+    c.store.update_action(
+        validation.id,
+        next_attempt_at=None,
+        outcome=f"{validation.outcome}; drained until its verdict",
+    )
+    upgraded = c.now
+    while c.now < upgraded + timedelta(minutes=24):
+        c.tick(60)
+    assert c.ledger("node1")[0].state is Phase.VALIDATING
+    while c.now < upgraded + timedelta(minutes=26):
+        c.tick(60)
+    failed = c.store.action(validation.id)
+    assert failed is not None and failed.status is ActionStatus.FAILED
+    assert "no verdict by" in (failed.outcome or "")
+    assert c.slurm.jobs_state[validation.job_id] == "CANCELLED"
+    assert c.ledger("node1")[0].state is not Phase.VALIDATING
+    c.close()
+
+
 def test_a_held_validation_start_is_asked_again_not_a_failed_rung(tmp_path: Path):
     """The admission step holds the validation after the reboot (node1's state could not be
     read from Slurm right then): that came back as "held: ..." and failed the rung, climbed

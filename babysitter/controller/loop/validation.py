@@ -216,6 +216,9 @@ class Validator:
             job = a.job_id
             if job is None:
                 continue
+            if a.next_attempt_at is None and AWAITING in (a.outcome or ""):
+                self._due_from(a, now)  # held by an older version, which set no deadline
+                continue
             # held at its reservation's end already, and now past its verdict's deadline
             overdue = _late(a, now) and DUE in (a.outcome or "")
             if _late(a, now) and not overdue and not self._hold_until_verdict(a):
@@ -234,6 +237,13 @@ class Validator:
                     self._no_verdict(a, state, now, firing, clearing)
                 continue
             self._finish(a, state, code, now, firing, clearing)
+
+    def _due_from(self, a: Action, now: datetime) -> None:
+        """A deadline for a validation drained for its verdict without one (rows of versions
+        that waited for ever): the job's time limit + GRACE from now."""
+        due = now + timedelta(minutes=self.cfg.time_limit_min) + GRACE
+        outcome = f"{a.outcome}; {DUE} {due.isoformat(timespec='seconds')}"
+        self.store.update_action(a.id, next_attempt_at=due, outcome=outcome)
 
     def _no_verdict(
         self,
