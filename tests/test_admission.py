@@ -18,6 +18,7 @@ from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
+from babysitter.controller.db.tickstore import pending_drain_nodes
 from babysitter.controller.loop.admission import Act, Limits, Why, World, decide_admission
 from babysitter.controller.loop.blast import BlastSettings, Cap
 from babysitter.controller.loop.policy import MANUAL_MARK, Rule
@@ -257,6 +258,55 @@ def test_the_drain_budget_counts_drains_behind_five_thousand_other_actions(tmp_p
         site.tick()
         site.tick()
         assert site.drained() == []
+    finally:
+        site.close()
+
+
+def pending_rows(store: Store, rows: list[dict[str, Any]], at: datetime) -> None:
+    """Pending actions written straight into the table (thousands in one statement)."""
+    with store.engine.begin() as c:
+        c.execute(
+            insert(m.actions),
+            [
+                {
+                    "node": None,
+                    "job_id": None,
+                    "reason": "queued in the outage",
+                    "rule": "critical_finding",
+                    "requested_by": "policy",
+                    "status": "pending",
+                    "dry_run": False,
+                    "attempts": 3,
+                    "created_at": at,
+                    "next_attempt_at": at + timedelta(days=1),
+                    **r,
+                }
+                for r in rows
+            ],
+        )
+
+
+def test_pending_drains_behind_a_thousand_other_pending_actions_hold_their_place(tmp_path):
+    """Issue 42: the caps counted pending drains from `pending_actions()`, the newest 1,000
+    pending actions only. Through a long slurmctld outage on a big fleet, 4 drains queued
+    first (limit 4 of 40) and then 1,200 job requeues queued behind them: the next faults
+    were drained on top of the 4. Now pending drains are counted in the database."""
+    names = {f"n{i:02d}": "gpu" for i in range(40)}
+    site = Site(tmp_path, names, policy={"max_drained_fraction": 0.1})
+    try:
+        site.tick()
+        first = site.names[:4]  # queued first in the outage (not due before the test ends)
+        pending_rows(site.store, [{"kind": "drain", "node": n} for n in first], site.now)
+        pending_rows(
+            site.store,
+            [{"kind": "requeue", "job_id": 5000 + i, "rule": "manual"} for i in range(1200)],
+            site.now,
+        )
+        site.report({n: (disk(n),) for n in site.names[10:16]})
+        for _ in range(3):
+            site.tick(40)
+        assert site.drained() == []  # the 4 queued drains fill the cap; nothing on top
+        assert pending_drain_nodes(site.store) == set(first)
     finally:
         site.close()
 

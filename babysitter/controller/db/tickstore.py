@@ -133,6 +133,28 @@ def drains_since(store: Store, since: datetime) -> int:
         return int(c.execute(q).scalar_one())
 
 
+def pending_drain_nodes(
+    store: Store, before_action: int | None = None, *, dry_run: bool | None = False
+) -> set[str]:
+    """The nodes of every pending drain (of those recorded before `before_action` when given),
+    counted in the database for the caps: `Store.pending_actions` lists only the newest 1,000
+    pending actions, so in a long slurmctld outage on a big fleet the drains queued first
+    (behind thousands of requeues) went uncounted and a cap could be exceeded. `dry_run`:
+    False (default) real drains only, True dry-run ones only, None both."""
+    a = m.actions.c
+    q = (
+        select(a.node)
+        .distinct()
+        .where(a.kind == "drain", a.status == str(ActionStatus.PENDING), a.node.is_not(None))
+    )
+    if before_action is not None:
+        q = q.where(a.id < before_action)
+    if dry_run is not None:
+        q = q.where(a.dry_run == (true() if dry_run else false()))
+    with store.engine.connect() as c:
+        return {str(n) for (n,) in c.execute(q)}
+
+
 def policy_drain_times(store: Store, since: datetime) -> dict[str, list[datetime]]:
     """Per node, when each drain the policy decided and Slurm carried out since `since` was done
     (the lemon count, `Action.is_policy_drain_done`), counted in the database: a listing of the

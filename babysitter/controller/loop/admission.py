@@ -35,7 +35,7 @@ from prometheus_client import Counter
 from babysitter.config import Config
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
-from babysitter.controller.db.tickstore import drains_since
+from babysitter.controller.db.tickstore import drains_since, pending_drain_nodes
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.blast import BlastSettings
 from babysitter.controller.loop.ledger import ACTIVE, Ledger, Phase
@@ -350,10 +350,8 @@ class Admission:
             switch_held = {
                 n for n in held if SWITCH_REASON.match(nodes[n].reason[len(self.prefix) :].strip())
             }
-        for a in self.store.pending_actions():
-            ahead = before_action is None or a.id < before_action
-            if a.kind is ActionKind.DRAIN and a.node and not a.dry_run and ahead:
-                held.add(a.node)
+        # counted in the database: every pending drain, not only the newest 1,000 actions
+        held |= pending_drain_nodes(self.store, before_action)
         try:
             rate: int | None = drains_since(self.store, now - timedelta(hours=1))
         except Exception:

@@ -29,6 +29,7 @@ from prometheus_client import Gauge
 
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.tickstore import pending_drain_nodes
 from babysitter.controller.loop.admission import Act, Admission
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.blast import CLUSTER, BlastGate, BlastSettings, Scope, ScopeCounts
@@ -293,11 +294,7 @@ class FabricStep:
         topo = self.topology
         drained: Counter[tuple[Scope, str]] = Counter()
         # drains decided but not carried out yet count as held: they will be
-        pending = {
-            a.node
-            for a in self.store.pending_actions()
-            if a.kind is ActionKind.DRAIN and a.node and not a.dry_run
-        }
+        pending = pending_drain_nodes(self.store)  # every one, counted in the database
         for name in self.snapshot.held | pending:
             sn = self.snapshot.nodes.get(name)
             if sn is None:  # a switch incident's drains count too: nodes out of service

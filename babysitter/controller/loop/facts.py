@@ -12,10 +12,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from babysitter.config import Config
-from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import (
     drains_since,
+    pending_drain_nodes,
     perf_metrics,
     policy_drain_times,
     policy_rows,
@@ -87,10 +87,9 @@ class FactGatherer:
         decide nothing for it."""
         self.isolated("perfs", self._read_perfs)
         actions = self.store.actions(limit=5000)
-        # every pending drain (not only among the newest actions): each holds its place
-        pending_drains = {
-            a.node for a in self.store.pending_actions() if a.kind is ActionKind.DRAIN and a.node
-        }
+        # every pending drain, counted in the database (a listing of pending actions holds
+        # only the newest 1,000): each holds its place in the guard's count
+        pending_drains = pending_drain_nodes(self.store, dry_run=None)
         # the lemon count's drains, counted in the database like the rolling hour's below
         drains_by_node = policy_drain_times(self.store, now - self.settings.lemon_window)
         # the drain budget's rolling hour, counted in the database (a listing of the newest
