@@ -15,6 +15,7 @@ from sqlalchemy import insert
 
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
@@ -307,6 +308,71 @@ def test_pending_drains_behind_a_thousand_other_pending_actions_hold_their_place
             site.tick(40)
         assert site.drained() == []  # the 4 queued drains fill the cap; nothing on top
         assert pending_drain_nodes(site.store) == set(first)
+    finally:
+        site.close()
+
+
+def test_a_held_drain_whose_fault_cleared_meanwhile_is_skipped_not_run(tmp_path, monkeypatch):
+    """Issue 42: a drain held by the admission step ran once there was room, though the
+    node's fault had cleared meanwhile (drained on stale evidence). Limit 1 of 4: n1 drained,
+    n2's drain held; both report clean; n1 returns to service, which makes room: n2's held
+    drain is skipped, `fault cleared while held` (and audited), and n2 is never drained."""
+    import babysitter.controller.loop.facts as facts
+
+    # the decision-time guard blind to pending drains: both drains decided, one held
+    monkeypatch.setattr(facts.FactGatherer, "_with_pending", lambda self, d, p: d)
+    site = Site(
+        tmp_path,
+        {f"n{i}": "gpu" for i in range(1, 5)},
+        policy={"max_drained_fraction": 0.25, "validate_before_resume": False},
+    )
+    try:
+        site.tick()
+        site.slurm.unreachable = True
+        for n in ("n1", "n2"):
+            site.report({n: (disk(n),)})
+            site.tick()
+        site.slurm.unreachable = False
+        site.tick(40)
+        assert site.drained() == ["n1"]
+        [held] = [a for a in site.store.pending_actions() if a.node == "n2"]
+        assert (held.outcome or "").startswith("held:")
+        for _ in range(8):
+            site.report({"n1": (), "n2": ()})
+            site.tick(40)
+        assert site.drained() == []
+        assert [c for c in site.slurm.changes if c.node == "n2"] == []
+        done = site.store.action(held.id)
+        assert done is not None and done.status is ActionStatus.SKIPPED
+        assert (done.outcome or "").startswith("fault cleared while held")
+        assert any(
+            e.action_id == held.id and e.result is audit.AuditResult.SKIPPED
+            for e in audit.entries(site.store, node="n2")
+        )
+    finally:
+        site.close()
+
+
+def test_a_drain_queued_in_an_outage_is_skipped_when_the_fault_cleared_before_slurm_returned(
+    tmp_path,
+):
+    """The same for a drain that waited for slurmctld: n1's fault cleared (clean reports)
+    while Slurm was away; when it comes back the queued drain is skipped, n1 stays in
+    service. A node whose fault is still there is drained."""
+    site = Site(tmp_path, {f"n{i}": "gpu" for i in range(1, 5)})
+    try:
+        site.tick()
+        site.slurm.unreachable = True
+        site.report({"n1": (disk("n1"),), "n2": (disk("n2"),)})
+        site.tick()
+        site.report({"n1": ()})
+        site.tick()
+        site.slurm.unreachable = False
+        site.tick(40)
+        site.tick(40)
+        assert site.drained() == ["n2"]
+        [skipped] = [a for a in site.store.actions() if a.node == "n1" and a.kind == "drain"]
+        assert skipped.status is ActionStatus.SKIPPED
     finally:
         site.close()
 

@@ -18,6 +18,7 @@ from babysitter.controller.db.tickstore import Drained, Outcome, Settled, settle
 from babysitter.controller.loop.admission import HOLD_RETRY_S, Act, Admission, Refusal
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.guard import GUARD_KEY
+from babysitter.controller.loop.held_drain import cleared_while_held
 from babysitter.controller.loop.jobs import HELD_RULE, REQUEUE_RULE, JobTracker
 from babysitter.controller.loop.link_hold import POLL_S
 from babysitter.controller.loop.metrics import ControllerMetrics
@@ -346,6 +347,8 @@ class ActionExecutor:
             return "failed"
 
     def _execute_one(self, a: Action, now: datetime) -> str:
+        if (cleared := cleared_while_held(self.store, a)) is not None:
+            return self._done(a, "skipped", cleared, now)  # stale evidence: not drained
         if not a.dry_run and not self.snapshot.ok and a.kind is not ActionKind.GUARD_RESET:
             # Slurm unreachable in this tick: keep it for the retry loop
             return self._retry_later(a, now, "waiting for Slurm")
