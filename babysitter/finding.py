@@ -372,10 +372,17 @@ def worst(findings: Iterable[Finding]) -> Severity:
 # Checks whose findings come from content a job's owner controls (its log files): evidence about
 # the job, never about the node, its switch or its domain.
 JOB_OWNED_CHECKS = frozenset({"nccl.logs"})
+# what such a check says about the node itself, never read from a job's content: the job-log
+# check could not learn which jobs run here (`scontrol listpids` failed), so it read nothing. A
+# node-level warning (no drain, not a job's alert); it does not make the node's reports unknown
+# for the resume: the node's own hardware checks still ran (docs/checks.md)
+NODE_CODES_OF_JOB_CHECKS = frozenset({"nccl.logs_skipped"})
 
 
 def job_owned(f: Finding) -> bool:
-    return f.check in JOB_OWNED_CHECKS or f.component.startswith("job:")
+    if f.component.startswith("job:"):
+        return True
+    return f.check in JOB_OWNED_CHECKS and f.code not in NODE_CODES_OF_JOB_CHECKS
 
 
 # A check that crashed or timed out, or a source it could not read: it said nothing about the

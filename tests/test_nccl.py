@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from babysitter.checks.base import CheckContext
 from babysitter.checks.nccl.check import NcclLogCheck, NcclPerfCheck, parse_all_reduce_perf
 from babysitter.config import parse_config
+from babysitter.finding import job_owned
 
 DATA = Path(__file__).parent / "data" / "nccl"
 
@@ -107,7 +108,10 @@ def test_an_unknown_job_list_reads_no_log_at_all(tmp_path):
     chk = shared_glob(tmp_path, {11: RETRY, 12: RETRY})
     chk.local_jobs = lambda: None
     [f] = chk.run()
-    assert (f.code, f.severity) == ("nccl.logs_skipped", "info")
+    # a node-level warning (issue 42: as info the controller dropped it, and the node whose
+    # job-log scoping failed was silent), never a job's finding
+    assert (f.code, f.severity, f.component) == ("nccl.logs_skipped", "warning", "host")
+    assert not job_owned(f)
     chk.local_jobs = lambda: frozenset()  # known: no job here
     assert chk.run() == []
 

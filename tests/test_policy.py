@@ -207,7 +207,7 @@ def test_job_log_finding_alone_never_drains_and_alerts_naming_the_job():
     res = decide([node("node2", [NCCL_JOBLOG])], cluster(4), DEFAULT, NOW)
     assert not kinds(res, "drain") and res.verdicts["node2"] == "healthy"
     [a] = [d for d in kinds(res, "alert") if d.rule == "job_owned_finding"]
-    assert a.condition == "job_log_4242" and "job 4242" in a.reason and a.node == "node2"
+    assert a.condition == "job_log_4242" and "job 4242" in a.reason and a.nodes == ("node2",)
     # with a node-level finding beside it, the node drains for the node finding
     res = decide([node("node2", [NCCL_JOBLOG, DBE])], cluster(4), DEFAULT, NOW)
     [d] = kinds(res, "drain")

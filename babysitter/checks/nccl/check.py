@@ -281,14 +281,17 @@ class NcclLogCheck(Check):
     def run(self) -> list[Finding]:
         mine = self.local_jobs()
         if mine is None:
-            # never everything: another node's job log is not this node's to report
+            # never everything: another node's job log is not this node's to report. A
+            # warning, so the controller keeps it (it stores only what is above INFO) and the
+            # node shows as suspect: its jobs' NCCL failures are not being seen. Node-level,
+            # never drains, not a job's alert (finding.NODE_CODES_OF_JOB_CHECKS)
             return [
                 self.finding(
                     "host",
-                    Severity.INFO,
+                    Severity.WARNING,
                     "nccl.logs_skipped",
                     "job logs not read: the jobs running on this node are unknown "
-                    "(scontrol listpids failed)",
+                    "(scontrol listpids failed): its jobs' NCCL failures are not seen",
                 )
             ]
         mine = self.recent.update(mine)

@@ -238,6 +238,7 @@ class Decision:
     condition: str = ""
     dry_run: bool = False
     details: dict[str, object] = field(default_factory=dict)
+    nodes: tuple[str, ...] = ()  # a cluster-wide alert's nodes (a job's alert: who reported it)
 
     def __post_init__(self) -> None:
         # a kind or rule name nobody can look up is a bug here, not something to show an admin
@@ -347,28 +348,39 @@ def _escalations(n: NodeFacts, s: PolicySettings, now: datetime) -> list[Decisio
 JOB_ALERT_PREFIX = "job_log_"
 
 
-def _job_owned_alerts(n: NodeFacts) -> list[Decision]:
-    """Findings from a job's own output: an alert that names the job, never a node drain."""
-    out: list[Decision] = []
-    seen: set[str] = set()
+def _job_lines(n: NodeFacts) -> dict[str, Finding]:
+    """Per job, the first job-owned finding (warning or worse) this node reported for it."""
+    out: dict[str, Finding] = {}
     for f in n.open_findings:
         if not job_owned(f) or f.severity < Severity.WARNING:
             continue
         job = str(f.details.get("job_id") or f.component.removeprefix("job:"))
         job = "".join(c for c in job if c.isascii() and c.isalnum())[:32] or "unknown"
-        if job in seen:
-            continue
-        seen.add(job)
+        out.setdefault(job, f)
+    return out
+
+
+def job_owned_alerts(nodes: Sequence[NodeFacts]) -> list[Decision]:
+    """Findings from a job's own output: one alert per job (keyed by the job only: every node
+    of a multi-node job reads the shared `slurm-<id>.out`, so one line came from N nodes and
+    was N pages), naming the nodes that reported it; never a node drain."""
+    by_job: dict[str, tuple[Finding, list[str]]] = {}
+    for n in sorted(nodes, key=lambda n: n.name):
+        for job, f in _job_lines(n).items():
+            by_job.setdefault(job, (f, []))[1].append(n.name)
+    out: list[Decision] = []
+    for job, (f, names) in sorted(by_job.items()):
         out.append(
             Decision(
                 DecisionKind.ALERT,
-                n.name,
+                None,
                 Rule.JOB_OWNED_FINDING,
-                f"job {job} on {n.name}: {f.check}: {f.message} (from the job's "
-                "own log: the node is not drained for this alone)",
+                f"job {job} on {_listed(names)}: {f.check}: {f.message} (from the job's own "
+                "log: its nodes are not drained for this alone)",
                 Severity.WARNING,
                 f"{JOB_ALERT_PREFIX}{job}",
-                details={"job_id": job, "code": f.code},
+                details={"job_id": job, "code": f.code, "nodes": names[:50]},
+                nodes=tuple(names),
             )
         )
     return out
@@ -492,7 +504,7 @@ def _node_decisions(
     wishes: list[DrainWish],
 ) -> list[Decision]:
     """One node's decisions; a drain it needs goes to `wishes`, for the guard."""
-    out = _escalations(n, s, now) + _job_owned_alerts(n) + _heartbeat(n, verdict)
+    out = _escalations(n, s, now) + _heartbeat(n, verdict)
     bad = [f for f in n.open_findings if drain_worthy(f)]
     if bad and verdict == "unhealthy":
         step = _unhealthy(n, rule, bad, s)
@@ -657,6 +669,7 @@ def decide(
         verdict, rule = facts_verdict(n, s)
         verdicts[n.name] = verdict
         decisions.extend(_node_decisions(n, verdict, rule, s, now, wishes))
+    decisions.extend(job_owned_alerts(nodes))
     guard = Guard(cluster, s)
     decisions.extend(guard.drains(wishes, admit))
     decisions.extend(guard.alerts())

@@ -376,7 +376,15 @@ class RemediationEngine:
             )
         elif d.kind in (DecisionKind.ALERT, DecisionKind.ESCALATE):
             firing.append(
-                Alert(d.node, d.condition, d.severity, d.reason, "nothing changed in Slurm", now)
+                Alert(
+                    d.node,
+                    d.condition,
+                    d.severity,
+                    d.reason,
+                    "nothing changed in Slurm",
+                    now,
+                    nodes=list(d.nodes),
+                )
             )
         elif d.kind is DecisionKind.RESOLVE_ALERT:
             clearing.append((d.node, d.condition))
