@@ -32,6 +32,7 @@ pytest_plugins: list[str] = [
     "tests.fixtures.alerts",
     "tests.fixtures.users",
     "tests.xdist_groups",  # xdist_group kept on one worker under pytest 9.2
+    "tests.summary_lines",  # lines a test prints at the end of the run (under xdist too)
 ]
 
 # The fixture that puts a test in a tier. Cluster fixtures depend on `slurm_daemons`, so a test
