@@ -22,7 +22,12 @@ from babysitter.checks.xid.check import NvmlXidEvents
 cfg = load_config()
 src = NvmlXidEvents(CheckContext(cfg, "n1"))
 src.start(lambda fs: [print(json.dumps(f.to_json_dict()), flush=True) for f in fs])
-time.sleep(0.5)
+# ready once the thread has registered on every GPU (its health says so), not after a guess:
+# under a loaded machine's scheduling the XIDs came before the registration and were missed
+deadline = time.monotonic() + 60
+while not any(f.code == "events.running" for f in src.health()):
+    assert time.monotonic() < deadline, src.health()
+    time.sleep(0.01)
 print("ready", flush=True)
 time.sleep(float(sys.argv[1]))
 src.stop()
