@@ -23,6 +23,7 @@ from babysitter.devcluster.sim import SimCluster, sim_validation
 from tests.fixtures.slurm import node_state, slurm, submit, wait_for
 
 pytestmark = pytest.mark.slurm
+HEAL_BOUND_S = 240  # one reboot, or one return to service, at most this long
 
 
 def _validation(base: Path) -> dict[str, Any]:
@@ -107,11 +108,14 @@ def _fault_and_heal(sim: SimCluster, node: str, n: int) -> float:
     assert sim.info is not None
     t0 = time.monotonic()
     sim.inject_xid(node, 3, 79, via="kmsg")
-    wait_for(lambda: sim.reboots.get(node, 0) == n, 120, f"reboot {n} of {node}")
-    wait_for(lambda: _healed(sim, node, n), 120, f"{node} back in service")
+    # bounds for a loaded machine (a cold `make test` builds Slurm beside it): a healing cycle
+    # took over 120 s there; the figure is the bench's, not this test's
+    wait_for(lambda: sim.reboots.get(node, 0) == n, HEAL_BOUND_S, f"reboot {n} of {node}")
+    wait_for(lambda: _healed(sim, node, n), HEAL_BOUND_S, f"{node} back in service")
     return time.monotonic() - t0
 
 
+@pytest.mark.timeout(1200)  # three healing cycles, each bounded by HEAL_BOUND_S twice
 def test_reboot_validate_resume_then_lemon(healing: SimCluster, receiver: Receiver):
     sim = healing
     assert sim.info is not None
@@ -419,6 +423,7 @@ def test_six_faults_at_once_reboot_two_at_a_time(tmp_path: Path):
         sim.down()
 
 
+@pytest.mark.timeout(1200)  # three healing cycles, each bounded by HEAL_BOUND_S twice
 def test_reboot_validate_resume_on_slurm_2511(tmp_path: Path, slurm2511_prefix: Path):
     """The same loops on Slurm 25.11 built from source (slurmd -b, RebootProgram and
     `scontrol reboot ASAP nextstate=` as that version has them): XID 79 -> drain -> reboot
