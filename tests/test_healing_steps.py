@@ -9,6 +9,7 @@ from pathlib import Path
 
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.loop.ledger import Phase
+from babysitter.controller.loop.lemons import drain_lemons
 from babysitter.slurm.client import SlurmNode, SlurmUnavailable
 from tests.fixtures.healing import Cluster, sdc_mismatch, xid48, xid79
 
@@ -104,6 +105,38 @@ def test_a_refused_reset_is_no_remediation_and_the_lemon_follows_the_third_rung(
     c.tick()
     c.tick()
     assert c.ledger("node1")[0].state is Phase.LEMON
+    assert c.slurm.node("node1").reason.startswith("babysitter: lemon: 3 remediations in 7 days")
+    c.close()
+
+
+def test_a_node_the_ladder_heals_is_never_a_drain_lemon_between_its_rungs(tmp_path: Path):
+    """XID 79 three times, each healed by a reboot: the reboot clears the XID, so while the
+    third episode validates nothing remediable is open, and the policy's drain count (3 in the
+    window) asked for a lemon: the node was held drained as '3 drains in 7 days' instead of
+    coming back (Slurm 25.11's devcluster run). The ledger counts such a node; its lemon comes
+    with the next fault, after three rungs carried out."""
+    c = Cluster(tmp_path)
+    c.tick()
+    for n in (1, 2, 3):
+        c.report("node1", xid79())
+        for _ in range(3):
+            c.tick()
+        assert c.ledger("node1")[0].state is Phase.REBOOTING, n
+        c.power_cycle("node1")
+        c.tick()
+        c.slurm.verdict("node1")
+        c.tick()
+        c.tick()
+        passed = [r for r in c.ledger("node1") if r.state is Phase.PASSED]
+        assert len(passed) == n, [(r.rung, r.state) for r in c.ledger("node1")]
+        assert not c.slurm.node("node1").drained_or_draining, c.slurm.node("node1").reason
+    # what the healer asks when the policy's escalation meets the node drained between its
+    # rungs' steps (on the devcluster: the passed episode closed, the resume not yet done):
+    # three policy drains in the window, nothing remediable open after the reboot
+    assert drain_lemons(c.store, {"node1"}, c.now, 7.0, 3) == {}
+    c.report("node1", xid79())
+    c.tick()
+    c.tick()
     assert c.slurm.node("node1").reason.startswith("babysitter: lemon: 3 remediations in 7 days")
     c.close()
 

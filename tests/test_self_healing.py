@@ -110,8 +110,15 @@ def _fault_and_heal(sim: SimCluster, node: str, n: int) -> float:
     sim.inject_xid(node, 3, 79, via="kmsg")
     # bounds for a loaded machine (a cold `make test` builds Slurm beside it): a healing cycle
     # took over 120 s there; the figure is the bench's, not this test's
-    wait_for(lambda: sim.reboots.get(node, 0) == n, HEAL_BOUND_S, f"reboot {n} of {node}")
-    wait_for(lambda: _healed(sim, node, n), HEAL_BOUND_S, f"{node} back in service")
+    try:
+        wait_for(lambda: sim.reboots.get(node, 0) == n, HEAL_BOUND_S, f"reboot {n} of {node}")
+        wait_for(lambda: _healed(sim, node, n), HEAL_BOUND_S, f"{node} back in service")
+    except AssertionError as exc:  # say why: the node's Slurm state, ledger and actions
+        ledger = sim.api(f"/api/v1/ledger?node={node}")
+        acts = [a for a in sim.api("/api/v1/actions") if a.get("node") == node][:12]
+        raise AssertionError(
+            f"{exc}\nslurm: {node_state(sim.info, node)}\nledger: {ledger}\nactions: {acts}"
+        ) from None
     return time.monotonic() - t0
 
 

@@ -50,6 +50,16 @@ def _cleared_at(ledger: Ledger, node: str) -> datetime | None:
     return None
 
 
+def _laddered(ledger: Ledger, node: str, since: datetime) -> bool:
+    """The ladder has worked on NODE since `since`: its drains were for faults a rung addresses,
+    whatever is open right now (a reboot clears the XID that drained it, and the policy's drain
+    count must not make a lemon of a node the ledger is healing)."""
+    return any(
+        r.state is not Phase.CLEARED and r.created_at >= since
+        for r in ledger.history(node, limit=50)
+    )
+
+
 @dataclass(frozen=True)
 class DrainLemon:
     drains: int
@@ -74,7 +84,10 @@ def drain_lemons(
         node = row["name"]
         since = now - timedelta(days=window_days)
         cleared = _cleared_at(ledger, node)
-        n, why = policy_drains(store, node, max(since, cleared) if cleared else since)
+        start = max(since, cleared) if cleared else since
+        if _laddered(ledger, node, start):
+            continue  # the ladder's too: its count is the ledger's
+        n, why = policy_drains(store, node, start)
         if n >= limit:
             out[node] = DrainLemon(n, findings, why)
     return out
