@@ -483,6 +483,16 @@ static int link_down(int gpu, unsigned int link) {
         if ((unsigned int)atoi(t) == link) return 1;
     return 0;
 }
+/* ---- fabric block (issue #41 deliverable 2): an NVLink's state field value, 0 INACTIVE
+ * 1 ACTIVE 2 SLEEP 3 ACTIVE_TRAFFIC_DISABLED (gpuN.nvlink_state.<link> overrides nvlink_down) */
+static unsigned int link_state(int gpu, unsigned int link) {
+    char f[48];
+    snprintf(f, sizeof f, "nvlink_state.%u", link);
+    long long st = gnum(gpu, f, -1);
+    if (st >= 0) return (unsigned int)st;
+    return link_down(gpu, link) ? 0 : 1;
+}
+/* ---- end fabric block */
 nvmlReturn_t nvmlDeviceGetNvLinkState(void *device, unsigned int link, int *isActive) {
     DEVICE_ENTER("nvmlDeviceGetNvLinkState");
     long long links = gnum(gpu, "nvlinks", 18);
@@ -531,7 +541,7 @@ nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int count, nvmlFieldValue_t 
             v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
         } else {
             v->nvmlReturn = NVML_SUCCESS;
-            v->value = link_down(gpu, v->scopeId) ? 0 : 1; /* NVML_NVLINK_STATE_INACTIVE/ACTIVE */
+            v->value = (unsigned long long)link_state(gpu, v->scopeId); /* fabric block */
         }
     }
     return NVML_SUCCESS;
@@ -749,3 +759,74 @@ nvmlReturn_t nvmlEventSetFree(void *set) {
     free(set);
     return NVML_SUCCESS;
 }
+
+/* ==== fabric block (issue #41 deliverable 2: NVSwitch / NVL72 GPU fabric) ====
+ *   gpuN.fabric_state=<n>    0 NOT_SUPPORTED (default) 1 NOT_STARTED 2 IN_PROGRESS 3 COMPLETED
+ *   gpuN.fabric_status=<n>   an nvmlReturn_t: why training failed (default 0 SUCCESS)
+ *   gpuN.fabric_clique=<n>   the clique id (default 0)
+ *   gpuN.fabric_cluster=<hex> the cluster UUID, 32 hex digits (dashes skipped; default zeros)
+ *   gpuN.fabric_health=<n>   the health mask (V struct only; default 0: nothing supported)
+ *   gpuN.fabric_summary=<n>  the health summary (v3 struct only; default 0)
+ * Struct layouts as pynvml 13's c_nvmlGpuFabricInfo_t / _v2_t / _v3_t. */
+typedef struct {
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+} nvmlGpuFabricInfo_t;
+_Static_assert(sizeof(nvmlGpuFabricInfo_t) == 28, "nvmlGpuFabricInfo_t must be 28 bytes");
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+    unsigned char healthSummary; /* v3 only */
+} nvmlGpuFabricInfoV_t;
+_Static_assert(sizeof(nvmlGpuFabricInfoV_t) == 40, "nvmlGpuFabricInfo_v3_t must be 40 bytes");
+#define FABRIC_INFO_V2 0x02000024u
+#define FABRIC_INFO_V3 0x03000028u
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+
+static void fabric_uuid(int gpu, unsigned char out[16]) {
+    memset(out, 0, 16);
+    const char *v = gget(gpu, "fabric_cluster");
+    if (!v) return;
+    int n = 0;
+    for (const char *p = v; *p && n < 32; p++) {
+        int d;
+        if (*p >= '0' && *p <= '9') d = *p - '0';
+        else if (*p >= 'a' && *p <= 'f') d = *p - 'a' + 10;
+        else if (*p >= 'A' && *p <= 'F') d = *p - 'A' + 10;
+        else continue;
+        out[n / 2] |= (unsigned char)(n % 2 ? d : d << 4);
+        n++;
+    }
+}
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(void *device, nvmlGpuFabricInfo_t *info) {
+    DEVICE_ENTER("nvmlDeviceGetGpuFabricInfo");
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    fabric_uuid(gpu, info->clusterUuid);
+    info->status = (nvmlReturn_t)gnum(gpu, "fabric_status", 0);
+    info->cliqueId = (unsigned int)gnum(gpu, "fabric_clique", 0);
+    info->state = (unsigned int)gnum(gpu, "fabric_state", 0);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(void *device, nvmlGpuFabricInfoV_t *info) {
+    DEVICE_ENTER("nvmlDeviceGetGpuFabricInfoV");
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int version = info->version;
+    if (version != FABRIC_INFO_V2 && version != FABRIC_INFO_V3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    fabric_uuid(gpu, info->clusterUuid);
+    info->status = (nvmlReturn_t)gnum(gpu, "fabric_status", 0);
+    info->cliqueId = (unsigned int)gnum(gpu, "fabric_clique", 0);
+    info->state = (unsigned int)gnum(gpu, "fabric_state", 0);
+    info->healthMask = (unsigned int)gnum(gpu, "fabric_health", 0);
+    if (version == FABRIC_INFO_V3) info->healthSummary = (unsigned char)gnum(gpu, "fabric_summary", 0);
+    return NVML_SUCCESS;
+}
+/* ==== end fabric block */

@@ -31,6 +31,33 @@ DRIVER_NOT_LOADED = 9
 GPU_IS_LOST = 15
 LIB_RM_VERSION_MISMATCH = 18
 
+# GPU fabric states (nvmlGpuFabricState_t) and NVLink state field values (nvml.h)
+FABRIC_NOT_SUPPORTED = 0
+FABRIC_NOT_STARTED = 1
+FABRIC_IN_PROGRESS = 2
+FABRIC_COMPLETED = 3
+NVLINK_INACTIVE = 0
+NVLINK_ACTIVE = 1
+NVLINK_SLEEP = 2
+NVLINK_ACTIVE_TRAFFIC_DISABLED = 3
+
+
+def health_mask(
+    degraded_bw: bool | None = None,
+    route_recovery: bool | None = None,
+    route_unhealthy: bool | None = None,
+    access_timeout_recovery: bool | None = None,
+) -> int:
+    """A fabric health mask: each 2-bit sub-field TRUE (1) / FALSE (2), or NOT_SUPPORTED (0)
+    when None (shifts 0, 2, 4, 6 as in nvml.h)."""
+    mask = 0
+    for shift, bit in ((0, degraded_bw), (2, route_recovery), (4, route_unhealthy)):
+        if bit is not None:
+            mask |= (1 if bit else 2) << shift
+    if access_timeout_recovery is not None:
+        mask |= (1 if access_timeout_recovery else 2) << 6
+    return mask
+
 
 def build(cache_dir: Path = DEFAULT_CACHE) -> Path:
     """Compile the fake once per source version; returns the directory holding
@@ -118,6 +145,32 @@ class FakeGpus:
             else:
                 self.fields[key] = str(v)
         return self.write()
+
+    # ---- fabric (NVSwitch / NVL72; the C side: the "fabric block" of fakenvml.c)
+    def fabric(
+        self,
+        gpu: int,
+        state: int | None = FABRIC_COMPLETED,
+        status: int | None = None,
+        clique: int | None = None,
+        cluster: str | None = None,
+        health: int | None = None,
+    ) -> FakeGpus:
+        """What nvmlDeviceGetGpuFabricInfo(V) says for one GPU: state (FABRIC_*; None: the
+        default, NOT_SUPPORTED), status (an nvmlReturn_t), clique id, cluster UUID (32 hex
+        digits, dashes allowed) and health mask (see `health_mask`)."""
+        return self.set(
+            gpu,
+            fabric_state=state,
+            fabric_status=status,
+            fabric_clique=clique,
+            fabric_cluster=cluster,
+            fabric_health=None if health is None else hex(health),
+        )
+
+    def nvlink_state(self, gpu: int, link: int, state: int | None) -> FakeGpus:
+        """One link's NVML_FI_DEV_NVLINK_GET_STATE value (NVLINK_*; None: from nvlink_down)."""
+        return self.set(gpu, **{f"nvlink_state.{link}": state})
 
     def lose(self, gpu: int) -> FakeGpus:
         return self.set(gpu, lost=1)
