@@ -1,3 +1,3 @@
 """babysitter: Slurm-integrated GPU cluster health and job babysitter."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
