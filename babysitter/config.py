@@ -431,6 +431,45 @@ class ValidationConfig(Section):
     min_busbw_gbps: Annotated[
         float, Meta(ge=0, description="fail below this NCCL bus bandwidth")
     ] = 0.0
+    dcgmi: Annotated[
+        str,
+        Meta(
+            description="`babysitter validate`: the DCGM CLI (a path, or a name on PATH); "
+            "where it is missing the matmul test alone validates"
+        ),
+    ] = "dcgmi"
+    dcgm_after_reset: Annotated[
+        int, Meta(ge=0, le=4, description="`dcgmi diag -r` level after a GPU reset (0: none)")
+    ] = 2
+    dcgm_after_reboot: Annotated[
+        int, Meta(ge=0, le=4, description="`dcgmi diag -r` level after a reboot (0: none)")
+    ] = 3
+    dcgm_memory_fault: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=4,
+            description="`dcgmi diag -r` level at least, for a memory fault (ECC, row "
+            "remapping, memory XIDs) (0: no minimum)",
+        ),
+    ] = 3
+    dcgm_other: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=4,
+            description="`dcgmi diag -r` level for any other validation (a cleared fault, "
+            "`babysitter validate` by hand) (0: none)",
+        ),
+    ] = 1
+    dcgm_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="`dcgmi diag` is killed after this long: a failed validation (keep "
+            "it under time_limit_min; level 3 takes about 15 min, level 4 1-2 h)",
+        ),
+    ] = 1080.0
 
     def enabled(self, policy: PolicyConfig) -> bool:
         if policy.validate_before_resume is not None:

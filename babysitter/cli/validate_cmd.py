@@ -12,9 +12,14 @@ controller as a Slurm job inside a maintenance reservation, or by an admin by ha
    so does an NVML error reading them (the watch stopped; named in the failures).
 3. NCCL (`validation.nccl_command`, e.g. all_reduce_perf) when configured; its average bus
    bandwidth must reach `validation.min_busbw_gbps`.
+0. First, where DCGM is installed (`validation.dcgmi` found), `dcgmi diag -r LEVEL -j` (the
+   level the controller's job passes for the fault, `--dcgm-level`; by hand `dcgm_other`):
+   a failed test fails, and so does no readable result (checks/dcgm/diag.py). Without DCGM the
+   verdict says "matmul (no DCGM)".
 
 Prints one JSON line (`--json`) the controller reads back: {"ok", "failures", "backend",
-"library", "devices", "gpus_tested", "gpus_expected", "gflops", ...}; exit 0 pass, 1 fail.
+"library", "devices", "gpus_tested", "gpus_expected", "gflops", "validation" (what ran),
+"dcgm" (level, ok, per-test results), ...}; exit 0 pass, 1 fail.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 
 import click
 
+from babysitter.checks.dcgm import diag as dcgm
 from babysitter.checks.sdc.expected import GPUS_ENV  # how the controller's job passes its gres
 from babysitter.cli.common import State, pass_state
 from babysitter.cli.sdc_cmd import parse_inject
@@ -165,6 +171,17 @@ def _untested(tested: dict[str, Any], want: int | None) -> list[str]:
     return []
 
 
+def dcgm_diag(dcgmi: str, level: int, timeout_s: float) -> tuple[str, dict[str, Any] | None]:
+    """(what validated, the DCGM result) for this node: DCGM's diag at `level` where dcgmi
+    is installed, else the matmul alone, said so."""
+    if level <= 0:
+        return "matmul (DCGM diagnostic level 0)", None
+    found = dcgm.find_dcgmi(dcgmi)
+    if found is None:
+        return "matmul (no DCGM)", None
+    return f"dcgmi diag -r {level} + matmul", dcgm.diagnose(found, level, timeout_s).to_json()
+
+
 @click.command("validate")
 @click.option("--stress-s", type=float, default=None, help="Sustained matmul (default: config).")
 @click.option(
@@ -185,6 +202,14 @@ def _untested(tested: dict[str, Any], want: int | None) -> list[str]:
     "default: the hardware profile, else what NVML lists). 0: a CPU-only node (NVML failing "
     "to start still fails).",
 )
+@click.option(
+    "--dcgm-level",
+    type=click.IntRange(0, 4),
+    default=None,
+    envvar=dcgm.LEVEL_ENV,
+    help="`dcgmi diag -r` level where DCGM is installed (the controller's job passes it for "
+    "the fault; default: [validation] dcgm_other). 0: none.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_state
 def validate(
@@ -193,6 +218,7 @@ def validate(
     replicas: int,
     inject: str | None,
     gpus: int | None,
+    dcgm_level: int | None,
     as_json: bool,
 ) -> int:
     """Active validation of this node: SDC on every device, a stress run, NCCL if configured."""
@@ -206,6 +232,10 @@ def validate(
     nvml = _Nvml()
     expected = expected_gpus(gpus, CheckContext(cfg, cfg.agent.node_name).expect().gpu_count)
     want, failures = gpu_failures(nvml, expected)
+    level = val.dcgm_other if dcgm_level is None else dcgm_level
+    method, diag = dcgm_diag(val.dcgmi, level, val.dcgm_timeout_s)
+    if diag is not None:
+        failures += diag["failures"]
     dbe_before = nvml.dbe()
     gflops: list[float] = []
     throttled: set[str] = set()
@@ -256,12 +286,16 @@ def validate(
         "failures": failures,
         "gflops": [round(g, 1) for g in gflops],
         "busbw_gbps": busbw,
+        "validation": method,
+        "dcgm": diag,
     }
     if as_json:
         click.echo(json.dumps(verdict))
     else:
         what = f" ({tested['library'] or tested['backend']}: {len(tested['devices'])} device(s))"
-        click.echo(("PASS" if not failures else "FAIL: " + "; ".join(failures)) + what)
+        click.echo(
+            ("PASS" if not failures else "FAIL: " + "; ".join(failures)) + what + f" [{method}]"
+        )
     return 0 if not failures else 1
 
 

@@ -31,6 +31,8 @@ from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.admission import Act, Admission, Refusal
 from babysitter.controller.loop.alerts import Alert
+from babysitter.controller.loop.diag_level import LEVEL_ENV, level_for
+from babysitter.controller.loop.ledger import Ledger
 from babysitter.controller.loop.policy import Rule
 from babysitter.finding import Severity
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNotFound, SlurmUnavailable
@@ -129,6 +131,21 @@ def read_verdict(path: Path) -> dict[str, Any] | None:
     return None
 
 
+def tested_by(verdict: dict[str, Any] | None) -> str:
+    """What the validation ran, for its action's outcome: the method and each DCGM test's
+    status ("" for a verdict of an older `babysitter validate`, or none)."""
+    if not verdict or not isinstance(verdict.get("validation"), str):
+        return ""
+    out = f"; {verdict['validation'][:100]}"
+    dcgm = verdict.get("dcgm")
+    if isinstance(dcgm, dict) and isinstance(dcgm.get("tests"), list):
+        tests = [
+            f"{t.get('name')} {t.get('status')}" for t in dcgm["tests"][:40] if isinstance(t, dict)
+        ]
+        out += f" [dcgmi diag -r {dcgm.get('level')}: {', '.join(tests) or 'no test result'}]"
+    return out
+
+
 class Validator:
     admission: Admission | None = None  # asked before a validation job (set by the engine)
 
@@ -137,6 +154,14 @@ class Validator:
         self.enabled = cfg.validation.enabled(cfg.policy)
         self.store = store
         self.slurm = slurm
+
+    def dcgm_level(self, node: str) -> int:
+        """The `dcgmi diag` level for this validation: by the node's open remediation (its
+        rung and fault), else a validation after a cleared fault."""
+        row = next(iter(Ledger(self.store).history(node, limit=1)), None)
+        if row is None or not row.open:
+            return level_for(self.cfg, None, None)
+        return level_for(self.cfg, row.rung.value, row.fault_class)
 
     def _argv(self, node: str) -> list[str]:
         c = self.cfg
@@ -163,7 +188,8 @@ class Validator:
         args += [a.replace("{node}", node) for a in c.sbatch_args]
         # unknown: unset, so no value inherited through sbatch's --export=ALL speaks for it
         count = [f"{GPUS_ENV}={gpus}"] if gpus else ["-u", GPUS_ENV]
-        command = ["env", *count, *(a.replace("{node}", node) for a in c.command)]
+        level = f"{LEVEL_ENV}={self.dcgm_level(node)}"
+        command = ["env", *count, level, *(a.replace("{node}", node) for a in c.command)]
         return [*args, "--wrap", shlex.join(command)]
 
     def start(
@@ -315,7 +341,10 @@ class Validator:
                 except SlurmError as exc:
                     back = f"; could not resume: {exc}"
             self.store.update_action(
-                a.id, status="done", done_at=now, outcome=f"passed (job {job}){back}"
+                a.id,
+                status="done",
+                done_at=now,
+                outcome=f"passed (job {job}){tested_by(verdict)}{back}"[:2000],
             )
             audit.record_actions(self.store, [a.id], now)
             self.store.set_node(node, babysitter_drained=False, drain_reason=None)
@@ -325,7 +354,9 @@ class Validator:
         failures = [why] if why else [str(f) for f in (verdict or {}).get("failures", [])][:3]
         detail = "; ".join(failures) or f"job {job} ended {state} exit {code or '?'}"
         reason = f"validation failed: {detail}"
-        self.store.update_action(a.id, status="failed", done_at=now, outcome=reason)
+        self.store.update_action(
+            a.id, status="failed", done_at=now, outcome=f"{reason}{tested_by(verdict)}"[:2000]
+        )
         try:
             self.slurm.drain(node, reason)
             drained = "drained again"

@@ -1,0 +1,1 @@
+"""NVIDIA DCGM diagnostics (`dcgmi diag`), run by `babysitter validate` where DCGM is installed."""

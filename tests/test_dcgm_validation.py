@@ -1,0 +1,229 @@
+"""DCGM diagnostics in validation (issue 41, deliverable 4): where `dcgmi` is installed the
+validation job runs `dcgmi diag -r N -j` at the level the fault asks for, and its per-test
+results decide with the matmul; no dcgmi: the matmul alone, said so; an unreadable result or a
+hang fails closed. The stand-in dcgmi (tests/fixtures/standin_dcgmi/dcgmi) prints DCGM's own
+JSON shapes (3.x and 4.x, from NVIDIA/DCGM's dcgmi/Diag.cpp); the validation job is the real
+`babysitter validate` process, started by the controller's Validator."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from babysitter.checks.dcgm import diag
+from babysitter.config import ValidationConfig, parse_config
+from babysitter.controller.db.actions import ActionKind
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.diag_level import level_for
+from babysitter.controller.loop.ladder import Rung
+from babysitter.controller.loop.ledger import Ledger, Phase
+from babysitter.controller.loop.validation import Validator
+from bench.slurm_standin import InMemorySlurm
+
+STANDIN = Path(__file__).parent / "fixtures" / "standin_dcgmi"
+DCGMI = str(STANDIN / "dcgmi")
+NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+
+
+def _run_standin(mode: str, level: int = 2, timeout_s: float = 60) -> diag.DiagResult:
+    os.environ["FAKE_DCGMI"] = mode
+    try:
+        return diag.diagnose(DCGMI, level, timeout_s)
+    finally:
+        del os.environ["FAKE_DCGMI"]
+
+
+# ---- the parser, over the stand-in's DCGM output
+
+
+@pytest.mark.parametrize("shape", ["", "v3:"])
+def test_a_passing_diag_passes_with_every_test_recorded(shape: str):
+    res = _run_standin(shape + "pass", level=3)
+    assert res.ok and res.failures == []
+    names = {t.name: t.status for t in res.tests}
+    assert names["memory"] == "pass" and names["targeted_stress"] == "pass"
+    assert res.version in ("4.2.3", "3.3.9")
+
+
+@pytest.mark.parametrize("shape", ["", "v3:"])
+def test_a_failing_test_fails_and_is_named_with_its_gpu(shape: str):
+    res = _run_standin(shape + "fail:memory")
+    assert not res.ok
+    assert res.failures[0].startswith("dcgmi diag -r 2: memory failed (GPU 0: ")
+    assert {t.name: t.status for t in res.tests}["pcie"] == "pass"
+
+
+def test_a_warning_passes_and_is_kept_with_the_test():
+    res = _run_standin("warn:pcie")
+    assert res.ok
+    pcie = next(t for t in res.tests if t.name == "pcie")
+    assert pcie.status == "warn" and "GPU 0" in pcie.messages[0]
+
+
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("garbage", "dcgmi printed no JSON"),
+        ("runtime_error", "did not run: Unable to connect to the host engine"),
+        ("skip_all", "no test ran"),
+    ],
+)
+def test_no_readable_verdict_fails_closed(mode: str, why: str):
+    res = _run_standin(mode)
+    assert not res.ok and why in res.failures[0], res.failures
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{}",
+        '{"DCGM Diagnostic": {}}',
+        '{"DCGM Diagnostic": {"test_categories": []}}',
+        '{"DCGM Diagnostic": {"test_categories": [{"category": "x", "tests": [{"name": "m"}]}]}}',
+        '{"DCGM Diagnostic": {"test_categories": [{"tests": [{"name": "m", "results": '
+        '[{"status": "Excellent"}]}]}]}}',
+        '[{"DCGM Diagnostic": 1}]',
+    ],
+)
+def test_an_unknown_shape_is_never_a_pass(text: str):
+    res = diag.judge(2, text, 0, 60)
+    assert not res.ok and res.failures
+
+
+def test_a_hung_dcgmi_is_killed_at_its_timeout_and_fails():
+    res = _run_standin("hang", timeout_s=1)
+    assert not res.ok and "no result within 1 s (killed)" in res.failures[0]
+
+
+# ---- which level
+
+
+def test_the_level_follows_the_rung_and_the_fault():
+    c = ValidationConfig()
+    assert level_for(c, "reset_gpu", "xid.79") == 2
+    assert level_for(c, "reboot", "xid.79") == 3
+    assert level_for(c, None, None) == 1
+    assert level_for(c, "reset_gpu", "ecc.dbe.volatile") == 3  # a memory fault: at least 3
+    assert level_for(c, None, "xid.48") == 3
+    off = ValidationConfig(dcgm_after_reset=0, dcgm_memory_fault=0)
+    assert level_for(off, "reset_gpu", "xid.79") == 0
+
+
+# ---- end to end: the controller's Validator runs the real `babysitter validate` job
+
+
+class JobSlurm(InMemorySlurm):
+    """Slurm's part of a validation: the job's --wrap command runs as a process, its output in
+    the --output file, as sbatch would on the node (the rest is the in-memory stand-in)."""
+
+    def __init__(self, node: str, env: dict[str, str]) -> None:
+        super().__init__([node])
+        self.env = env
+        self.outcomes: dict[int, tuple[str, str]] = {}
+
+    def start_validation(self, node, reservation, user, minutes, sbatch_args):
+        job = 100 + len(self.outcomes)
+        out = next(a for a in sbatch_args if a.startswith("--output=")).split("=", 1)[1]
+        wrap = sbatch_args[sbatch_args.index("--wrap") + 1]
+        with open(out.replace("%j", str(job)), "w") as f:
+            r = subprocess.run(
+                ["sh", "-c", wrap], stdout=f, stderr=subprocess.DEVNULL, env=self.env, timeout=300
+            )
+        self.outcomes[job] = ("COMPLETED" if r.returncode == 0 else "FAILED", f"{r.returncode}:0")
+        return job
+
+    def validation_outcome(self, job_id):
+        return self.outcomes[job_id]
+
+    def end_validation(self, reservation):
+        pass
+
+
+def _validate(tmp_path: Path, mode: str | None, rung: Rung, fault: str):
+    """A node drained for `fault`, healed by `rung`, validated: (its Slurm node, the validate
+    action, the stand-in's calls)."""
+    env = dict(os.environ)
+    env.pop("BABYSITTER_CONFIG", None)
+    calls = tmp_path / "dcgmi.calls"
+    env.update(
+        BABYSITTER_AGENT__SPOOL_PATH=str(tmp_path / "spool.db"),
+        BABYSITTER_CHECKS__SDC__BACKEND="numpy",
+        BABYSITTER_CHECKS__SDC__SIZE="64",
+        BABYSITTER_AGENT__KMSG_PATH=str(tmp_path / "kmsg"),
+        FAKE_DCGMI_LOG=str(calls),
+    )
+    if mode is None:  # no DCGM on this node
+        env["BABYSITTER_VALIDATION__DCGMI"] = str(tmp_path / "no-such-dcgmi")
+    else:
+        env.update(BABYSITTER_VALIDATION__DCGMI=DCGMI, FAKE_DCGMI=mode)
+    slurm = JobSlurm("n1", env)
+    slurm.drain("n1", f"gpu: {fault}")
+    job = [sys.executable, "-m", "babysitter.cli.main", "validate", "--json"]
+    cfg = parse_config(
+        {
+            "policy": {"validate_before_resume": True},
+            "validation": {
+                "output_dir": str(tmp_path / "validation"),
+                # the node is CPU-only here: its GPUs are DCGM's (the stand-in's) alone
+                "command": [*job, "--gpus", "0", "--stress-s", "0"],
+            },
+        }
+    )
+    store = Store(f"sqlite:///{tmp_path / 'c.db'}")
+    store.upgrade()
+    Ledger(store).add("n1", rung, fault, f"gpu: {fault}", Phase.RESETTING, NOW)
+    v = Validator(cfg, store, slurm)
+    v.start("n1", f"after {rung.value}: {fault}", NOW)
+    firing: list = []
+    v.poll(NOW, firing, [])
+    action = next(a for a in store.actions() if a.kind is ActionKind.VALIDATE)
+    levels = calls.read_text().splitlines() if calls.exists() else []
+    return slurm.node("n1"), action, levels, firing
+
+
+def test_a_failing_diag_keeps_the_node_drained_with_the_test_named(tmp_path: Path):
+    node, action, calls, firing = _validate(tmp_path, "fail:memory", Rung.REBOOT, "xid.79")
+    assert calls == ["diag -r 3 -j"]  # after a reboot: level 3
+    assert action.status == "failed"
+    assert "DRAIN" in node.flags
+    assert "validation failed: dcgmi diag -r 3: memory failed (GPU 0:" in node.reason
+    # the per-test results are recorded with the validation
+    assert "[dcgmi diag -r 3: software pass, pcie pass, memory fail," in action.outcome
+    assert any(a.condition == "validation_failed" and "memory" in a.summary for a in firing)
+
+
+def test_a_passing_diag_returns_the_node_and_records_each_test(tmp_path: Path):
+    _, action, calls, _ = _validate(tmp_path, "pass", Rung.RESET_GPU, "xid.79")
+    assert calls == ["diag -r 2 -j"]  # after a GPU reset: level 2
+    assert action.status == "done"
+    assert "dcgmi diag -r 2 + matmul [dcgmi diag -r 2: software pass, pcie pass" in (
+        action.outcome or ""
+    )
+
+
+def test_without_dcgmi_the_matmul_validates_and_says_so(tmp_path: Path):
+    _, action, calls, _ = _validate(tmp_path, None, Rung.REBOOT, "xid.79")
+    assert calls == []
+    assert action.status == "done" and "matmul (no DCGM)" in (action.outcome or "")
+
+
+def test_garbage_from_dcgmi_fails_closed(tmp_path: Path):
+    node, action, _, _ = _validate(tmp_path, "garbage", Rung.RESET_GPU, "ecc.dbe.volatile")
+    assert action.status == "failed" and "DRAIN" in node.flags
+    assert "dcgmi diag -r 3: dcgmi printed no JSON" in node.reason  # memory fault: level 3
+
+
+def test_the_job_tells_validate_the_level(tmp_path: Path):
+    slurm = JobSlurm("n1", {})
+    cfg = parse_config({"validation": {"output_dir": str(tmp_path)}})
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
+    store.upgrade()
+    Ledger(store).add("n1", Rung.REBOOT, "row_remap.pending", "x", Phase.REBOOTING, NOW)
+    argv = Validator(cfg, store, slurm)._argv("n1")
+    assert "BABYSITTER_DCGM_LEVEL=3" in shlex.split(argv[argv.index("--wrap") + 1])
