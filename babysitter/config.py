@@ -285,6 +285,61 @@ class ControllerConfig(Section):
     tls_key_file: Annotated[
         Path | None, Meta(description="private key of tls_cert_file (mode 0600)")
     ] = None
+    metrics_interval_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=300,
+            description="/metrics: the values read from the database (nodes by verdict, drains, "
+            "alerts firing, ...) are read this often and published; a scrape only sends them",
+        ),
+    ] = 5.0
+    metrics_token_file: Annotated[
+        Path | None,
+        Meta(
+            description="/metrics needs `Authorization: Bearer` with this token (or the admin or "
+            "read token); unset: /metrics is open to anyone who reaches the port",
+        ),
+    ] = None
+    ui_requests_per_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="status page (/ui) requests one client address may make per second, "
+            "on average (a token bucket; past it: 429 with Retry-After)",
+        ),
+    ] = 2.0
+    ui_burst: Annotated[
+        int, Meta(ge=1, description="status page requests one client address may make at once")
+    ] = 20
+    metrics_requests_per_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="/metrics requests one client address may make per second, on average "
+            "(a token bucket; past it: 429 with Retry-After)",
+        ),
+    ] = 1.0
+    metrics_burst: Annotated[
+        int, Meta(ge=1, description="/metrics requests one client address may make at once")
+    ] = 5
+    reader_workers: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=64,
+            description="/ui and /metrics requests served at once, all clients together (their "
+            "own budget: readers never take ingest's or the loop's share)",
+        ),
+    ] = 2
+    reader_queue: Annotated[
+        int,
+        Meta(
+            ge=0,
+            description="/ui and /metrics requests that may wait for a reader worker; past it: "
+            "429 with Retry-After",
+        ),
+    ] = 64
 
 
 class SlurmConfig(Section):

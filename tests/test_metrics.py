@@ -55,10 +55,12 @@ def test_a_database_that_cannot_be_read_never_publishes_a_healthy_zero(secrets, 
             "metrics": {},
         }
         client.post("/api/v1/reports", json=body, headers=secrets.headers("n1"))
+        c.store_metrics.refresh()
         before = client.get("/metrics").text
         # the database breaks under the running controller
         c.store.engine.dispose()
         db.write_bytes(b"this is not a database" * 512)
+        c.store_metrics.refresh()  # the next read of the store-derived values
         r = client.get("/metrics")
     finally:
         c.close()
@@ -125,8 +127,10 @@ def test_each_drained_node_shows_its_age_owner_and_remediation(secrets, tmp_path
             drained_at=two_h,
         )
         Ledger(c.store).add("n4", Rung.REBOOT, "xid.79", "xid 79", Phase.REBOOTING, now)
+        c.store_metrics.refresh()
         before = client.get("/metrics").text
         c.store.set_node("n1", babysitter_drained=False, drain_reason=None)
+        c.store_metrics.refresh()
         after = client.get("/metrics").text
     finally:
         c.close()

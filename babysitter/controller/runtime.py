@@ -21,7 +21,9 @@ from babysitter.controller.api.budget import RequestBudget
 from babysitter.controller.api.connguard import connection_cap, guarded_protocol, raise_fd_limit
 from babysitter.controller.api.fastpath import IngestFastPath
 from babysitter.controller.api.ingest import Ingest, ReportWriter
+from babysitter.controller.api.metrics_snapshot import StoreMetrics
 from babysitter.controller.api.orders import OrderBook
+from babysitter.controller.api.readers import ReaderGate, reader_limits
 from babysitter.controller.api.ui.routes import LOGIN_PATH
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.maintenance import Maintenance
@@ -92,6 +94,11 @@ class Controller:
         admin = read_secret(c.admin_token_file, "admin token").decode()
         read = read_secret(c.read_token_file, "read token").decode() if c.read_token_file else None
         self.auth = Authenticator(secret, admin, read)
+        self.metrics_token = (
+            read_secret(c.metrics_token_file, "metrics token").decode()
+            if c.metrics_token_file
+            else None
+        )
         if bool(c.tls_cert_file) != bool(c.tls_key_file):
             raise ConfigError("controller.tls_cert_file and tls_key_file go together")
         if c.tls_key_file:
@@ -121,6 +128,10 @@ class Controller:
             "remediation": c.remediation,
         }
         self.leadership = Leadership(self.store, compete=c.remediation)
+        # /metrics' store-derived values, read on a thread of their own (metrics_snapshot.py)
+        self.store_metrics = StoreMetrics(
+            self.store, self.metrics, self.state, c.metrics_interval_s
+        )
         self.loops: list[tuple[str, Callable[[], object]]] = []
         self.engine: RemediationEngine | None = None
         self._stop = threading.Event()
@@ -217,15 +228,17 @@ class Controller:
             self.ingest,
             self.state,
             extra=[self._ui_router, self._maintenance_router],
+            store_metrics=self.store_metrics,
+            metrics_token=self.metrics_token,
         )
         return IngestFastPath(api, self.ingest)
 
     def served_app(self) -> RequestBudget:
-        """The ASGI app the server runs: app() behind the senders' budgets of requests in
-        flight (budget.py)."""
+        """The ASGI app the server runs: app() behind the readers' rate limits and worker
+        budget (readers.py) and the senders' budgets of requests in flight (budget.py)."""
         c = self.cfg.controller
         return RequestBudget(
-            self.app(),
+            ReaderGate(self.app(), reader_limits(c), c.reader_workers, c.reader_queue),
             self.auth,
             REPORTS_PATH,
             LOGIN_PATH,
@@ -288,6 +301,7 @@ class Controller:
         if self.orders is not None:
             self.orders.start()
         threading.Thread(target=self.loop_forever, name="policy-loop", daemon=True).start()
+        self.store_metrics.start()
         c = self.cfg.controller
         # every HTTP connection is a descriptor: take what the hard limit allows, then keep
         # the connection cap below it, with room for the database, Slurm and alert sockets
@@ -331,6 +345,7 @@ class Controller:
         finally:
             self._stop.set()
             self.wake.event.set()  # the policy loop may be waiting on it
+            self.store_metrics.stop()
             if self.engine is not None:
                 self.engine.close()
             if self.orders is not None:

@@ -1,22 +1,19 @@
-"""Liveness, readiness and Prometheus metrics (no token: probes and scrapers)."""
+"""Liveness, readiness and Prometheus metrics (no token: probes and scrapers; /metrics takes
+one where controller.metrics_token_file is set)."""
 
 from __future__ import annotations
 
-import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from babysitter import __version__
-from babysitter.controller.api import cockpit_metrics
-from babysitter.controller.api.api_read import node_view
-from babysitter.controller.db.store import Store, now
-from babysitter.controller.loop.metrics import ControllerMetrics
-
-log = logging.getLogger(__name__)
+from babysitter.controller.api.metrics_snapshot import StoreMetrics
+from babysitter.controller.db.store import Store
 
 
 def _age(at: float | None) -> float | None:
@@ -24,8 +21,13 @@ def _age(at: float | None) -> float | None:
 
 
 def health_router(
-    store: Store, metrics: ControllerMetrics, runtime_state: dict[str, Any]
+    store: Store,
+    snapshot: StoreMetrics,
+    runtime_state: dict[str, Any],
+    metrics_guard: Callable[[Request], None] | None = None,
 ) -> APIRouter:
+    """`metrics_guard`: checks a /metrics request's token (controller.metrics_token_file);
+    None: /metrics is open, like the probes."""
     router = APIRouter()
 
     @router.get("/healthz")
@@ -45,35 +47,12 @@ def health_router(
         }
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    @router.get("/metrics")
+    @router.get("/metrics", dependencies=[Depends(metrics_guard)] if metrics_guard else [])
     def prom() -> Response:
-        metrics.is_leader.set(1 if runtime_state.get("leader") else 0)
-        try:
-            verdicts: dict[str, int] = {"healthy": 0, "suspect": 0, "unhealthy": 0, "unknown": 0}
-            # leaf switch of a node, where Slurm has a topology (the leader's snapshot)
-            leaf_of = runtime_state.get("leaf_of") or (lambda name: None)
-            per_switch: dict[tuple[str, str], int] = {}
-            for n in store.node_rows():
-                v = node_view(n, runtime_state)["verdict"]
-                verdicts[v] = verdicts.get(v, 0) + 1
-                leaf = leaf_of(n["name"])
-                if leaf:
-                    per_switch[(leaf, v)] = per_switch.get((leaf, v), 0) + 1
-            cockpit_metrics.refresh(store, metrics, runtime_state, now())
-        except Exception:
-            # a healthy zero ("0 unhealthy nodes") must never stand in for "cannot tell":
-            # publish the failure and withdraw every count read from the store
-            log.exception("/metrics: the database cannot be read")
-            metrics.store_up.set(0)
-            metrics.store_errors.inc()
-            metrics.forget_store_values()
-        else:
-            metrics.store_up.set(1)
-            for v, c in verdicts.items():
-                metrics.nodes.labels(v).set(c)
-            metrics.switch_nodes.clear()  # switches and verdicts that are gone leave no series
-            for (leaf, v), c in per_switch.items():
-                metrics.switch_nodes.labels(leaf, v).set(c)
-        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        # the store-derived values come from the last published read (metrics_snapshot.py):
+        # no scrape reads node rows
+        return Response(
+            snapshot.exposition(bool(runtime_state.get("leader"))), media_type=CONTENT_TYPE_LATEST
+        )
 
     return router

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ from babysitter.controller.api.ingest import (
     bearer_token,
     report_problems,
 )
+from babysitter.controller.api.metrics_snapshot import StoreMetrics
 from babysitter.controller.api.ui.routes import LOGIN_PATH, LOGOUT_PATH, MAX_LOGIN_BODY
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.metrics import ControllerMetrics
@@ -133,13 +135,18 @@ def create_app(
     extra: Sequence[
         Callable[[Callable[[Request], Principal], Callable[[Request], Principal]], APIRouter]
     ] = (),
+    store_metrics: StoreMetrics | None = None,
+    metrics_token: str | None = None,
 ) -> FastAPI:
     """The API: the report route (served by `ingest`, which the fast path in front of the
     app shares), the read, admin and health routers, and the error shapes they answer with.
     `extra`: more routers (the status page, maintenance), each made from the reader and admin
-    dependencies."""
+    dependencies. `store_metrics`: the published store-derived values /metrics sends (one of
+    its own when None); `metrics_token`: /metrics then needs it (or the admin/read token)."""
     app = FastAPI(title="babysitter controller", version=__version__)
     runtime_state = state if state is not None else {}
+    if store_metrics is None:
+        store_metrics = StoreMetrics(store, metrics, runtime_state)
     app.add_middleware(AdminBodyGuard, auth=auth)
 
     @app.exception_handler(RequestValidationError)
@@ -157,7 +164,9 @@ def create_app(
     app.include_router(ledger_router(store, reader, admin))
     app.include_router(guard_router(store, reader))
     app.include_router(audit_router(store, reader))
-    app.include_router(health_router(store, metrics, runtime_state))
+    app.include_router(
+        health_router(store, store_metrics, runtime_state, metrics_guard(auth, metrics_token))
+    )
     for make in extra:
         app.include_router(make(reader, admin))
     return app
@@ -182,6 +191,24 @@ def access(
         return p
 
     return reader, admin
+
+
+def metrics_guard(auth: Authenticator, token: str | None) -> Callable[[Request], None] | None:
+    """The check of a /metrics request where a metrics token is configured: that token, or
+    the admin or read token (401 without a token, 403 with another one)."""
+    if not token:
+        return None
+    expected = token.encode()
+
+    def check(request: Request) -> None:
+        given = _bearer(request)
+        if secrets.compare_digest(given.encode("utf-8", "surrogateescape"), expected):
+            return
+        p = auth.identify(given)
+        if p is None or p.role not in ("admin", "read"):
+            raise HTTPException(403, "metrics token required")
+
+    return check
 
 
 def report_router(ingest: Ingest) -> APIRouter:

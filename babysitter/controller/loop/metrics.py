@@ -48,13 +48,18 @@ KNOWN_ACTION_RESULTS = (str(audit.AuditResult.DONE), str(audit.AuditResult.FAILE
 
 class ControllerMetrics:
     def __init__(self) -> None:
+        # what the process counts as it goes (rendered on each scrape: a fixed number of
+        # series, whatever the fleet's size) ...
         self.registry = CollectorRegistry()
+        # ... and what is read from the store: read and rendered once per refresh
+        # (controller/api/metrics_snapshot.py), never by a scrape
+        self.store_registry = CollectorRegistry()
         # registered in this order, which is the order of /metrics
         self._ingest(self.registry)
         self._actions(self.registry)
         self._alerts(self.registry)
         self._loops(self.registry)
-        self._read_from_store(self.registry)
+        self._read_from_store(self.store_registry)
         self.registry.register(AuditCollector())
         self._start_at_zero()
 
@@ -87,7 +92,6 @@ class ControllerMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=r,
         )
-        self.nodes = Gauge("babysitter_nodes", "Nodes by verdict.", ["verdict"], registry=r)
 
     def _actions(self, r: CollectorRegistry) -> None:
         self.drains = Counter("babysitter_drains_total", "Drains decided.", ["outcome"], registry=r)
@@ -145,7 +149,9 @@ class ControllerMetrics:
         )
 
     def _read_from_store(self, r: CollectorRegistry) -> None:
-        """Read from the store when /metrics is scraped (controller/api/cockpit_metrics.py)."""
+        """Read from the store every controller.metrics_interval_s, not per scrape
+        (controller/api/cockpit_metrics.py, controller/api/metrics_snapshot.py)."""
+        self.nodes = Gauge("babysitter_nodes", "Nodes by verdict.", ["verdict"], registry=r)
         self.guard_tripped = Gauge(
             "babysitter_guard_tripped", "1 while the blast-radius guard stops drains.", registry=r
         )
@@ -181,14 +187,21 @@ class ControllerMetrics:
         )
         self.store_up = Gauge(
             "babysitter_store_up",
-            "1 when the last scrape could read the database; 0 when it could not (then no "
-            "store-derived value is published: no node count reads as healthy).",
+            "1 when the last read of the store-derived values could read the database; 0 when "
+            "it could not (then no store-derived value is published: no node count reads as "
+            "healthy).",
             registry=r,
         )
         self.store_errors = Counter(
             "babysitter_store_read_errors_total",
-            "Scrapes of /metrics that could not read the database.",
+            "Reads of the store-derived values of /metrics that could not read the database.",
             registry=r,
+        )
+        self.store_read_age = Gauge(
+            "babysitter_store_read_age_seconds",
+            "Seconds since the store-derived values on /metrics were read (they are read every "
+            "controller.metrics_interval_s, not per scrape).",
+            registry=self.registry,  # set by each scrape
         )
         self.switch_nodes = Gauge(
             "babysitter_switch_nodes",

@@ -1,0 +1,138 @@
+"""/metrics whose cost does not grow with the fleet: the values read from the store (nodes by
+verdict and by leaf switch, drains, silent nodes, alerts firing, the guard, maintenance) are
+read every controller.metrics_interval_s on a thread of their own, rendered once into
+Prometheus text and published as an immutable snapshot. A scrape only sends those bytes after
+the process's own counters (a fixed number of series): no scrape reads a node row, and any
+number of scrapers (two Prometheus replicas, a curl loop) costs the same store reads as none.
+
+A store that cannot be read publishes `babysitter_store_up 0` and withdraws every value read
+from it (never a healthy zero), as before. `babysitter_store_read_age_seconds` says how old the
+published values are; a snapshot older than STALE_INTERVALS intervals (the thread is stuck or
+not running, as in an app built without the controller) is read again by the scrape that
+finds it, one scrape at a time."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import generate_latest
+
+from babysitter.controller.api import cockpit_metrics
+from babysitter.controller.api.api_read import node_view
+from babysitter.controller.db.store import Store, now
+from babysitter.controller.loop.metrics import ControllerMetrics
+
+log = logging.getLogger(__name__)
+STALE_INTERVALS = 3
+
+
+@dataclass(frozen=True)
+class Published:
+    """One read of the store, rendered: what every scrape sends until the next read."""
+
+    body: bytes  # Prometheus text of the store-derived families
+    read_at: float  # time.time() of the read
+    store_up: bool
+
+
+class StoreMetrics:
+    def __init__(
+        self,
+        store: Store,
+        metrics: ControllerMetrics,
+        runtime_state: dict[str, Any],
+        interval_s: float = 5.0,
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.state = runtime_state
+        self.interval_s = interval_s
+        self._published: Published | None = None
+        self._reading = threading.Lock()  # one read at a time
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> Published:
+        """Read the store, set the gauges, render them and publish the result."""
+        with self._reading:
+            return self._refresh()
+
+    def _refresh(self) -> Published:
+        m = self.metrics
+        try:
+            verdicts: dict[str, int] = {"healthy": 0, "suspect": 0, "unhealthy": 0, "unknown": 0}
+            # leaf switch of a node, where Slurm has a topology (the leader's snapshot)
+            leaf_of = self.state.get("leaf_of") or (lambda name: None)
+            per_switch: dict[tuple[str, str], int] = {}
+            for n in self.store.node_rows():
+                v = node_view(n, self.state)["verdict"]
+                verdicts[v] = verdicts.get(v, 0) + 1
+                leaf = leaf_of(n["name"])
+                if leaf:
+                    per_switch[(leaf, v)] = per_switch.get((leaf, v), 0) + 1
+            cockpit_metrics.refresh(self.store, m, self.state, now())
+        except Exception:
+            # a healthy zero ("0 unhealthy nodes") must never stand in for "cannot tell":
+            # publish the failure and withdraw every count read from the store
+            log.exception("/metrics: the database cannot be read")
+            m.store_up.set(0)
+            m.store_errors.inc()
+            m.forget_store_values()
+            up = False
+        else:
+            m.store_up.set(1)
+            m.nodes.clear()  # verdicts that are gone leave no series
+            for v, c in verdicts.items():
+                m.nodes.labels(v).set(c)
+            m.switch_nodes.clear()  # switches and verdicts that are gone leave no series
+            for (leaf, v), c in per_switch.items():
+                m.switch_nodes.labels(leaf, v).set(c)
+            up = True
+        published = Published(generate_latest(m.store_registry), time.time(), up)
+        self._published = published
+        return published
+
+    def current(self) -> Published:
+        """The published snapshot; read first when there is none, or when it is stale and no
+        other read is under way (then the stale one is sent, with its age)."""
+        p = self._published
+        if p is not None and time.time() - p.read_at < STALE_INTERVALS * self.interval_s:
+            return p
+        if p is None:
+            return self.refresh()
+        if self._reading.acquire(blocking=False):
+            try:
+                return self._refresh()
+            finally:
+                self._reading.release()
+        return p
+
+    def exposition(self, leader: bool) -> bytes:
+        """The whole of /metrics: the process's own series, then the published snapshot."""
+        p = self.current()
+        self.metrics.is_leader.set(1 if leader else 0)
+        self.metrics.store_read_age.set(round(max(0.0, time.time() - p.read_at), 3))
+        return generate_latest(self.metrics.registry) + p.body
+
+    # ---- the thread that reads every interval_s
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="store-metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                self.refresh()
+            except Exception:  # never expected (refresh publishes its failures): keep going
+                log.exception("store metrics: refresh failed")
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
