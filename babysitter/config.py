@@ -661,6 +661,52 @@ class RemediationConfig(Section):
 ROUTES = ("route_alertmanager", "route_slack", "route_pagerduty", "route_webhook")
 
 
+class RmaConfig(Section):
+    """RMA evidence (controller/loop/rma.py, agent/rma.py): when a node becomes a lemon or a
+    reset / reboot rung fails, its agent collects `nvidia-bug-report.sh` output and the recent
+    kernel log, and the controller stores them with the node's ledger history and findings as
+    one archive, linked from the alert, the node page and `babysitter nodes NODE`."""
+
+    enabled: Annotated[
+        bool, Meta(description="collect an RMA evidence archive for lemons and failed rungs")
+    ] = True
+    archive_dir: Annotated[
+        Path, Meta(description="controller: where the archives are kept (tar.gz, one per event)")
+    ] = Path("/var/lib/babysitter/rma")
+    bug_report_command: Annotated[
+        list[str],
+        Meta(
+            description="agent: the bug report, run in an empty temporary directory; it must "
+            "write nvidia-bug-report.log.gz there (missing: recorded as absent)"
+        ),
+    ] = field(default_factory=lambda: ["nvidia-bug-report.sh"])
+    bug_report_timeout_s: Annotated[
+        float, Meta(gt=0, description="agent: the bug report is killed after this long")
+    ] = 300.0
+    max_mb: Annotated[
+        float,
+        Meta(gt=0, description="agent: a bug report larger than this is left out (said so)"),
+    ] = 50.0
+    kernel_log_command: Annotated[
+        list[str] | None,
+        Meta(
+            description="agent: the recent kernel log (default: `journalctl -k -n LINES`, "
+            "else `dmesg`)"
+        ),
+    ] = None
+    kernel_log_lines: Annotated[
+        int, Meta(ge=1, description="agent: at most this many recent kernel-log lines")
+    ] = 2000
+    collect_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="controller: no upload from the agent this long after the order is "
+            "a failed collection (alerted, never dropped)",
+        ),
+    ] = 900.0
+
+
 class AlertsConfig(Section):
     alertmanager_url: Annotated[str | None, Meta(description="Alertmanager base URL (v2 API)")] = (
         None
@@ -730,6 +776,7 @@ class Config(Section):
     fabric: FabricConfig = field(default_factory=FabricConfig)
     blast_radius: BlastRadiusConfig = field(default_factory=BlastRadiusConfig)
     remediation: RemediationConfig = field(default_factory=RemediationConfig)
+    rma: RmaConfig = field(default_factory=RmaConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
 
 

@@ -152,6 +152,26 @@ CREATE INDEX ix_reports_node_received ON reports (node, received_at);
 CREATE INDEX ix_reports_received ON reports (received_at);
 CREATE INDEX ix_reports_worst_received ON reports (worst_severity, received_at);
 
+CREATE TABLE rma_archives (
+	id BIGSERIAL NOT NULL, 
+	node VARCHAR(64) NOT NULL, 
+	ledger_id BIGINT, 
+	trigger TEXT NOT NULL, 
+	order_id VARCHAR(36) NOT NULL, 
+	action_id BIGINT, 
+	state VARCHAR(16) NOT NULL, 
+	outcome TEXT, 
+	path TEXT, 
+	size BIGINT, 
+	sha256 VARCHAR(64), 
+	alerted BOOLEAN NOT NULL, 
+	created_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	updated_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+	PRIMARY KEY (id), 
+	UNIQUE (order_id)
+);
+CREATE INDEX ix_rma_archives_node ON rma_archives (node, created_at);
+
 CREATE TABLE sdc_schedule (
 	node VARCHAR(64) NOT NULL, 
 	hold VARCHAR(64), 

@@ -174,6 +174,29 @@ remediations = Table(
     Index("ix_remediations_gpu", "gpu_uuid"),
 )
 
+# RMA evidence archives (controller/loop/rma.py orders, controller/api/api_rma.py stores)
+rma_archives = Table(
+    "rma_archives",
+    metadata,
+    Column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("node", String(64), nullable=False),
+    Column("ledger_id", BigInteger, nullable=True),  # the ledger row that asked for it
+    Column("trigger", Text, nullable=False),  # lemon: ... | reboot failed: ...
+    Column("order_id", String(36), nullable=False, unique=True),
+    Column("action_id", BigInteger, nullable=True),  # its rma_evidence action
+    Column("state", String(16), nullable=False),  # ordered collected failed
+    Column("outcome", Text, nullable=True),  # what was collected, or why nothing was
+    Column("path", Text, nullable=True),  # the archive's file name under [rma] archive_dir
+    Column("size", BigInteger, nullable=True),
+    Column("sha256", String(64), nullable=True),
+    Column("alerted", Boolean, nullable=False, default=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Index("ix_rma_archives_node", "node", "created_at"),
+)
+
 kv = Table(
     "kv",
     metadata,
