@@ -133,7 +133,8 @@ def load_inputs(path: Path = INPUTS) -> dict[str, Any]:
 def xid_drained(xid: int, overrides: dict[int, Any] | None = None) -> bool:
     """Does babysitter drain a node for this XID? Asked of the product itself: the finding its
     XID event source makes (catalog babysitter/hardware/xids.py, site overrides) and the
-    policy's own drain test. NVLink XID 74 is `inspect`: an alert, no drain."""
+    policy's own drain test. NVLink XID 74 (NVIDIA's catalog: reset the GPU) and XID 154 (the
+    driver's recovery action) are drained; an application's XID (13) is not."""
     f = xid_finding("xid.nvml", xid, overrides or {}, "gpu0", "GPU 0")
     return drain_worthy(f)
 
@@ -812,8 +813,8 @@ VARIANTS: list[tuple[str, list[Any]]] = [
         [_set("babysitter.xid_drain_all", True)],
     ),
     (
-        "XID coverage: site override 74 = reset_gpu (NVLink XIDs drained)",
-        [_set("babysitter.xid_overrides", {"74": "reset_gpu"})],
+        "XID coverage: site override 74 = inspect (NVLink XID 74 alert only, as before #41)",
+        [_set("babysitter.xid_overrides", {"74": "inspect"})],
     ),
     ("only 4 hot spare nodes", [_set("repair.spare_nodes", 4)]),
     ("humans answer in 5-30 min", [_set("timing.human_response_s", [300, 1800])]),

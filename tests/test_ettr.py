@@ -183,24 +183,26 @@ def test_false_drains_cost_node_hours_not_training_time(model, arms):
 
 
 def test_xid_coverage_comes_from_the_products_catalog(inputs):
-    """NVLink XID 74 is `inspect` in babysitter's catalog: an alert, no drain, so no credit;
-    79 (off the bus) and the GSP XIDs are drained. A site override moves the credit."""
-    assert not ettr.xid_drained(74) and not ettr.xid_drained(13)
+    """NVLink XID 74 and the NVLink5 XIDs follow NVIDIA's catalog (reset the GPU) and XID 154
+    the driver's recovery action: all drained, as are 79 (off the bus) and the GSP XIDs; 13
+    (an application's fault) is not. A site override moves the credit back."""
+    assert ettr.xid_drained(74) and ettr.xid_drained(145) and ettr.xid_drained(154)
+    assert not ettr.xid_drained(13)
     assert ettr.xid_drained(79) and ettr.xid_drained(119) and ettr.xid_drained(48)
-    assert ettr.xid_drained(74, {74: "reset_gpu"})
+    assert not ettr.xid_drained(74, {74: "inspect"})
     r = ettr.resolve_xids(inputs)
     gpu = next(c for c in r["cause"] if c["name"] == "Faulty GPU (incl. NVLink)")
-    # 74 (30 %), 145 (5 %) and 154 (10 %) of its 90 % XID share are alert-only
-    assert gpu["classes"]["xid_alerted"] == pytest.approx(0.9 * 0.45)
-    assert gpu["classes"]["xid_drained"] == pytest.approx(0.9 * 0.55)
+    # every XID of its 90 % XID share is drained now (74 30 %, 145 5 %, 154 10 % were alerts)
+    assert gpu["classes"].get("xid_alerted", 0.0) == pytest.approx(0.0)
+    assert gpu["classes"]["xid_drained"] == pytest.approx(0.9)
     assert r["class"]["xid_drained"]["babysitter_sees"] == 1.0
     assert r["class"]["xid_alerted"]["babysitter_sees"] == 0.0
     inputs2 = {
         **inputs,
-        "babysitter": {**inputs["babysitter"], "xid_overrides": {"74": "reset_gpu"}},
+        "babysitter": {**inputs["babysitter"], "xid_overrides": {"74": "inspect"}},
     }
     gpu2 = next(c for c in ettr.resolve_xids(inputs2)["cause"] if c["name"] == gpu["name"])
-    assert gpu2["classes"]["xid_drained"] == pytest.approx(0.9 * 0.85)
+    assert gpu2["classes"]["xid_drained"] == pytest.approx(0.9 * 0.70)
 
 
 def test_what_ifs_cover_false_interruption_rates_and_xid_coverage(inputs, model):

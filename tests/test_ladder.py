@@ -20,7 +20,9 @@ def test_defaults_follow_the_xid_catalog():
     assert t.rungs("xid.79", Action.REBOOT) == (Rung.REBOOT, Rung.INSPECT)
     for xid in CATALOG["reset_gpu"]:
         assert t.first(f"xid.{xid}", Action.RESET_GPU) is Rung.RESET_GPU
-    assert t.first("xid.74", Action.INSPECT) is Rung.INSPECT
+    # NVLink XID 74: NVIDIA's catalog says reset the GPU (or reboot) -> the reset rung
+    assert t.rungs("xid.74", Action.RESET_GPU) == (Rung.RESET_GPU, Rung.REBOOT, Rung.INSPECT)
+    assert t.first("xid.45", Action.INSPECT) is Rung.INSPECT
     assert t.rungs("row_remap.failed", Action.INSPECT) == (Rung.RMA,)
     # a code the table does not name climbs by the finding's recommended action
     assert t.rungs("gpu.something_new", Action.REBOOT) == (Rung.REBOOT, Rung.INSPECT)

@@ -19,6 +19,9 @@
  *                                    pcie_gen pcie_gen_max pcie_width pcie_width_max
  *                                    clocks_event_reasons power_mw
  *                                    pcie_replays (field 94, NVML_FI_DEV_PCIE_REPLAY_COUNTER)
+ *                                    recovery_action reset_status drain_and_reset
+ *                                    recovery_fields recovery_rc (fields 230/226/227: see the
+ *                                    recovery-action block)
  *   gpuN.err.<function>=<nvmlReturn> that function fails on that GPU (e.g. 3 NOT_SUPPORTED)
  *   delay.<function>=<seconds>       that function sleeps first (a hung driver)
  *   gpuN.delay=<seconds>             every call on that GPU sleeps first (one hung GPU);
@@ -515,6 +518,37 @@ enum {
     VALUE_TYPE_UINT = 1, VALUE_TYPE_ULL = 3
 };
 
+/* ==== BEGIN recovery action (issue 41, "follow the driver"): fields 230, 226, 227 ==========
+ *   gpuN.recovery_action=<0..7>   NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230), default 0 (none)
+ *   gpuN.reset_status=<0|1>       NVML_FI_DEV_RESET_STATUS (226), default 0
+ *   gpuN.drain_and_reset=<0|1>    NVML_FI_DEV_DRAIN_AND_RESET_STATUS (227), default 0
+ *   gpuN.recovery_fields=<2|1|0>  which fields the driver has: 2 (default) all three (r550+);
+ *                                 1 only 226/227 (an older driver: 230 NOT_SUPPORTED); 0 none
+ *   gpuN.recovery_rc=<nvmlReturn> field 230 answers this error instead (a failed read)
+ * Returns 1 when the field is one of these (answered), 0 otherwise. */
+enum { FI_RESET_STATUS = 226, FI_DRAIN_AND_RESET_STATUS = 227, FI_GPU_RECOVERY_ACTION = 230 };
+static int recovery_field(int gpu, nvmlFieldValue_t *v) {
+    if (v->fieldId != FI_GPU_RECOVERY_ACTION && v->fieldId != FI_RESET_STATUS
+        && v->fieldId != FI_DRAIN_AND_RESET_STATUS)
+        return 0;
+    long long have = gnum(gpu, "recovery_fields", 2);
+    v->valueType = VALUE_TYPE_UINT;
+    if (v->fieldId == FI_GPU_RECOVERY_ACTION) {
+        long long rc = gnum(gpu, "recovery_rc", 0);
+        v->nvmlReturn = have < 2 ? NVML_ERROR_NOT_SUPPORTED : (nvmlReturn_t)rc;
+        if (v->nvmlReturn == NVML_SUCCESS)
+            v->value = (unsigned long long)gnum(gpu, "recovery_action", 0);
+    } else if (have < 1) {
+        v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+    } else {
+        v->nvmlReturn = NVML_SUCCESS;
+        v->value = (unsigned long long)gnum(
+            gpu, v->fieldId == FI_RESET_STATUS ? "reset_status" : "drain_and_reset", 0);
+    }
+    return 1;
+}
+/* ==== END recovery action ================================================================ */
+
 nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int count, nvmlFieldValue_t *values) {
     DEVICE_ENTER("nvmlDeviceGetFieldValues");
     if (count < 0 || !values) return NVML_ERROR_INVALID_ARGUMENT;
@@ -528,6 +562,7 @@ nvmlReturn_t nvmlDeviceGetFieldValues(void *device, int count, nvmlFieldValue_t 
         v->latencyUsec = 0;
         v->valueType = VALUE_TYPE_UINT;
         v->value = 0;
+        if (recovery_field(gpu, v)) continue; /* issue 41: the recovery-action block above */
         if (v->fieldId == FI_PCIE_REPLAY_COUNTER) {
             v->nvmlReturn = NVML_SUCCESS;
             v->valueType = VALUE_TYPE_ULL;

@@ -25,6 +25,9 @@ EVENT_DBE = 0x2
 EVENT_XID = 0x8
 EVENT_DRAM_RETIREMENT_FAILURE = 0x800
 
+# the fake's keys of the driver's recovery action (fakenvml.c, its recovery-action block)
+RECOVERY_KEYS = ("recovery_action", "reset_status", "drain_and_reset", "recovery_rc")
+
 # nvmlReturn_t values tests inject
 NOT_SUPPORTED = 3
 DRIVER_NOT_LOADED = 9
@@ -126,7 +129,10 @@ class FakeGpus:
     def reset_gpu(self, gpu: int) -> FakeGpus:
         """What a GPU reset does to one GPU: volatile ECC counts zeroed, pending remaps and
         retirements applied, a lost or hung GPU back, its pending events gone."""
-        volatile = ("lost", "dbe_volatile", "sbe_volatile", "remap_pending", "retired_pending")
+        volatile = (
+            *("lost", "dbe_volatile", "sbe_volatile", "remap_pending", "retired_pending"),
+            *RECOVERY_KEYS,  # the driver asks for nothing more once the GPU was reset
+        )
         prefix = f"gpu{gpu}."
         for key in list(self.fields):
             rest = key[len(prefix) :] if key.startswith(prefix) else None
@@ -171,6 +177,18 @@ class FakeGpus:
     def nvlink_state(self, gpu: int, link: int, state: int | None) -> FakeGpus:
         """One link's NVML_FI_DEV_NVLINK_GET_STATE value (NVLINK_*; None: from nvlink_down)."""
         return self.set(gpu, **{f"nvlink_state.{link}": state})
+
+    def recovery(
+        self, gpu: int, action: int | None, *, fields: int | None = None, rc: int | None = None
+    ) -> FakeGpus:
+        """The driver's recovery action for one GPU (NVML field 230, 0-7; None: back to none).
+        fields: which fields the driver has (2 all, 1 only the older reset-status fields 226/227,
+        0 none); rc: field 230 answers this NVML error (a failed read)."""
+        return self.set(gpu, recovery_action=action, recovery_fields=fields, recovery_rc=rc)
+
+    def reset_status(self, gpu: int, reset: int = 0, drain_and_reset: int = 0) -> FakeGpus:
+        """The older fields (226 reset required, 227 drain and reset recommended)."""
+        return self.set(gpu, reset_status=reset, drain_and_reset=drain_and_reset)
 
     def lose(self, gpu: int) -> FakeGpus:
         return self.set(gpu, lost=1)

@@ -33,4 +33,7 @@ SIGNALS: Mapping[str, Mapping[str, Interval]] = {
     "gpu.thermal": {
         "thermal": 30.0,  # temperature, thresholds, clock-event reasons, utilisation
     },
+    "gpu.recovery": {
+        "action": FAST,  # the driver's recovery action: one batched field read per GPU
+    },
 }

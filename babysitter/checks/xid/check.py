@@ -10,10 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from babysitter.checks import nvml
 from babysitter.checks.base import Check, EventSource
 from babysitter.checks.nvml import nv
 from babysitter.finding import Action, Finding, Severity
+from babysitter.hardware.recovery import RecoveryAction
 from babysitter.hardware.xids import XidClass, classify
 
 if TYPE_CHECKING:
@@ -52,18 +55,35 @@ def xid_finding(
     component: str,
     where: str,
     extra: str = "",
+    recovery: RecoveryAction | None = None,
     **details: Any,
 ) -> Finding:
-    v = classify(xid, overrides)
+    """The finding of one XID. `recovery`: for XID 154 without its kernel-log text (an NVML
+    event), the driver's recovery action read at once from the GPU; the text's, where there is
+    one, is the action this XID announced."""
+    v = classify(xid, overrides, extra)
+    if v.klass == "recovery" and v.recovery is None and recovery is not None:
+        v = msgspec.structs.replace(
+            v,
+            severity=recovery.severity,
+            action=recovery.action,
+            rule=f"catalog: xid {xid} -> driver recovery action {recovery.label} (read)",
+            recovery=recovery,
+        )
     node_fault = v.klass in ("reboot", "reset_gpu")
-    what = (
-        "node fault"
-        if node_fault
-        else ("not a node fault" if v.klass in ("app", "ignore") else "needs inspection")
-    )
+    if v.recovery is not None:
+        what = f"driver recovery action: {v.recovery.reason}"
+    elif v.klass == "recovery":
+        what = "driver recovery action unknown: drained until gpu.recovery reads it"
+    elif node_fault:
+        what = "node fault"
+    else:
+        what = "not a node fault" if v.klass in ("app", "ignore") else "needs inspection"
     msg = f"XID {xid} on {where} ({v.klass}: {what})"
     if extra:
         msg += f": {extra[:300]}"
+    if v.recovery is not None:
+        details = {**details, "recovery_action": int(v.recovery)}
     return Finding(
         check=check,
         component=component,
@@ -121,7 +141,9 @@ class KmsgXidCheck(Check):
         comp = f"gpu{gpu}" if gpu is not None else "host"
         where = f"GPU {gpu} (PCI {pci})" if gpu is not None else f"PCI {pci}"
         # the board's identity, for the lemon ledger (a renamed node keeps its GPU's history)
-        ids = {"uuid": dev.uuid, **({"serial": dev.serial} if dev.serial else {})} if dev else {}
+        ids: dict[str, Any] = (
+            {"uuid": dev.uuid, **({"serial": dev.serial} if dev.serial else {})} if dev else {}
+        )
         if xid is None:
             return self.finding(
                 comp,
@@ -253,11 +275,12 @@ EVENT_FINDINGS: dict[int, tuple[str, Severity, Action, str]] = {
     0x1000: ("poison.nonfatal", Severity.WARNING, Action.WATCH, "non-fatal poison error"),
     0x2000: ("poison.fatal", Severity.CRITICAL, Action.RESET_GPU, "fatal poison error"),
     0x4000: ("gpu.unavailable", Severity.CRITICAL, Action.REBOOT, "GPU unavailable"),
-    0x8000: ("gpu.recovery_action", Severity.CRITICAL, Action.RESET_GPU, "recovery required"),
+    # a known action takes its own code and rung (hardware/recovery.py); an unknown one: inspect
+    0x8000: ("gpu.recovery_action", Severity.CRITICAL, Action.INSPECT, "recovery required"),
 }
 FAULT_EVENTS = EVENT_XID | EVENT_SBE | sum(EVENT_FINDINGS)
-# nvmlDeviceGetGpuRecoveryAction values (eventData of 0x8000)
-_RECOVERY = {1: Action.RESET_GPU, 2: Action.REBOOT, 3: Action.DRAIN, 4: Action.RESET_GPU}
+EVENT_RECOVERY_ACTION = 0x8000  # eventData: the new nvmlDeviceGpuRecoveryAction_t
+XID_RECOVERY_ACTION_CHANGED = 154
 SBE_WINDOW_S = 3600.0
 
 
@@ -334,7 +357,11 @@ class NvmlEvents(EventSource):
         ids = dev.ids() if dev else {}
         if ev_type == EVENT_XID:
             overrides = self.ctx.config.checks.xid.overrides
-            return xid_finding("xid.nvml", data, overrides, comp, where, source="nvml-event", **ids)
+            # XID 154 carries no text here: the action it announces is read from the GPU now
+            recovery = self._recovery_now(dev) if data == XID_RECOVERY_ACTION_CHANGED else None
+            return xid_finding(
+                "xid.nvml", data, overrides, comp, where, "", recovery, source="nvml-event", **ids
+            )
         if ev_type == EVENT_SBE:
             now = time.monotonic()
             times = [t for t in self._sbe.get(idx, []) if now - t <= SBE_WINDOW_S] + [now]
@@ -354,10 +381,17 @@ class NvmlEvents(EventSource):
         code, sev, action, what = EVENT_FINDINGS.get(
             ev_type, ("event.unknown", Severity.WARNING, Action.INSPECT, "unknown NVML event")
         )
-        if ev_type == 0x8000:
-            if data == 0:
+        extra: dict[str, Any] = {}
+        if ev_type == EVENT_RECOVERY_ACTION:
+            try:
+                rec = RecoveryAction(data)
+            except ValueError:
+                rec = None  # a value this table does not know: inspect (the default above)
+            if rec is RecoveryAction.NONE:
                 return None  # "no recovery needed"
-            action = _RECOVERY.get(data, Action.INSPECT)
+            if rec is not None:
+                code, sev, action, what = rec.code, rec.severity, rec.action, rec.reason
+                extra["recovery_action"] = int(rec)
         return Finding(
             check="gpu.events",
             component=comp,
@@ -365,8 +399,26 @@ class NvmlEvents(EventSource):
             code=code,
             message=f"{where}: {what} (NVML event {ev_type:#x}, data {data})",
             action=action,
-            details={"event_type": hex(ev_type), "event_data": data, "source": "nvml-event", **ids},
+            details={
+                "event_type": hex(ev_type),
+                "event_data": data,
+                "source": "nvml-event",
+                **extra,
+                **ids,
+            },
         )
+
+    @staticmethod
+    def _recovery_now(dev: nvml.Device | None) -> RecoveryAction | None:
+        """The GPU's recovery action, read at once (None: not read; the XID stays unknown)."""
+        if dev is None:
+            return None
+        from babysitter.checks.gpu.recovery import read_recovery_action
+
+        try:
+            return read_recovery_action(dev.handle).action
+        except nv.NVMLError:
+            return None
 
     def _open(self) -> tuple[Any, dict[int, nvml.Device]]:
         """The event set, registered on every GPU; raises when NVML cannot give one."""

@@ -18,6 +18,7 @@ from typing import get_args
 
 from babysitter.config import RemediationConfig, RungName
 from babysitter.finding import Action, Finding, Severity, job_owned
+from babysitter.hardware.recovery import RecoveryAction
 from babysitter.hardware.xids import CATALOG
 
 
@@ -58,6 +59,13 @@ def _defaults() -> dict[str, Ladder]:
         table[f"xid.{xid}"] = _RESET
     for xid in CATALOG["inspect"]:
         table[f"xid.{xid}"] = _INSPECT
+    # the driver's recovery action (hardware/recovery.py): GPU reset, drain and reset, bus
+    # reset start at reset_gpu; node and system reboot at reboot. Drain P2P and recover IMEX
+    # domain recommend a drain (no rung: the node stays drained for a human, its reason says
+    # which); XID 154 (its class "recovery") climbs by the action its text or the field gave.
+    for a in RecoveryAction:
+        if a.action in BY_ACTION:
+            table[a.code] = BY_ACTION[a.action]
     table.update(
         {
             # NVML: GPU lost / fallen off the bus: only a power cycle brings it back
