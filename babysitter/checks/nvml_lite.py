@@ -27,6 +27,7 @@ from ctypes import (
     c_int64,
     c_longlong,
     c_uint,
+    c_uint8,
     c_uint32,
     c_ulong,
     c_ulonglong,
@@ -59,6 +60,9 @@ NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
 NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
 NVML_NVLINK_MAX_LINKS = 36
 NVML_NVLINK_STATE_INACTIVE = 0
+NVML_NVLINK_STATE_ACTIVE = 1
+NVML_NVLINK_STATE_SLEEP = 2
+NVML_NVLINK_STATE_ACTIVE_TRAFFIC_DISABLED = 3
 NVML_FI_DEV_NVLINK_LINK_COUNT = 91
 NVML_FI_DEV_NVLINK_GET_STATE = 165
 
@@ -347,3 +351,52 @@ def nvmlDeviceGetTemperatureThreshold(handle: c_void_p, threshold: int) -> int:
 
 def nvmlDeviceGetCurrentClocksEventReasons(handle: c_void_p) -> int:
     return _ull("nvmlDeviceGetCurrentClocksEventReasons", handle)
+
+
+# ---- GPU fabric (gpu.fabric): pynvml 13's structs and wrappers, same layouts
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+NVML_GPU_FABRIC_UUID_LEN = 16
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+nvmlGpuFabricInfo_v2 = 0x02000024
+NVMLError_ArgumentVersionMismatch = _subclass(
+    "NVMLError_ArgumentVersionMismatch", NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+)
+
+
+class c_nvmlGpuFabricInfo_t(Structure):
+    _fields_ = [
+        ("clusterUuid", c_uint8 * NVML_GPU_FABRIC_UUID_LEN),
+        ("status", c_int),
+        ("cliqueId", c_uint32),
+        ("state", c_uint),
+    ]
+
+
+class c_nvmlGpuFabricInfo_v2_t(Structure):
+    _fields_ = [
+        ("version", c_uint),
+        ("clusterUuid", c_uint8 * NVML_GPU_FABRIC_UUID_LEN),
+        ("status", c_int),
+        ("cliqueId", c_uint32),
+        ("state", c_uint),
+        ("healthMask", c_uint32),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(version=nvmlGpuFabricInfo_v2)
+
+
+c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfo_v2_t
+
+
+def nvmlDeviceGetGpuFabricInfo(handle: c_void_p, info: Any) -> int:
+    _check(_fn("nvmlDeviceGetGpuFabricInfo")(handle, info))
+    return NVML_SUCCESS
+
+
+def nvmlDeviceGetGpuFabricInfoV(handle: c_void_p, info: Any) -> int:
+    _check(_fn("nvmlDeviceGetGpuFabricInfoV")(handle, info))
+    return NVML_SUCCESS

@@ -37,6 +37,11 @@ class Expectations(msgspec.Struct, frozen=True):
     ib_rate_gbps: float | None  # rate each port must run at (None: the node's best port)
     ib_required: bool  # no InfiniBand device at all is a fault (else the IB check stays off)
     nccl_busbw_gbps: float
+    nvswitch: bool  # NVML's GPU fabric state applies (gpu.fabric reads it)
+    # the node runs nvidia-fabricmanager: configured profile, or `[checks.fabric]
+    # fabric_manager`; on a detected profile gpu.fabric also asks the driver (a GPU in a fabric)
+    fabric_manager: bool | None
+    imex: bool  # the node needs nvidia-imex (a configured profile or `[checks.fabric] imex`)
 
 
 def expectations(cfg: Config, gpu_name: str | None) -> Expectations:
@@ -45,6 +50,14 @@ def expectations(cfg: Config, gpu_name: str | None) -> Expectations:
     profile: HardwareProfile = PROFILES[name] if name else detect(gpu_name)
     configured = name is not None
     gpu, ib, nccl = cfg.checks.gpu, cfg.checks.infiniband, cfg.checks.nccl
+    fab = cfg.checks.fabric
+    if fab.fabric_manager is not None:
+        fabric_manager: bool | None = fab.fabric_manager
+    else:
+        # detected: a board that may run Fabric Manager does when its GPUs report a fabric
+        fabric_manager = (
+            profile.fabric_manager if configured or not profile.fabric_manager else None
+        )
     if gpu.expected_count is not None:
         gpu_count: int | None = gpu.expected_count
     else:
@@ -58,6 +71,9 @@ def expectations(cfg: Config, gpu_name: str | None) -> Expectations:
         ib_rate_gbps=ib.expected_rate_gbps or profile.ib_rate_gbps,
         ib_required=configured or ib.expected_ports is not None,
         nccl_busbw_gbps=nccl.min_busbw_gbps or profile.nccl_busbw_gbps,
+        nvswitch=profile.nvswitch,
+        fabric_manager=fabric_manager,
+        imex=fab.imex if fab.imex is not None else configured and profile.imex,
     )
 
 

@@ -26,6 +26,16 @@ class HardwareProfile(msgspec.Struct, frozen=True):
     ib_ports: int = 0  # InfiniBand ports ACTIVE per node (0: no expectation)
     ib_rate_gbps: float | None = None  # rate each port must run at (None: the node's best port)
     nccl_busbw_gbps: float = 150.0  # all_reduce_perf bus bandwidth floor at the largest size
+    # the GPUs' NVLinks go through NVSwitches: NVML's GPU fabric state must be COMPLETED
+    # before a multi-GPU job can run (gpu.fabric reads it)
+    nvswitch: bool = False
+    # the node itself runs the `nvidia-fabricmanager` service that trains that fabric (HGX
+    # boards; on NVL72 racks Fabric Manager runs on the switch trays, not the compute nodes)
+    fabric_manager: bool = False
+    # the node is one of several in a multi-node NVLink domain and needs the IMEX daemon
+    # (`nvidia-imex`); only ever checked on a configured profile (a single GB200 tray is not
+    # a multi-node domain, and IMEX alarms there are false: NVSentinel#1471)
+    imex: bool = False
 
 
 def _hgx(
@@ -40,6 +50,25 @@ def _hgx(
         ib_ports=ib[0],
         ib_rate_gbps=ib[1],
         nccl_busbw_gbps=busbw,
+        nvswitch=True,
+        fabric_manager=True,
+    )
+
+
+def _nvl72(name: str, description: str, detect: str, busbw: float) -> HardwareProfile:
+    """A compute tray of an NVL72 rack: 4 GPUs, 18 NVLinks each into the rack's NVLink
+    switch trays; the rack is one NVLink domain (cluster UUID + clique id) and needs IMEX."""
+    return HardwareProfile(
+        name,
+        description,
+        re.compile(detect, re.IGNORECASE),
+        nvlinks=18,
+        gpu_count=4,
+        ib_ports=4,
+        ib_rate_gbps=400.0,
+        nccl_busbw_gbps=busbw,
+        nvswitch=True,
+        imex=True,
     )
 
 
@@ -48,6 +77,8 @@ def _hgx(
 PROFILES: dict[str, HardwareProfile] = {
     p.name: p
     for p in (
+        _nvl72("gb300-nvl72", "GB300 NVL72 compute tray, 4 GPUs", r"\bGB300\b", 150.0),
+        _nvl72("gb200-nvl72", "GB200 NVL72 compute tray, 4 GPUs", r"\bGB200\b", 150.0),
         _hgx("b200", "HGX B200, 8 GPUs", r"\bB200\b", 18, (8, 400.0), 150.0),
         _hgx("h200-sxm", "HGX H200, 8 GPUs", r"\bH200\b(?!.*NVL)", 18, (8, 400.0), 431.0),
         _hgx("h100-sxm", "HGX H100, 8 GPUs", r"\bH100\b(?!.*(PCIe|NVL))", 18, (8, 400.0), 460.0),

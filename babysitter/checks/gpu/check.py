@@ -353,9 +353,40 @@ class GpuNvlinkCheck(GpuCheck):
             return []
         self._fields[dev.index] = True
         inactive = nv.NVML_NVLINK_STATE_INACTIVE
-        down = [link for link, st in enumerate(states) if st == inactive]
         self._active[dev.index] = [link for link, st in enumerate(states) if st != inactive]
-        return [self._inactive(dev, link) for link in down]
+        if all(st == 1 for st in states):  # NVML_NVLINK_STATE_ACTIVE: the common case
+            return []
+        out: list[Finding] = []
+        for link, st in enumerate(states):
+            if st == inactive:
+                out.append(self._inactive(dev, link))
+            elif st != 1:
+                out.extend(self._other_state(dev, link, st))
+        return out
+
+    def _other_state(self, dev: Device, link: int, state: int) -> list[Finding]:
+        """A link neither ACTIVE nor INACTIVE, judged explicitly (docs/checks.md, "NVLink
+        states"): SLEEP is up (a low-power link on an idle GPU wakes on traffic);
+        ACTIVE_TRAFFIC_DISABLED carries nothing: less bandwidth, a warning for a human; a state
+        babysitter does not know is never healthy."""
+        if state == nv.NVML_NVLINK_STATE_SLEEP:
+            return []
+        if state == nv.NVML_NVLINK_STATE_ACTIVE_TRAFFIC_DISABLED:
+            code, msg = "nvlink.traffic_disabled", f"NVLink {link} is up with traffic disabled"
+        else:
+            code, msg = "nvlink.state_unknown", f"NVLink {link} in state {state}, unknown"
+        return [
+            self.finding(
+                f"nvlink:{dev.component}/{link}",
+                Severity.WARNING,
+                code,
+                f"{dev.label}: {msg}",
+                Action.INSPECT,
+                link=link,
+                state=state,
+                **dev.ids(),
+            )
+        ]
 
     def _field_values(self, dev: Device, ids: list[tuple[int, int]]) -> list[int] | None:
         """Unsigned values of `ids` (field, scope) in one call; None, remembered, when the driver
