@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import OperationalError
 
+from babysitter.controller.api import fleet_view
 from babysitter.controller.api.ui.session import COOKIE, Sessions
 from babysitter.controller.api.ui.throttle import LoginThrottle
 from babysitter.controller.db import audit
+from babysitter.controller.db import models as m
 from babysitter.controller.runtime import Controller
 from tests.fixtures.controller import controller_config
+from tests.fixtures.fleet import seed_nodes
 from tests.fixtures.reports import DBE, wire_report
 
 
@@ -87,10 +92,15 @@ def test_fleet_and_node_pages_show_a_fault_and_its_drain_with_evidence(api, secr
         outcome="ok",
     )
     audit.record_actions(ctl.store, [aid])
+    ctl.fleet.refresh()  # the loop's tick publishes the page's snapshot
     page = api.get("/ui", headers=bearer(secrets.read))
     assert page.status_code == 200
     assert re.search(r'id="node-node1" data-verdict="unhealthy"', page.text)
-    assert re.search(r'id="node-node2" data-verdict="healthy"', page.text)
+    # a healthy node is counted, not shown, unless asked for
+    assert 'id="node-node2"' not in page.text and "healthy: <b>1</b>" in page.text
+    healthy = api.get("/ui?verdict=healthy", headers=bearer(secrets.read)).text
+    assert re.search(r'id="node-node2" data-verdict="healthy"', healthy)
+    assert 'id="node-node1"' not in healthy
     assert '<meta http-equiv="refresh" content="5">' in page.text
     assert (
         "<script" not in page.text and "script-src" not in page.headers["content-security-policy"]
@@ -138,31 +148,167 @@ def test_the_read_token_cannot_change_anything(ctl, secrets):
     assert ctl.store.count("actions") == 0 and audit.entries(ctl.store) == []
 
 
-def test_fleet_is_grouped_by_partition_and_leaf_switch(ctl, secrets):
-    from types import SimpleNamespace
-
-    from babysitter.controller.api.ui.routes import layout_of
-
+def test_a_node_in_two_partitions_is_one_tile_counted_in_each(ctl, secrets):
     slurm_nodes = {
-        "node1": SimpleNamespace(partitions=("batch",)),
+        "node1": SimpleNamespace(partitions=("batch", "gpu")),
         "node2": SimpleNamespace(partitions=("batch",)),
         "node3": SimpleNamespace(partitions=()),
     }
     leaves = {"node1": "leaf1", "node2": "leaf2"}
-    layout = layout_of(lambda: slurm_nodes, leaves.get)
-    assert layout() == {
-        "node1": ("batch · switch leaf1",),
-        "node2": ("batch · switch leaf2",),
-        "node3": ("(no Slurm partition known)",),
-    }
+    ctl.fleet.slurm_nodes = lambda: slurm_nodes
+    ctl.fleet.switch_of = leaves.get
     # the same leaves on /metrics, per verdict (the dashboard's per-switch panels)
     ctl.state["leaf_of"] = leaves.get
     api = TestClient(ctl.app())
-    api.post("/api/v1/reports", json=wire_report("node1", [DBE]), headers=secrets.headers("node1"))
-    api.post("/api/v1/reports", json=wire_report("node2"), headers=secrets.headers("node2"))
+    for name, findings in (("node1", [DBE]), ("node2", None), ("node3", None)):
+        api.post("/api/v1/reports", json=wire_report(name, findings), headers=secrets.headers(name))
+    snap = ctl.fleet.refresh()
+    assert snap.by_partition["batch"] == {**ZERO, "unhealthy": 1, "healthy": 1}
+    assert snap.by_partition["gpu"] == {**ZERO, "unhealthy": 1}
+    assert snap.by_partition["(no Slurm partition known)"] == {**ZERO, "healthy": 1}
+    assert snap.by_switch == {"leaf1": {**ZERO, "unhealthy": 1}, "leaf2": {**ZERO, "healthy": 1}}
+    for url in ("/ui", "/ui?verdict=all"):
+        page = api.get(url, headers=bearer(secrets.read)).text
+        assert page.count('id="node-node1"') == 1, url
+    page = api.get("/ui", headers=bearer(secrets.read)).text
+    table = section(page, "partitions")
+    assert 'href="/ui?verdict=unhealthy&amp;partition=gpu"' in table
+    assert 'href="/ui?partition=batch"' in table
+    assert 'href="/ui?verdict=unhealthy&amp;switch=leaf1"' in section(page, "switches")
+    gpu = api.get("/ui?verdict=all&partition=gpu", headers=bearer(secrets.read)).text
+    assert tiles(gpu) == ["node1"]
+    batch = api.get("/ui?verdict=all&partition=batch", headers=bearer(secrets.read)).text
+    assert tiles(batch) == ["node1", "node2"]
+    assert tiles(
+        api.get("/ui?verdict=healthy&switch=leaf2", headers=bearer(secrets.read)).text
+    ) == ["node2"]
     text = api.get("/metrics").text
     assert 'babysitter_switch_nodes{switch="leaf1",verdict="unhealthy"} 1.0' in text
     assert 'babysitter_switch_nodes{switch="leaf2",verdict="healthy"} 1.0' in text
+
+
+ZERO = dict.fromkeys(("unhealthy", "suspect", "unknown", "validating", "healthy"), 0)
+
+
+def section(page: str, sid: str) -> str:
+    return page.split(f'id="{sid}"', 1)[1].split("</section>", 1)[0]
+
+
+def tiles(page: str) -> list[str]:
+    return re.findall(r'class="tile[^"]*" id="node-([^"]+)"', page)
+
+
+def test_counts_lead_the_page_as_links_and_the_needy_nodes_are_paged(ctl, secrets, api):
+    """250 unhealthy and 20 suspect among 1,000: the counts first, each a filter; the nodes that
+    need a human 100 to a page, worst first; healthy ones counted only."""
+    names = [f"gpu{i:04d}" for i in range(1000)]
+    seed_nodes(
+        ctl.store,
+        healthy=names[270:],
+        unhealthy=names[:250],
+        suspect=names[250:270],
+        message="Xid 79: GPU has fallen off the bus " * 40,  # a long alert text
+    )
+    ctl.fleet.refresh()
+    page = api.get("/ui", headers=bearer(secrets.read)).text
+    summary = section(page, "summary")
+    assert page.index('id="summary"') < page.index('id="nodes"')
+    assert 'href="/ui?verdict=unhealthy">unhealthy: <b>250</b>' in summary
+    assert 'href="/ui?verdict=suspect">suspect: <b>20</b>' in summary
+    assert 'href="/ui?verdict=healthy">healthy: <b>730</b>' in summary
+    assert "needs a human: <b>270</b>" in summary
+    first = tiles(page)
+    assert first == names[:100] and 'id="next" href="/ui?page=2"' in page
+    # a long text is cut on the tile (the node's page has it whole)
+    assert "Xid 79: GPU has fallen off the bus" in page
+    assert "Xid 79: GPU has fallen off the bus " * 5 not in page
+    third = api.get("/ui?page=3", headers=bearer(secrets.read)).text
+    assert tiles(third) == names[200:270] and 'id="next"' not in third  # suspect after
+    assert (
+        tiles(api.get("/ui?verdict=suspect", headers=bearer(secrets.read)).text) == names[250:270]
+    )
+    healthy = api.get("/ui?verdict=healthy&page=8", headers=bearer(secrets.read)).text
+    assert tiles(healthy) == names[970:]
+    assert len(page.encode()) < 100_000
+
+
+def test_search_by_name_or_hostlist_and_filter_by_reason_owner(ctl, secrets, api):
+    names = [f"gpu{i:03d}" for i in range(1, 41)]
+    seed_nodes(ctl.store, healthy=names[4:], unhealthy=names[:4])
+    with ctl.store.engine.begin() as c:
+        c.execute(
+            m.nodes.update()
+            .where(m.nodes.c.name.in_(["gpu001", "gpu002"]))
+            .values(babysitter_drained=True, drain_reason="babysitter: ecc.dbe.volatile")
+        )
+        c.execute(
+            m.nodes.update()
+            .where(m.nodes.c.name == "gpu003")
+            .values(slurm_state="IDLE+DRAIN", slurm_reason="cable swap (jdoe)")
+        )
+    ctl.fleet.refresh()
+    read = bearer(secrets.read)
+    assert tiles(api.get("/ui?q=gpu[003-005,040]", headers=read).text) == [
+        "gpu003",
+        "gpu004",
+        "gpu005",
+        "gpu040",
+    ]
+    assert tiles(api.get("/ui?q=gpu01", headers=read).text) == [f"gpu01{i}" for i in range(10)]
+    assert tiles(api.get("/ui?owner=babysitter", headers=read).text) == ["gpu001", "gpu002"]
+    assert tiles(api.get("/ui?owner=admin", headers=read).text) == ["gpu003"]
+    assert tiles(api.get("/ui?verdict=drained", headers=read).text) == [
+        "gpu001",
+        "gpu002",
+        "gpu003",
+    ]
+    bad = api.get("/ui?q=gpu[1-", headers=read)
+    assert bad.status_code == 200 and "not a Slurm hostlist" in bad.text and tiles(bad.text) == []
+    assert "no such verdict" in api.get("/ui?verdict=bogus", headers=read).text
+
+
+def test_an_unchanged_page_is_a_304_and_a_change_is_sent(ctl, secrets, api):
+    seed_nodes(ctl.store, healthy=[f"n{i}" for i in range(50)], unhealthy=["bad1"])
+    ctl.fleet.refresh()
+    read = bearer(secrets.read)
+    first = api.get("/ui", headers=read)
+    tag = first.headers["etag"]
+    assert first.status_code == 200 and "no-store" not in first.headers["cache-control"]
+    ctl.fleet.refresh()  # a tick with nothing new: the same version
+    again = api.get("/ui", headers={**read, "If-None-Match": tag})
+    assert again.status_code == 304 and again.content == b""
+    assert again.headers["etag"] == tag
+    assert "default-src 'none'" in again.headers["content-security-policy"]
+    size = len(again.content) + sum(len(k) + len(v) + 4 for k, v in again.headers.items())
+    print(f"conditional refresh, nothing changed: {size} bytes of headers and body")
+    assert size <= 1024
+    # the admin's view is its own page
+    assert (
+        api.get("/ui", headers={**bearer(secrets.admin), "If-None-Match": tag}).status_code == 200
+    )
+    api.post("/api/v1/reports", json=wire_report("n7", [DBE]), headers=secrets.headers("n7"))
+    ctl.fleet.refresh()
+    changed = api.get("/ui", headers={**read, "If-None-Match": tag})
+    assert changed.status_code == 200 and changed.headers["etag"] != tag
+    assert tiles(changed.text) == ["bad1", "n7"]
+
+
+def test_a_store_that_cannot_be_read_shows_every_node_unknown_not_healthy(
+    ctl, secrets, api, monkeypatch
+):
+    seed_nodes(ctl.store, healthy=["n1", "n2"], unhealthy=["n3"])
+    ctl.fleet.refresh()
+
+    def broken(*args, **kwargs):
+        raise OperationalError("SELECT", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(fleet_view, "_read_nodes", broken)
+    snap = ctl.fleet.refresh()
+    assert snap.error and snap.counts["healthy"] == 0 and snap.counts["unknown"] == 3
+    page = api.get("/ui", headers=bearer(secrets.read)).text
+    assert "The store could not be read" in page and "healthy: <b>0</b>" in page
+    assert tiles(page) == ["n1", "n2", "n3"]
+    assert set(re.findall(r'data-verdict="(\w+)" href="/ui/nodes', page)) == {"unknown"}
 
 
 @pytest.mark.parametrize(

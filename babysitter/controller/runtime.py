@@ -20,6 +20,7 @@ from babysitter.controller.api.auth import Authenticator, Principal
 from babysitter.controller.api.budget import RequestBudget
 from babysitter.controller.api.connguard import connection_cap, guarded_protocol, raise_fd_limit
 from babysitter.controller.api.fastpath import IngestFastPath
+from babysitter.controller.api.fleet_view import FleetView
 from babysitter.controller.api.ingest import Ingest, ReportWriter
 from babysitter.controller.api.metrics_snapshot import StoreMetrics
 from babysitter.controller.api.orders import OrderBook
@@ -128,6 +129,16 @@ class Controller:
             "remediation": c.remediation,
         }
         self.leadership = Leadership(self.store, compete=c.remediation)
+        # the status page's snapshot of the fleet: rebuilt after each tick (at most once per
+        # page refresh period), read by every page request (controller/api/fleet_view.py)
+        self.fleet = FleetView(
+            self.store,
+            self.state,
+            self._slurm_nodes,
+            self._leaf_of,
+            min_gap_s=min(c.ui_refresh_s, 2 * c.loop_interval_s),
+        )
+        self.state["fleet_view"] = self.fleet
         # /metrics' store-derived values, read on a thread of their own (metrics_snapshot.py)
         self.store_metrics = StoreMetrics(
             self.store, self.metrics, self.state, c.metrics_interval_s
@@ -152,6 +163,8 @@ class Controller:
             self.engine = make_engine(self.cfg, self.store, self.metrics)
             self.state["leaf_of"] = self._leaf_of
             self.add_loop("remediation", self.engine.tick)
+        # the first snapshot before the first request: the page never waits on a tick
+        self.fleet.refresh()
         # its own thread: a prune never delays a policy tick
         from babysitter.controller.db.retention import Retention
 
@@ -193,6 +206,12 @@ class Controller:
                     ok = False
                     log.exception("loop %s failed", name)
                 self.metrics.tick_duration.labels(name).observe(time.perf_counter() - began)
+        if self.fleet.due():
+            # after the loops: the page shows what this tick decided; a failed read publishes
+            # every node as unknown and never fails the tick
+            began = time.perf_counter()
+            self.fleet.refresh()
+            self.metrics.tick_duration.labels("fleet_view").observe(time.perf_counter() - began)
         if ok:
             self.last_progress = time.monotonic()
             self.state["loop_progress_at"] = time.time()
@@ -255,7 +274,7 @@ class Controller:
         return self.engine.snapshot.topology.leaf(node) if self.engine is not None else None
 
     def _ui_router(self, reader: Dependency, admin: Dependency) -> APIRouter:
-        from babysitter.controller.api.ui.routes import layout_of, ui_router
+        from babysitter.controller.api.ui.routes import ui_router
         from babysitter.controller.api.ui.session import Sessions
         from babysitter.controller.api.ui.throttle import LoginThrottle
 
@@ -265,7 +284,7 @@ class Controller:
             self.auth,
             Sessions(self.auth.secret, self.auth.admin_token, self.auth.read_token),
             self.state,
-            layout_of(self._slurm_nodes, self._leaf_of),
+            self.fleet,
             c.ui_refresh_s,
             secure_cookie=secure_cookie(c.public_url),
             throttle=LoginThrottle(c.login_failures),

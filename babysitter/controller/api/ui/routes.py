@@ -5,18 +5,20 @@ only drops the cookie), only links."""
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable
+import time
 from datetime import datetime
 from importlib.resources import files
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FunctionLoader, select_autoescape
 from starlette.requests import ClientDisconnect
 
+from babysitter.controller.api import fleet_view as fv
 from babysitter.controller.api.auth import Authenticator
 from babysitter.controller.api.ingest import bearer_token
 from babysitter.controller.api.ui import views
@@ -74,7 +76,7 @@ def ui_router(
     auth: Authenticator,
     sessions: Sessions,
     runtime_state: dict[str, Any],
-    layout: views.Layout,
+    fleet: fv.FleetView,
     refresh_s: float,
     secure_cookie: bool,
     throttle: LoginThrottle | None = None,
@@ -90,13 +92,16 @@ def ui_router(
             return p.role if p is not None and p.role in ("admin", "read") else None
         return sessions.role(request.cookies.get(COOKIE))
 
+    def login_first(request: Request) -> Response:
+        # a script with a wrong token gets a 401; a browser goes to the login form
+        if request.headers.get("authorization"):
+            return HTMLResponse("token not valid for the status page", status_code=401)
+        return RedirectResponse(LOGIN_PATH, status_code=303)
+
     def page(request: Request, template: str, status: int = 200, **ctx: Any) -> Response:
         role = viewer(request)
         if role is None:
-            # a script with a wrong token gets a 401; a browser goes to the login form
-            if request.headers.get("authorization"):
-                return HTMLResponse("token not valid for the status page", status_code=401)
-            return RedirectResponse(LOGIN_PATH, status_code=303)
+            return login_first(request)
         html = env.get_template(template).render(
             role=role, refresh_s=refresh_s, path=request.url.path, **ctx
         )
@@ -104,7 +109,40 @@ def ui_router(
 
     @router.get("", response_class=HTMLResponse)
     def fleet_page(request: Request) -> Response:
-        return page(request, "fleet.html", fleet=views.fleet(store, runtime_state, layout))
+        """The fleet from the published snapshot (fleet_view.py): never a store read. A
+        refresh with nothing changed is a 304 (ETag: the snapshot's version, the viewer's role
+        and whether the snapshot is stale)."""
+        role = viewer(request)
+        if role is None:
+            return login_first(request)
+        snap = fleet.current
+        stale = time.monotonic() - snap.built_at > max(60.0, 6 * refresh_s)
+        tag = _etag(snap, role, stale, str(request.url.query))
+        headers = {**_headers(), "Cache-Control": "no-cache, private", "ETag": tag}
+        if tag in _tags(request.headers.get("if-none-match", "")):
+            return Response(status_code=304, headers=headers)
+        query = _query(request)
+        items = fv.select_nodes(snap, query)
+        pages = max(1, math.ceil(len(items) / fv.PAGE_SIZE))
+        query.page = min(query.page, pages)
+        first = (query.page - 1) * fv.PAGE_SIZE
+        html = env.get_template("fleet.html").render(
+            role=role,
+            refresh_s=refresh_s,
+            path=request.url.path,
+            snap=snap,
+            stale=stale,
+            q=query,
+            nodes=fv.rows(snap, items[first : first + fv.PAGE_SIZE]),
+            matched=len(items),
+            pages=pages,
+            first=first,
+            link=_linker(query),
+            top=_top,
+            verdicts=fv.VERDICTS,
+            owners=fv.OWNERS,
+        )
+        return HTMLResponse(html, headers=headers)
 
     @router.get("/nodes/{name}", response_class=HTMLResponse)
     def node_page(request: Request, name: str = Path(pattern=NODE_NAME)) -> Response:
@@ -190,6 +228,62 @@ def _headers() -> dict[str, str]:
     }
 
 
+def _etag(snap: fv.FleetSnapshot, role: str, stale: bool, query: str) -> str:
+    digest = hashlib.sha1(query.encode(), usedforsecurity=False).hexdigest()[:8]
+    return f'W/"{snap.instance}-{snap.version}-{role}-{int(stale)}-{digest}"'
+
+
+def _tags(header: str) -> set[str]:
+    return {t.strip() for t in header.split(",") if t.strip()}
+
+
+FILTERS = ("verdict", "partition", "switch", "domain", "owner", "q")
+
+
+def _query(request: Request) -> fv.Query:
+    p = request.query_params
+    given = {k: (p.get(k) or "").strip()[:4096] for k in FILTERS}
+    query = fv.Query(
+        verdict=given["verdict"],
+        partition=given["partition"],
+        switch=given["switch"],
+        domain=given["domain"],
+        owner=given["owner"],
+        q=given["q"],
+    )
+    if query.verdict and query.verdict not in (*fv.VERDICTS, "drained", "all"):
+        query.errors.append(f"no such verdict: {query.verdict!r}")
+        query.verdict = ""
+    if query.owner and query.owner not in fv.OWNERS:
+        query.errors.append(f"no such reason owner: {query.owner!r}")
+        query.owner = ""
+    try:
+        query.page = max(1, int(p.get("page") or 1))
+    except ValueError:
+        query.page = 1
+    return query
+
+
+def _linker(query: fv.Query) -> Any:
+    """link(**filters): the fleet page's URL with these filters changed (and the first page;
+    `keep=False`: only these filters)."""
+
+    def link(keep: bool = True, **changes: Any) -> str:
+        params = {k: getattr(query, k) for k in FILTERS} if keep else {}
+        params.update(changes)
+        clean = {k: v for k, v in params.items() if v not in ("", None, 1)}
+        return "/ui" + ("?" + urlencode(clean) if clean else "")
+
+    return link
+
+
+def _top(groups: dict[str, dict[str, int]], limit: int) -> list[tuple[str, dict[str, int]]]:
+    """The groups with nodes needing a human, the most first, at most `limit`."""
+    bad = [(g, c) for g, c in groups.items() if sum(c.values()) - c.get("healthy", 0) > 0]
+    bad.sort(key=lambda gc: (-(sum(gc[1].values()) - gc[1].get("healthy", 0)), gc[0]))
+    return bad[:limit]
+
+
 def _login(
     env: Environment, error: str | None, status: int = 200, extra: dict[str, str] | None = None
 ) -> Response:
@@ -202,20 +296,3 @@ def _too_many(env: Environment, wait_s: float) -> Response:
     return _login(
         env, f"too many wrong tokens: try again in {retry} s", 429, {"Retry-After": retry}
     )
-
-
-def layout_of(
-    engine_nodes: Callable[[], dict[str, Any]], leaf_of: Callable[[str], str | None]
-) -> views.Layout:
-    """The groups of each node on the fleet page: its Slurm partitions (the remediation
-    engine's snapshot), each split by leaf switch where Slurm has a topology."""
-
-    def layout() -> dict[str, tuple[str, ...]]:
-        out = {}
-        for name, n in engine_nodes().items():
-            leaf = leaf_of(name)
-            parts = tuple(n.partitions) or (views.NO_PARTITION,)
-            out[name] = tuple(f"{p} · switch {leaf}" if leaf else p for p in parts)
-        return out
-
-    return layout

@@ -1,0 +1,490 @@
+"""The fleet as the status page shows it: one immutable snapshot, built once per loop tick and
+published by swapping one reference, so that a page request only reads it (no request walks the
+node rows, and a request is served while a tick runs).
+
+A build reads every node's name (one narrow column) and decodes the full row only of the nodes
+that may need a human: open findings, a verdict other than healthy, drained by babysitter or in
+Slurm, silent past the heartbeat timeout (the same filter as the policy tick's,
+controller/db/tickstore.py). Every other node is healthy and only counted, per partition, leaf
+switch and NVLink domain. A store that cannot be read makes every node `unknown` (never healthy)
+with the error said on the page."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import or_, select, true
+
+from babysitter.controller.api.api_read import node_view
+from babysitter.controller.db import audit
+from babysitter.controller.db import models as m
+from babysitter.controller.db.store import JobRow, Store, aware, now, stored_finding
+from babysitter.controller.loop import maintenance
+from babysitter.controller.loop.guard import guard_view
+from babysitter.controller.loop.policy import HEALTHCHECK_MARK, MANUAL_MARK
+
+log = logging.getLogger(__name__)
+
+VERDICTS = ("unhealthy", "suspect", "unknown", "validating", "healthy")
+OWNERS = ("babysitter", "admin", "healthcheck", "none")
+NO_PARTITION = "(no Slurm partition known)"
+PROBLEM_CHARS = 160  # a finding's message on a tile: the whole text is on the node's page
+MAX_ALERTS = 50  # firing alerts kept in a snapshot (the rest are counted)
+MAX_JOBS = 50
+SLURM_HELD = ("DRAIN", "DOWN", "FAIL")
+
+# name -> the Slurm node (its .partitions, .state, .flags, .reason): the engine's snapshot
+SlurmNodes = Callable[[], Mapping[str, Any]]
+PlaceOf = Callable[[str], str | None]  # node -> its leaf switch / NVLink domain (None: unknown)
+
+
+@dataclass(frozen=True)
+class Place:
+    partitions: tuple[str, ...]
+    switch: str | None
+    domain: str | None
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """A node that needs a human (or any node, when healthy ones are asked for)."""
+
+    name: str
+    verdict: str
+    drained: bool
+    maintenance: bool
+    problem: str  # the first open finding's message, cut at PROBLEM_CHARS
+    problems: int  # open findings
+    owner: str  # whose Slurm reason holds it: OWNERS
+    reason: str
+    slurm_state: str
+    last_report_at: datetime | None
+    place: Place
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    version: int  # moves only when what a page shows changed
+    instance: str  # this process: versions of two controllers never compare equal
+    changed_at: datetime  # when what a page shows last changed
+    built_at: float  # time.monotonic() of the build (a page older than a few ticks says so)
+    build_s: float
+    error: str | None  # the store could not be read: every node is unknown
+    total: int
+    counts: Mapping[str, int]  # verdict -> nodes
+    by_partition: Mapping[str, Mapping[str, int]]  # partition -> verdict -> nodes
+    by_switch: Mapping[str, Mapping[str, int]]
+    by_domain: Mapping[str, Mapping[str, int]]
+    needs_human: tuple[NodeRow, ...]  # not healthy, or drained: worst first, then by name
+    healthy: tuple[str, ...]  # the other nodes' names, sorted
+    places: Mapping[str, Place]  # every node's place (filters on healthy nodes)
+    guard: Mapping[str, Any]
+    alerts: tuple[Mapping[str, Any], ...]  # firing, most severe first (MAX_ALERTS of them)
+    alerts_total: int
+    windows: tuple[maintenance.Window, ...]
+    jobs: tuple[JobRow, ...]
+    jobs_total: int
+    recent: tuple[audit.AuditEntry, ...]
+
+    def content(self) -> tuple[Any, ...]:
+        """What a page shows: equal contents keep the version (a conditional GET stays 304)."""
+        return (
+            self.error,
+            self.total,
+            tuple(self.counts.items()),
+            _nested(self.by_partition),
+            _nested(self.by_switch),
+            _nested(self.by_domain),
+            self.needs_human,
+            self.healthy,
+            repr(dict(self.guard)),
+            repr(self.alerts),
+            repr(self.windows),
+            repr(self.jobs),
+            tuple(e.id for e in self.recent),
+        )
+
+
+def _nested(d: Mapping[str, Mapping[str, int]]) -> tuple[Any, ...]:
+    return tuple((k, tuple(v.items())) for k, v in d.items())
+
+
+def empty_snapshot(error: str | None = None) -> FleetSnapshot:
+    return FleetSnapshot(
+        version=0,
+        instance=secrets.token_hex(4),
+        changed_at=now(),
+        built_at=time.monotonic(),
+        build_s=0.0,
+        error=error,
+        total=0,
+        counts=dict.fromkeys(VERDICTS, 0),
+        by_partition={},
+        by_switch={},
+        by_domain={},
+        needs_human=(),
+        healthy=(),
+        places={},
+        guard={"state": "unknown", "tripped": False, "blocked": [], "switch_incidents": []},
+        alerts=(),
+        alerts_total=0,
+        windows=(),
+        jobs=(),
+        jobs_total=0,
+        recent=(),
+    )
+
+
+def reason_owner(reason: str, babysitter_drained: bool, prefix: str) -> str:
+    """Whose Slurm reason holds the node: babysitter's automation, an admin (a manual drain
+    through babysitter too), the HealthCheckProgram, or nobody."""
+    if not reason:
+        return "babysitter" if babysitter_drained else "none"
+    if not reason.startswith(prefix):
+        return "admin"
+    rest = reason[len(prefix) :].lstrip()
+    if rest.startswith(HEALTHCHECK_MARK):
+        return "healthcheck"
+    return "admin" if rest.startswith(MANUAL_MARK) else "babysitter"
+
+
+def _cut(text: str, limit: int = PROBLEM_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class FleetView:
+    """Builds the snapshot (refresh(), from the loop thread) and publishes it; `current` is
+    what requests read."""
+
+    def __init__(
+        self,
+        store: Store,
+        runtime_state: dict[str, Any],
+        slurm_nodes: SlurmNodes,
+        switch_of: PlaceOf,
+        domain_of: PlaceOf = lambda _: None,
+        min_gap_s: float = 0.0,
+    ) -> None:
+        self.store = store
+        self.state = runtime_state
+        self.slurm_nodes = slurm_nodes
+        self.switch_of = switch_of
+        self.domain_of = domain_of
+        self.min_gap_s = min_gap_s
+        self._current = empty_snapshot()
+        self._lock = threading.Lock()  # one build at a time (the loop's; a test's)
+
+    @property
+    def current(self) -> FleetSnapshot:
+        return self._current
+
+    def due(self) -> bool:
+        return time.monotonic() - self._current.built_at >= self.min_gap_s
+
+    def refresh(self) -> FleetSnapshot:
+        """Build a snapshot and publish it. Never raises: a failed read publishes every node
+        as unknown, with the error."""
+        with self._lock:
+            began = time.perf_counter()
+            prev = self._current
+            try:
+                snap = self._build(prev)
+            except Exception as exc:
+                log.warning("fleet view: the store could not be read: %s", exc)
+                snap = _unknown(prev, f"{type(exc).__name__}: {_cut(str(exc), 200)}")
+            snap = replace(snap, build_s=time.perf_counter() - began, built_at=time.monotonic())
+            if snap.content() == prev.content() and prev.version:
+                snap = replace(snap, version=prev.version, changed_at=prev.changed_at)
+            else:
+                snap = replace(snap, version=prev.version + 1, changed_at=now())
+            self._current = snap  # the one publication: a reference swap
+            return snap
+
+    def _build(self, prev: FleetSnapshot) -> FleetSnapshot:
+        store = self.store
+        at = now()
+        timeout = float(self.state.get("heartbeat_timeout_s", 120))
+        prefix = str(self.state.get("reason_prefix") or "babysitter:")
+        slurm = self.slurm_nodes()
+        held = {
+            name for name, sn in slurm.items() if set(getattr(sn, "flags", ())) & set(SLURM_HELD)
+        } | {name for name, sn in slurm.items() if getattr(sn, "state", "") in SLURM_HELD}
+        names, rows = _read_nodes(store, at - timedelta(seconds=timeout), held)
+        quiet = maintenance.nodes_in_maintenance(store)
+        places: dict[str, Place] = {}
+        part_total: Counter[str] = Counter()
+        switch_total: Counter[str] = Counter()
+        domain_total: Counter[str] = Counter()
+        for name in names:
+            sn = slurm.get(name)
+            p = Place(
+                tuple(getattr(sn, "partitions", ()) or ()) or (NO_PARTITION,),
+                self.switch_of(name),
+                self.domain_of(name),
+            )
+            places[name] = p
+            part_total.update(p.partitions)
+            if p.switch:
+                switch_total[p.switch] += 1
+            if p.domain:
+                domain_total[p.domain] += 1
+        needs: list[NodeRow] = []
+        for r in rows:
+            v = node_view(r, self.state)
+            sn = slurm.get(r["name"])
+            reason = (getattr(sn, "reason", "") if sn is not None else "") or (
+                r.get("slurm_reason") or r.get("drain_reason") or ""
+            )
+            state = str(r.get("slurm_state") or "")
+            drained = (
+                bool(r.get("babysitter_drained"))
+                or r["name"] in held
+                or any(s in state for s in SLURM_HELD)
+            )
+            if v["verdict"] == "healthy" and not drained:
+                continue
+            findings = v["open_findings"]
+            needs.append(
+                NodeRow(
+                    name=r["name"],
+                    verdict=v["verdict"],
+                    drained=drained,
+                    maintenance=r["name"] in quiet,
+                    problem=_cut(str(findings[0]["message"])) if findings else "",
+                    problems=len(findings),
+                    owner=reason_owner(reason, bool(r.get("babysitter_drained")), prefix),
+                    reason=_cut(reason),
+                    slurm_state=state,
+                    last_report_at=r.get("last_report_at"),
+                    place=places.get(r["name"]) or Place((NO_PARTITION,), None, None),
+                )
+            )
+        rank = {v: i for i, v in enumerate(VERDICTS)}
+        needs.sort(key=lambda n: (rank.get(n.verdict, 0), n.name))
+        flagged = {n.name for n in needs}
+        counts = dict.fromkeys(VERDICTS, 0)
+        sick_part: dict[str, Counter[str]] = {}
+        sick_switch: dict[str, Counter[str]] = {}
+        sick_domain: dict[str, Counter[str]] = {}
+        for n in needs:
+            counts[n.verdict] = counts.get(n.verdict, 0) + 1
+            for part in n.place.partitions:
+                sick_part.setdefault(part, Counter())[n.verdict] += 1
+            if n.place.switch:
+                sick_switch.setdefault(n.place.switch, Counter())[n.verdict] += 1
+            if n.place.domain:
+                sick_domain.setdefault(n.place.domain, Counter())[n.verdict] += 1
+        counts["healthy"] += len(names) - len(needs)
+        firing = _firing(store)
+        jobs = store.jobs()
+        return replace(
+            prev,
+            error=None,
+            total=len(names),
+            counts=counts,
+            by_partition=_by_group(part_total, sick_part),
+            by_switch=_by_group(switch_total, sick_switch),
+            by_domain=_by_group(domain_total, sick_domain),
+            needs_human=tuple(needs),
+            healthy=tuple(n for n in names if n not in flagged),
+            places=places,
+            guard=guard_view(store),
+            alerts=tuple(firing[:MAX_ALERTS]),
+            alerts_total=len(firing),
+            windows=tuple(maintenance.windows(store)),
+            jobs=tuple(jobs[:MAX_JOBS]),
+            jobs_total=len(jobs),
+            recent=tuple(audit.entries(store, limit=15)),
+        )
+
+
+def _by_group(total: Counter[str], sick: Mapping[str, Counter[str]]) -> dict[str, dict[str, int]]:
+    """group -> verdict -> nodes; a drained-but-healthy node counts as healthy."""
+    out: dict[str, dict[str, int]] = {}
+    for group in sorted(total):
+        c = dict.fromkeys(VERDICTS, 0)
+        bad: Mapping[str, int] = sick.get(group) or {}
+        for v, k in bad.items():
+            c[v] = c.get(v, 0) + k
+        c["healthy"] = total[group] - sum(k for v, k in c.items() if v != "healthy")
+        out[group] = c
+    return out
+
+
+def _unknown(prev: FleetSnapshot, error: str) -> FleetSnapshot:
+    """The store could not be read: every node known so far is unknown, never healthy."""
+    names = sorted({*prev.healthy, *(n.name for n in prev.needs_human)})
+    rows = tuple(
+        NodeRow(
+            name=name,
+            verdict="unknown",
+            drained=False,
+            maintenance=False,
+            problem="the store could not be read",
+            problems=0,
+            owner="none",
+            reason="",
+            slurm_state="",
+            last_report_at=None,
+            place=prev.places.get(name) or Place((NO_PARTITION,), None, None),
+        )
+        for name in names
+    )
+
+    def unknown(groups: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+        return {
+            g: {**dict.fromkeys(VERDICTS, 0), "unknown": sum(c.values())} for g, c in groups.items()
+        }
+
+    return replace(
+        prev,
+        error=error,
+        counts={**dict.fromkeys(VERDICTS, 0), "unknown": len(names)},
+        total=len(names),
+        by_partition=unknown(prev.by_partition),
+        by_switch=unknown(prev.by_switch),
+        by_domain=unknown(prev.by_domain),
+        needs_human=rows,
+        healthy=(),
+        guard={**prev.guard, "state": "unknown"},
+    )
+
+
+def _firing(store: Store) -> list[dict[str, Any]]:
+    """Firing alerts, the most severe first."""
+    firing = sorted((a for a in store.alerts() if a["state"] == "firing"), key=lambda a: a["key"])
+    return sorted(firing, key=lambda a: a["severity"], reverse=True)
+
+
+def _read_nodes(
+    store: Store, stale_before: datetime, held: set[str]
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """Every node's name, and the full rows of those that may need a human (see the module
+    doc); `held`: nodes the Slurm snapshot shows drained or down."""
+    n = m.nodes
+    may_need = or_(
+        n.c.worst_severity != "ok",
+        n.c.verdict != "healthy",
+        n.c.babysitter_drained == true(),
+        n.c.last_report_at.is_(None),
+        n.c.last_report_at < stale_before,
+        *(n.c.slurm_state.contains(s) for s in SLURM_HELD),
+    )
+    cols = (
+        n.c.name,
+        n.c.open_findings,
+        n.c.last_report_at,
+        n.c.verdict,
+        n.c.worst_severity,
+        n.c.babysitter_drained,
+        n.c.drain_reason,
+        n.c.slurm_state,
+        n.c.slurm_reason,
+    )
+    with store.engine.connect() as c:
+        names = list(c.execute(select(n.c.name).order_by(n.c.name)).scalars())
+        rows = [r._asdict() for r in c.execute(select(*cols).where(may_need))]
+        seen = {r["name"] for r in rows}
+        extra = sorted(held - seen)
+        for k in range(0, len(extra), 500):
+            chunk = extra[k : k + 500]
+            rows += [r._asdict() for r in c.execute(select(*cols).where(n.c.name.in_(chunk)))]
+    for r in rows:
+        r["last_report_at"] = aware(r["last_report_at"])
+        r["open_findings"] = [stored_finding(f) for f in r["open_findings"] or []]
+    return names, rows
+
+
+@dataclass
+class Query:
+    """A fleet page's filters, from its query string."""
+
+    verdict: str = ""  # "" = needs a human; a verdict; "drained"; "all"
+    partition: str = ""
+    switch: str = ""
+    domain: str = ""
+    owner: str = ""
+    q: str = ""  # a node name (substring) or a Slurm hostlist
+    page: int = 1
+    errors: list[str] = field(default_factory=list)
+
+
+PAGE_SIZE = 100
+
+
+def select_nodes(snap: FleetSnapshot, query: Query) -> list[NodeRow | str]:
+    """The nodes a page lists, each once (a node in several partitions is one row): a NodeRow
+    for a node that needs a human, the name of a healthy one (rows(): only for the page shown,
+    there may be 10,000 of them)."""
+    from babysitter.slurm.hostlist import expand
+
+    wanted: set[str] | None = None
+    needle = query.q.strip()
+    if needle and any(ch in needle for ch in "[],"):
+        try:
+            wanted = set(expand(needle))
+        except (ValueError, IndexError) as exc:
+            query.errors.append(f"not a Slurm hostlist: {exc}")
+            wanted = set()
+    low = needle.lower()
+
+    def named(name: str) -> bool:
+        if wanted is not None:
+            return name in wanted
+        return not needle or low in name.lower()
+
+    def placed(p: Place) -> bool:
+        return (
+            (not query.partition or query.partition in p.partitions)
+            and (not query.switch or p.switch == query.switch)
+            and (not query.domain or p.domain == query.domain)
+        )
+
+    def keep(r: NodeRow) -> bool:
+        if query.verdict == "drained":
+            if not r.drained:
+                return False
+        elif query.verdict not in ("", "all") and r.verdict != query.verdict:
+            return False
+        if query.owner and r.owner != query.owner:
+            return False
+        return placed(r.place) and named(r.name)
+
+    out: list[NodeRow | str] = [r for r in snap.needs_human if keep(r)]
+    # healthy nodes are listed when asked for: by verdict, or by name (a search shows a node
+    # whatever its verdict); a healthy node is held by nobody and not drained
+    healthy_too = query.verdict in ("healthy", "all") or (bool(needle) and not query.verdict)
+    if healthy_too and query.owner in ("", "none"):
+        places = snap.places
+        none = Place((NO_PARTITION,), None, None)
+        out += [n for n in snap.healthy if named(n) and placed(places.get(n) or none)]
+    return out
+
+
+def rows(snap: FleetSnapshot, items: list[NodeRow | str]) -> list[NodeRow]:
+    return [i if isinstance(i, NodeRow) else _healthy_row(snap, i) for i in items]
+
+
+def _healthy_row(snap: FleetSnapshot, name: str) -> NodeRow:
+    return NodeRow(
+        name=name,
+        verdict="healthy",
+        drained=False,
+        maintenance=False,
+        problem="",
+        problems=0,
+        owner="none",
+        reason="",
+        slurm_state="",
+        last_report_at=None,
+        place=snap.places.get(name) or Place((NO_PARTITION,), None, None),
+    )
