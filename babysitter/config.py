@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, field
 
+from babysitter.checks.fabric.settings import FabricCheckConfig
 from babysitter.checks.gpu.settings import GpuCheckConfig
 from babysitter.checks.host.settings import HostCheckConfig
 from babysitter.checks.infiniband.settings import InfinibandCheckConfig
@@ -762,6 +763,7 @@ class ChecksConfig(Section):
     xid: XidCheckConfig = field(default_factory=XidCheckConfig)
     host: HostCheckConfig = field(default_factory=HostCheckConfig)
     infiniband: InfinibandCheckConfig = field(default_factory=InfinibandCheckConfig)
+    fabric: FabricCheckConfig = field(default_factory=FabricCheckConfig)
     nccl: NcclCheckConfig = field(default_factory=NcclCheckConfig)
     sdc: SdcCheckConfig = field(default_factory=SdcCheckConfig)
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 import msgspec
 
 from babysitter.checks.base import Check, CheckContext, EventSource
+from babysitter.checks.fabric.check import GpuFabricCheck
 from babysitter.checks.gpu import check as gpu
 from babysitter.checks.gpu.recovery import GpuRecoveryCheck
 from babysitter.checks.host import check as host
@@ -53,6 +54,7 @@ CHECKS: tuple[Entry, ...] = (
     Entry.of(gpu.GpuNvlinkCheck),
     Entry.of(gpu.GpuPcieCheck),
     Entry.of(gpu.GpuThermalCheck),
+    Entry.of(GpuFabricCheck),  # reads nothing on a profile without NVSwitch
     Entry.of(GpuRecoveryCheck),
     Entry.of(xid.KmsgXidCheck),
     Entry.of(host.HostCheck),
