@@ -351,17 +351,18 @@ class SimCluster:
                 self.reboot_times.append((node, t0, time.monotonic()))
                 req.unlink(missing_ok=True)
 
-    def inject_xid(self, node: str, gpu: int, xid: int, via: str = "nvml") -> None:
+    def inject_xid(
+        self, node: str, gpu: int, xid: int, via: str = "nvml", text: str = "Channel exception"
+    ) -> None:
+        """An XID on one GPU: an NVML event, or (via="kmsg") a kernel-log line ending in
+        `text` (XID 154's says which recovery action the driver now asks for)."""
         sim = self.nodes[node]
         if via == "nvml":
             sim.gpus.xid(gpu, xid)
         else:
             pci = {0: "18", 1: "2a", 2: "3a", 3: "5d", 4: "9a", 5: "ab", 6: "ba", 7: "db"}[gpu]
             with sim.kmsg.open("a") as f:
-                f.write(
-                    f"NVRM: Xid (PCI:0000:{pci}:00): {xid}, pid=1234, name=python, "
-                    "Channel exception\n"
-                )
+                f.write(f"NVRM: Xid (PCI:0000:{pci}:00): {xid}, pid=1234, name=python, {text}\n")
 
     def admin_token(self) -> str:
         return (self.base / "etc" / "admin.token").read_text().strip()
