@@ -6,10 +6,12 @@ fake libnvidia-ml."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from babysitter.checks.xid.check import parse_kmsg_line, xid_finding
+from babysitter.checks.xid.check import EVENT_RECOVERY_ACTION, parse_kmsg_line, xid_finding
 from babysitter.config import parse_config
 from babysitter.controller.loop.ladder import LadderTable, Rung, fault_class, remediable
 from babysitter.controller.loop.policy import drain_worthy
@@ -149,3 +151,38 @@ def test_nvlink_xids_follow_nvidias_catalog_and_sites_override():
     cfg = parse_config({"checks": {"xid": {"actions": {74: "inspect", 154: "ignore"}}}})
     assert cfg.checks.xid.overrides == {74: "inspect", 154: "ignore"}
     assert classify(154, cfg.checks.xid.overrides).severity is Severity.OK
+
+
+def test_nvml_events_xid154_reads_the_field_and_recovery_events_are_typed(
+    gpus, fakenvml_lib, tmp_path
+):
+    """XID 154 as an NVML event has no text: the agent reads GPU 2's recovery action at once
+    (node reboot -> reboot). The recovery-action event (0x8000) carries the action: drain P2P
+    -> a drain naming it; a value no table knows -> inspect."""
+    from tests.test_xid_events import EVENT_SCRIPT
+
+    for gpu in (5, 6):
+        gpus.supported_events(gpu, 0xC1F | EVENT_RECOVERY_ACTION)
+    gpus.recovery(2, int(RecoveryAction.NODE_REBOOT))
+    env = babysitter_env(gpus, fakenvml_lib, tmp_path)
+    p = subprocess.Popen(
+        [sys.executable, "-c", EVENT_SCRIPT, "30"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
+        gpus.xid(2, 154)
+        gpus.event(5, EVENT_RECOVERY_ACTION, int(RecoveryAction.DRAIN_P2P))
+        gpus.event(6, EVENT_RECOVERY_ACTION, 99)
+        got = [json.loads(p.stdout.readline()) for _ in range(3)]
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+    by_gpu = {f["component"]: f for f in got}
+    xid = by_gpu["gpu2"]
+    assert (xid["code"], xid["action"], xid["severity"]) == ("xid.154", "reboot", "critical")
+    assert xid["details"]["recovery_action"] == 2
+    p2p = by_gpu["gpu5"]
+    assert (p2p["code"], p2p["action"]) == ("recovery.drain_p2p", "drain")
+    assert "P2P" in p2p["message"] and p2p["details"]["recovery_action"] == 3
+    assert (by_gpu["gpu6"]["code"], by_gpu["gpu6"]["action"]) == ("gpu.recovery_action", "inspect")
