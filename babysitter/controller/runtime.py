@@ -134,8 +134,15 @@ class Controller:
         self.fleet = FleetView(
             self.store,
             self.state,
-            self._slurm_nodes,
+            lambda: self.engine.snapshot.nodes if self.engine is not None else {},
             self._leaf_of,
+            held=lambda: self.engine.snapshot.held if self.engine is not None else (),
+            # a new listing is a new mapping; the topology is replaced when re-read
+            layout_token=lambda: (
+                (id(self.engine.snapshot.nodes), id(self.engine.snapshot.topology))
+                if self.engine is not None
+                else None
+            ),
             min_gap_s=min(c.ui_refresh_s, 2 * c.loop_interval_s),
         )
         self.state["fleet_view"] = self.fleet

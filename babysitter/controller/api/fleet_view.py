@@ -12,11 +12,12 @@ with the error said on the page."""
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -40,6 +41,9 @@ PROBLEM_CHARS = 160  # a finding's message on a tile: the whole text is on the n
 MAX_ALERTS = 50  # firing alerts kept in a snapshot (the rest are counted)
 MAX_JOBS = 50
 SLURM_HELD = ("DRAIN", "DOWN", "FAIL")
+# every node's name is re-read at least this often (else only when their number changed: a
+# node deleted and another first seen between two builds show from the next full read)
+NAMES_S = 60.0
 
 # name -> the Slurm node (its .partitions, .state, .flags, .reason): the engine's snapshot
 SlurmNodes = Callable[[], Mapping[str, Any]]
@@ -172,16 +176,28 @@ class FleetView:
         slurm_nodes: SlurmNodes,
         switch_of: PlaceOf,
         domain_of: PlaceOf = lambda _: None,
+        held: Callable[[], Collection[str]] = frozenset,
+        layout_token: Callable[[], object] | None = None,
         min_gap_s: float = 0.0,
     ) -> None:
+        """`held`: the nodes the Slurm snapshot shows drained or down; `layout_token`: a value
+        that changes whenever a node's partitions, switch or domain may have (default: the
+        identity of slurm_nodes()'s mapping); the places and group sizes are worked out again
+        only then, or when the set of nodes changed."""
         self.store = store
         self.state = runtime_state
         self.slurm_nodes = slurm_nodes
         self.switch_of = switch_of
         self.domain_of = domain_of
+        self.held = held
+        self.layout_token = layout_token or (lambda: id(self.slurm_nodes()))
         self.min_gap_s = min_gap_s
         self._current = empty_snapshot()
         self._lock = threading.Lock()  # one build at a time (the loop's; a test's)
+        self._layout_key: object = None
+        self._names: tuple[str, ...] = ()
+        self._names_at = -math.inf
+        self._layout = Layout({}, {}, {}, {})
 
     @property
     def current(self) -> FleetSnapshot:
@@ -215,28 +231,16 @@ class FleetView:
         timeout = float(self.state.get("heartbeat_timeout_s", 120))
         prefix = str(self.state.get("reason_prefix") or "babysitter:")
         slurm = self.slurm_nodes()
-        held = {
-            name for name, sn in slurm.items() if set(getattr(sn, "flags", ())) & set(SLURM_HELD)
-        } | {name for name, sn in slurm.items() if getattr(sn, "state", "") in SLURM_HELD}
-        names, rows = _read_nodes(store, at - timedelta(seconds=timeout), held)
+        held = set(self.held())
+        # the names are read again when their number changed, and at least every NAMES_S
+        fresh = time.monotonic() - self._names_at < NAMES_S
+        known = self._names if fresh else None
+        names, rows = _read_nodes(store, at - timedelta(seconds=timeout), held, known)
+        if names is not known:
+            self._names, self._names_at = names, time.monotonic()
         quiet = maintenance.nodes_in_maintenance(store)
-        places: dict[str, Place] = {}
-        part_total: Counter[str] = Counter()
-        switch_total: Counter[str] = Counter()
-        domain_total: Counter[str] = Counter()
-        for name in names:
-            sn = slurm.get(name)
-            p = Place(
-                tuple(getattr(sn, "partitions", ()) or ()) or (NO_PARTITION,),
-                self.switch_of(name),
-                self.domain_of(name),
-            )
-            places[name] = p
-            part_total.update(p.partitions)
-            if p.switch:
-                switch_total[p.switch] += 1
-            if p.domain:
-                domain_total[p.domain] += 1
+        layout = self._placed(names, slurm)
+        places = layout.places
         needs: list[NodeRow] = []
         for r in rows:
             v = node_view(r, self.state)
@@ -291,9 +295,9 @@ class FleetView:
             error=None,
             total=len(names),
             counts=counts,
-            by_partition=_by_group(part_total, sick_part),
-            by_switch=_by_group(switch_total, sick_switch),
-            by_domain=_by_group(domain_total, sick_domain),
+            by_partition=_by_group(layout.partitions, sick_part),
+            by_switch=_by_group(layout.switches, sick_switch),
+            by_domain=_by_group(layout.domains, sick_domain),
             needs_human=tuple(needs),
             healthy=tuple(n for n in names if n not in flagged),
             places=places,
@@ -306,8 +310,48 @@ class FleetView:
             recent=tuple(audit.entries(store, limit=15)),
         )
 
+    def _placed(self, names: tuple[str, ...], slurm: Mapping[str, Any]) -> Layout:
+        """Every node's place and each group's size: worked out again only when the nodes or
+        the layout changed (one pass over every node)."""
+        key = (len(names), hash(names), self.layout_token())
+        if key == self._layout_key:
+            return self._layout
+        places: dict[str, Place] = {}
+        interned: dict[tuple[Any, ...], Place] = {}
+        part_total: Counter[str] = Counter()
+        switch_total: Counter[str] = Counter()
+        domain_total: Counter[str] = Counter()
+        for name in names:
+            sn = slurm.get(name)
+            parts = tuple(getattr(sn, "partitions", ()) or ()) or (NO_PARTITION,)
+            switch, domain = self.switch_of(name), self.domain_of(name)
+            p = interned.get((parts, switch, domain))
+            if p is None:
+                p = interned[(parts, switch, domain)] = Place(parts, switch, domain)
+            places[name] = p
+        for p, k in Counter(places.values()).items():
+            for part in p.partitions:
+                part_total[part] += k
+            if p.switch:
+                switch_total[p.switch] += k
+            if p.domain:
+                domain_total[p.domain] += k
+        self._layout = Layout(places, part_total, switch_total, domain_total)
+        self._layout_key = key
+        return self._layout
 
-def _by_group(total: Counter[str], sick: Mapping[str, Counter[str]]) -> dict[str, dict[str, int]]:
+
+@dataclass(frozen=True)
+class Layout:
+    places: Mapping[str, Place]
+    partitions: Mapping[str, int]
+    switches: Mapping[str, int]
+    domains: Mapping[str, int]
+
+
+def _by_group(
+    total: Mapping[str, int], sick: Mapping[str, Counter[str]]
+) -> dict[str, dict[str, int]]:
     """group -> verdict -> nodes; a drained-but-healthy node counts as healthy."""
     out: dict[str, dict[str, int]] = {}
     for group in sorted(total):
@@ -366,10 +410,11 @@ def _firing(store: Store) -> list[dict[str, Any]]:
 
 
 def _read_nodes(
-    store: Store, stale_before: datetime, held: set[str]
-) -> tuple[list[str], list[dict[str, Any]]]:
-    """Every node's name, and the full rows of those that may need a human (see the module
-    doc); `held`: nodes the Slurm snapshot shows drained or down."""
+    store: Store, stale_before: datetime, held: set[str], known: tuple[str, ...] | None
+) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
+    """Every node's name (`known` when given and as many as the table holds), and the full
+    rows of those that may need a human (see the module doc); `held`: nodes the Slurm snapshot
+    shows drained or down."""
     n = m.nodes
     may_need = or_(
         n.c.worst_severity != "ok",
@@ -391,7 +436,19 @@ def _read_nodes(
         n.c.slurm_reason,
     )
     with store.engine.connect() as c:
-        names = list(c.execute(select(n.c.name).order_by(n.c.name)).scalars())
+        # every name, straight from the driver: 10,000 result rows through SQLAlchemy's row
+        # objects cost more than the rest of the build
+        cur = c.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cur.execute("SELECT count(*) FROM nodes")
+            counted = cur.fetchone()
+            if known is not None and counted is not None and counted[0] == len(known):
+                names = known
+            else:
+                cur.execute("SELECT name FROM nodes ORDER BY name")
+                names = tuple(r[0] for r in cur.fetchall())
+        finally:
+            cur.close()
         rows = [r._asdict() for r in c.execute(select(*cols).where(may_need))]
         seen = {r["name"] for r in rows}
         extra = sorted(held - seen)
