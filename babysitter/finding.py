@@ -8,8 +8,8 @@ measured against NHC's run. Importing pydantic alone costs more CPU than NHC's w
 `dataclasses` imports `inspect` (with `ast`, `dis` and `tokenize`): a megabyte of the one-shot's
 peak memory for code it never runs. The API still validates findings through pydantic (the
 `Report` model holds `list[Finding]`): `__get_pydantic_core_schema__` gives pydantic the wire
-form (`finding_fields()`, unknown keys refused, each text's bounds in pydantic-core) and then
-builds the finding through the same `__init__`.
+form (`finding_fields()`, a newer agent's unknown keys ignored, each text's bounds in
+pydantic-core) and then builds the finding through the same `__init__`.
 """
 
 from __future__ import annotations
@@ -350,7 +350,8 @@ def finding_fields() -> Any:
                 "details": NotRequired[dict[str, Any]],
             },
         )
-        fields.__pydantic_config__ = {"extra": "forbid"}  # type: ignore[attr-defined]
+        # a newer agent's finding fields are ignored, never refused (babysitter/wire.py)
+        fields.__pydantic_config__ = {"extra": "ignore"}  # type: ignore[attr-defined]
         _FINDING_FIELDS = fields
     return _FINDING_FIELDS
 

@@ -25,7 +25,9 @@ ReportKind = Literal["full", "event"]
 
 
 class Report(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # A newer agent's fields this controller does not know are ignored, never refused: a
+    # refused report blinds the controller to the node (babysitter/wire.py, the skew policy).
+    model_config = ConfigDict(extra="ignore")
 
     node: str = Field(pattern=NODE_NAME)
     report_id: uuid.UUID = Field(description="the agent's id: a retried report is stored once")
@@ -34,6 +36,9 @@ class Report(BaseModel):
     metrics: dict[str, Any] = Field(default_factory=dict)
     # "event": pushed at once by an event source, merges into the node's open findings
     kind: ReportKind = "full"
+    # the sender's wire version when it says so in the body (agents from wire 3 on); agents of
+    # wire 1 and 2 say it in the X-Babysitter-Wire header, or not at all (wire 1)
+    wire_version: int = Field(default=1, ge=1)
 
     @classmethod
     def new(
@@ -57,7 +62,9 @@ class Report(BaseModel):
         )
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The report as it goes on the wire (and into the agent's spool)."""
+        """The report as it goes on the wire (and into the agent's spool). Without
+        `wire_version`: a controller of the previous release (wire 1) refuses unknown keys;
+        the version goes in the X-Babysitter-Wire header (babysitter/wire.py)."""
         return {
             "node": self.node,
             "report_id": str(self.report_id),

@@ -13,6 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from babysitter import __version__
 from babysitter.agent import reset
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
@@ -31,17 +32,26 @@ from babysitter.checks.base import (
 )
 from babysitter.config import Config
 from babysitter.errors import ConfigError
-from babysitter.finding import Finding, Severity
+from babysitter.finding import Action, Finding, Severity
+from babysitter.reload import AGENT_RESTART, AGENT_UNUSED, Outcome, reload, report_metric
 from babysitter.report import Report, ReportKind
 from babysitter.sdnotify import notify, watchdog_interval_s
 from babysitter.secretfile import check_private
 
 log = logging.getLogger(__name__)
+# the finding an agent keeps while its config file is refused on reload (what the controller
+# sees: the node turns suspect and alerts; see reload_config)
+RELOAD_CHECK = "agent.config"
 
 
 class Agent:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, config_path: str | Path | None = None) -> None:
         self.cfg = cfg
+        # what SIGHUP re-reads (None: $BABYSITTER_CONFIG or the default, as at start)
+        self.config_path = config_path
+        self._reload_asked = threading.Event()
+        self.last_reload: Outcome | None = None
+        self._reloads = {"ok": 0, "invalid": 0}
         a = cfg.agent
         self.node = a.node_name
         try:
@@ -109,8 +119,13 @@ class Agent:
             "reports_refused": self.spool.counter("refused"),
             # a new one after a reboot: the controller's proof the node really came back
             "boot_id": self.sticky.boot_id,
+            # versions, for a rolling upgrade (docs/deploy.md): any controller takes metrics
+            "agent_version": __version__,
+            "controller_wire": self.shipper.controller_wire,
             **extra,
         }
+        if self._reloads["ok"] or self._reloads["invalid"]:
+            metrics["config_reload"] = report_metric(self.last_reload, self._reloads)
         if self.reset_outcome is not None:
             metrics[reset.METRIC] = self.reset_outcome
         return Report.new(self.node, findings, metrics, kind).to_json_dict()
@@ -333,6 +348,43 @@ class Agent:
                     return
             time.sleep(0.02)
 
+    # ---- configuration reload (SIGHUP, `systemctl reload babysitter-agent`)
+    def ask_reload(self) -> None:
+        """The signal handler only asks; the main loop reloads between two rounds."""
+        self._reload_asked.set()
+        self._wake.set()
+
+    def reload_config(self) -> Outcome:
+        """Re-read and validate the config file; apply what may change live (thresholds,
+        intervals: babysitter/reload.py). Refused: the old configuration stays, the log and
+        the metric say why, and so does a warning finding the controller alerts on (a node
+        whose agent cannot take its config file is one to look at; the node turns suspect,
+        no drain), until a reload succeeds."""
+        out = reload(self.cfg, self.config_path, AGENT_RESTART, AGENT_UNUSED)
+        self.last_reload = out
+        self._reloads["ok" if out.ok else "invalid"] += 1
+        if self.metrics is not None:
+            self.metrics.config_last_reload_ok.set(1 if out.ok else 0)
+            self.metrics.config_reloads.labels("ok" if out.ok else "invalid").inc()
+        level = logging.ERROR if not out.ok else logging.WARNING
+        log.log(level if not out.ok or out.needs_restart else logging.INFO, "%s", out.summary())
+        if out.ok:
+            for c in self.checks:
+                c.reconfigured()
+            self._due.clear()  # new intervals count from now
+            self._store_findings(RELOAD_CHECK, [], None)
+        else:
+            bad = Finding(
+                check=RELOAD_CHECK,
+                component="host",
+                severity=Severity.WARNING,
+                code="config.reload_failed",
+                message=out.summary()[:2000],
+                action=Action.INSPECT,
+            )
+            self._store_findings(RELOAD_CHECK, [bad], None)
+        return out
+
     # ---- main loop
     def start_sources(self) -> None:
         for src in self._sources:
@@ -352,6 +404,7 @@ class Agent:
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        signal.signal(signal.SIGHUP, lambda *_: self.ask_reload())
         self.shipper.start()
         self.start_sources()
         self.run_due_checks()
@@ -362,6 +415,9 @@ class Agent:
         next_report = time.monotonic() + self.cfg.agent.interval_s
         last_wd = 0.0
         while not self._stop.is_set():
+            if self._reload_asked.is_set():
+                self._reload_asked.clear()
+                self.reload_config()
             self._watch_timeouts()
             self.run_due_checks()
             now = time.monotonic()

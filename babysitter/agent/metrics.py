@@ -69,6 +69,21 @@ class AgentMetrics:
             registry=r,
         )
         self.process_cpu.set_function(lambda: sum(os.times()[:2]))
+        # `systemctl reload` (SIGHUP): babysitter/reload.py; the names the controller's have
+        self.config_reloads = Counter(
+            "babysitter_config_reload_total",
+            "Configuration reloads (SIGHUP), by result: ok, or invalid (the old one stays).",
+            ["result"],
+            registry=r,
+        )
+        for result in ("ok", "invalid"):
+            self.config_reloads.labels(result)
+        self.config_last_reload_ok = Gauge(
+            "babysitter_config_last_reload_success",
+            "0 while the configuration file last read on reload was refused, else 1.",
+            registry=r,
+        )
+        self.config_last_reload_ok.set(1)
         self._seen: dict[tuple[str, str], float] = {}
         host, _, port = listen.rpartition(":")
         start_http_server(int(port), addr=host or "127.0.0.1", registry=r)

@@ -26,6 +26,8 @@ from tenacity import (
 )
 
 from babysitter.agent.spool import Spool
+from babysitter.wire import HEADER as WIRE_HEADER
+from babysitter.wire import WIRE_VERSION, peer_version
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,9 @@ class Shipper:
         self.on_orders = on_orders
         self.spool = spool
         self.retries = retries
-        headers = {"Authorization": f"Bearer {token}"}
+        # the report's wire version (babysitter/wire.py): in a header, which a controller of
+        # the previous release ignores, where an unknown body key would get the report refused
+        headers = {"Authorization": f"Bearer {token}", WIRE_HEADER: str(WIRE_VERSION)}
         if node:
             # lets the controller check the token before it reads the body
             headers["X-Babysitter-Node"] = node
@@ -68,6 +72,9 @@ class Shipper:
         self.sent = 0
         self.failed_attempts = 0
         self.refused = 0  # reports the controller refused with a 4xx, dropped
+        # the controller's wire version, from its last answer (0: none yet); reported in the
+        # agent's metrics so that a rolling upgrade shows who talks to whom
+        self.controller_wire = 0
         self._refusals_logged: set[int] = set()
         # one report: `retries` more attempts after the first, 0.1 s doubling up to 2 s apart,
         # jittered so that nodes cut off together do not come back in step
@@ -108,6 +115,7 @@ class Shipper:
             log.debug("controller unreachable: %s", exc)
             return False
         if r.status_code in (200, 202):
+            self.controller_wire = peer_version(r.headers.get(WIRE_HEADER))
             self._orders(r)
             return True
         if 400 <= r.status_code < 500 and r.status_code not in _RETRYABLE_4XX:

@@ -149,6 +149,11 @@ class Check:
     def run(self) -> list[Finding]:
         raise NotImplementedError
 
+    def reconfigured(self) -> None:
+        """The config was reloaded (babysitter/reload.py): intervals are worked out again;
+        thresholds are read from the config at each run already."""
+        self._intervals = None
+
     # effective settings: config overrides the class defaults
     def effective_interval(self) -> float:
         """How often the agent runs the check: its most frequent signal."""

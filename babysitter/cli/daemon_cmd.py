@@ -16,7 +16,7 @@ def controller(state: State) -> None:
     """API + store + policy/remediation loop + alerts."""
     from babysitter.controller.runtime import Controller
 
-    Controller(state.config).serve()
+    Controller(state.config, state.config_path).serve()
 
 
 @click.command("agent")
@@ -26,7 +26,7 @@ def agent(state: State) -> None:
     """Node daemon: checks on schedule and on events, reports, spool."""
     from babysitter.agent.daemon import Agent
 
-    Agent(state.config).run()
+    Agent(state.config, state.config_path).run()
 
 
 @click.command("token")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import gc
 import logging
+import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -32,6 +34,7 @@ from babysitter.controller.loop.metrics import ControllerMetrics
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.controller.loop.wake import DrainWake
 from babysitter.errors import ConfigError
+from babysitter.reload import CONTROLLER_RESTART, CONTROLLER_UNUSED, Outcome, reload
 from babysitter.sdnotify import notify, watchdog_interval_s
 from babysitter.secretfile import check_private, read_secret
 
@@ -88,8 +91,12 @@ class Leadership:
 
 
 class Controller:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, config_path: str | Path | None = None) -> None:
         self.cfg = cfg
+        # what SIGHUP re-reads (None: $BABYSITTER_CONFIG or the default, as at start)
+        self.config_path = config_path
+        self._reload_asked = threading.Event()
+        self.last_reload: Outcome | None = None
         c = cfg.controller
         secret = read_secret(c.cluster_secret_file, "cluster secret")
         admin = read_secret(c.admin_token_file, "admin token").decode()
@@ -187,11 +194,35 @@ class Controller:
         self.retention.start()
 
     def loop_forever(self) -> None:
-        interval = self.cfg.controller.loop_interval_s
         while not self._stop.is_set():
             started = time.monotonic()
+            if self._reload_asked.is_set():  # between two ticks, never in the middle of one
+                self._reload_asked.clear()
+                self.reload_config()
             self.tick()
-            self._wait_next_tick(started, interval)
+            self._wait_next_tick(started, self.cfg.controller.loop_interval_s)
+
+    def ask_reload(self) -> None:
+        """SIGHUP: reload before the next tick (the signal handler only asks)."""
+        self._reload_asked.set()
+        self.wake.event.set()
+
+    def reload_config(self) -> Outcome:
+        """Re-read and validate the config file; apply what may change live (babysitter/
+        reload.py). Refused: the old configuration stays, and the log, the metrics and the
+        config_reload_failed alert say why."""
+        out = reload(self.cfg, self.config_path, CONTROLLER_RESTART, CONTROLLER_UNUSED)
+        self.last_reload = out
+        self.metrics.config_last_reload_ok.set(1 if out.ok else 0)
+        self.metrics.config_reloads.labels("ok" if out.ok else "invalid").inc()
+        # error: refused; warning: some keys wait for a restart (both stay in the journal)
+        level = logging.ERROR if not out.ok else logging.WARNING
+        log.log(level if not out.ok or out.needs_restart else logging.INFO, "%s", out.summary())
+        if out.ok:
+            self.state["heartbeat_timeout_s"] = self.cfg.controller.heartbeat_timeout_s
+        if self.engine is not None:
+            self.engine.config_reloaded(out.error if not out.ok else None)
+        return out
 
     def tick(self) -> bool:
         """One iteration of the loops. Only a tick whose every loop succeeded counts as
@@ -323,6 +354,8 @@ class Controller:
         import uvicorn
 
         host, _, port = self.cfg.controller.listen.rpartition(":")
+        # `systemctl reload` (uvicorn handles SIGINT/SIGTERM only)
+        signal.signal(signal.SIGHUP, lambda *_: self.ask_reload())
         self.setup()
         if self.orders is not None:
             self.orders.start()

@@ -39,8 +39,11 @@ from babysitter.controller.api.ui.routes import LOGIN_PATH, LOGOUT_PATH, MAX_LOG
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.metrics import ControllerMetrics
 from babysitter.report import Report
+from babysitter.wire import HEADER, WIRE_VERSION
 
 REPORTS_PATH = "/api/v1/reports"
+# an accepted report's answer says the controller's wire version (babysitter/wire.py)
+_WIRE_HEADERS = {HEADER: str(WIRE_VERSION)}
 # a 422 names the field and shows at most this much of what was sent
 MAX_ECHO_CHARS = 200
 MAX_ERRORS = 20
@@ -249,7 +252,9 @@ def report_router(ingest: Ingest) -> APIRouter:
             return refused(exc)
         except StoreUnavailable as exc:
             return unavailable(exc)
-        return Response(payload, status_code=status, media_type="application/json")
+        return Response(
+            payload, status_code=status, media_type="application/json", headers=_WIRE_HEADERS
+        )
 
     async def post_report(body: Report) -> Accepted:
         """Declares the route for OpenAPI; requests are served by `handle_report`."""

@@ -19,8 +19,10 @@ from babysitter.controller.api.app import REPORTS_PATH, refused, unavailable
 from babysitter.controller.api.auth import NODE_HEADER
 from babysitter.controller.api.ingest import Ingest, Refused, StoreUnavailable, report_problems
 from babysitter.report import Report
+from babysitter.wire import HEADER_BYTES, WIRE_VERSION
 
-_JSON_HEADERS = [(b"content-type", b"application/json")]
+# the answer says the controller's wire version (babysitter/wire.py): the agent learns it
+_JSON_HEADERS = [(b"content-type", b"application/json"), (HEADER_BYTES, b"%d" % WIRE_VERSION)]
 _NODE_HEADER = NODE_HEADER.encode()
 
 

@@ -65,6 +65,8 @@ class ControllerMetrics:
 
     def _start_at_zero(self) -> None:
         """Every known label value of the labelled counters exists at 0 (see KNOWN_*)."""
+        for result in ("ok", "invalid"):
+            self.config_reloads.labels(result)
         for result in KNOWN_RESULTS:
             self.reports.labels(result)
         for outcome in KNOWN_DRAIN_OUTCOMES:
@@ -132,6 +134,19 @@ class ControllerMetrics:
         self.is_leader = Gauge(
             "babysitter_controller_leader", "1 when this controller acts on Slurm.", registry=r
         )
+        # `systemctl reload` (SIGHUP): babysitter/reload.py
+        self.config_reloads = Counter(
+            "babysitter_config_reload_total",
+            "Configuration reloads (SIGHUP), by result: ok, or invalid (the old one stays).",
+            ["result"],
+            registry=r,
+        )
+        self.config_last_reload_ok = Gauge(
+            "babysitter_config_last_reload_success",
+            "0 while the configuration file last read on reload was refused, else 1.",
+            registry=r,
+        )
+        self.config_last_reload_ok.set(1)
         # the on-call cockpit (deploy/prometheus rules, deploy/grafana dashboard)
         self.tick_duration = Histogram(
             "babysitter_loop_tick_seconds",

@@ -59,6 +59,8 @@ from babysitter.controller.loop.policy import (
     PolicySettings,
     decide,
 )
+from babysitter.controller.loop.reconfigure import CONDITION as RELOAD_FAILED
+from babysitter.controller.loop.reconfigure import reconfigure, reload_alert
 from babysitter.controller.loop.sdc_schedule import SdcScheduler
 from babysitter.controller.loop.snapshot import SlurmSnapshot
 from babysitter.controller.loop.validation import Validator
@@ -150,6 +152,8 @@ class RemediationEngine:
             cfg.controller.maintenance_reservation_user,
         )
         self._quiet: set[str] = set()  # nodes in an open maintenance window, this tick
+        # the last refused config reload (its error, since when): alerts until a good one
+        self.config_problem: tuple[str, datetime] | None = None
         self.sdc = SdcScheduler(ctx)
 
     # ---- error boundaries
@@ -188,6 +192,15 @@ class RemediationEngine:
                 except Exception:
                     log.exception("cannot record the failure of %s", item)
             return None
+
+    def config_reloaded(self, error: str | None) -> None:
+        """A configuration reload was applied (error None: refresh what was copied at start)
+        or refused (the config_reload_failed alert fires until a reload succeeds)."""
+        if error is None:
+            reconfigure(self)
+            self.config_problem = None
+        elif self.config_problem is None or self.config_problem[0] != error:
+            self.config_problem = (error, datetime.now(UTC))
 
     def close(self) -> None:
         self.sender.close()
@@ -335,6 +348,10 @@ class RemediationEngine:
         self._isolated("guard", lambda: self.outcome.guard(result, cluster, now))
         if not result.guard_tripped:
             clearing.append((None, "guard_tripped"))
+        if self.config_problem is None:
+            clearing.append((None, RELOAD_FAILED))
+        else:
+            firing.append(reload_alert(*self.config_problem))
         self._isolated("alerts", lambda: self._alert(firing, clearing, now))
 
     def _record_moves(self, moves: list[Decision], now: datetime) -> dict[int, Action]:

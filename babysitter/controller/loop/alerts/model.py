@@ -18,6 +18,8 @@ RUNBOOK: dict[str, str] = {
     "yourself; babysitter will not touch it.",
     "node_unknown": "The agent stopped reporting: check the node is up, `systemctl status "
     "babysitter-agent`, and network to the controller.",
+    "config_reload_failed": "A configuration reload (systemctl reload, SIGHUP) found an invalid "
+    "file and kept the previous configuration: `babysitter config check`, fix it, reload again.",
     "guard_tripped": "Many nodes failed at once: suspect fabric, power, cooling or a bad "
     "driver/firmware roll-out rather than GPUs. Investigate, then `babysitter guard reset` "
     "(POST /api/v1/guard/reset) to let babysitter drain again.",

@@ -1,0 +1,52 @@
+"""After a configuration reload (babysitter/reload.py, SIGHUP): refresh the policy loop's few
+values copied from the config at start. Everything else reads `cfg.<section>.<key>` when it
+acts, and the reload has written the new values there already. Runs on the policy loop's
+thread, between two ticks."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from babysitter.controller.loop.admission import Limits
+from babysitter.controller.loop.alerts import Alert
+from babysitter.controller.loop.alerts.router import sinks_from_config
+from babysitter.controller.loop.blast import BlastSettings
+from babysitter.controller.loop.fabric_loop import FabricSettings
+from babysitter.controller.loop.policy import PolicySettings
+from babysitter.finding import Severity
+
+if TYPE_CHECKING:
+    from babysitter.controller.loop.remediation import RemediationEngine
+
+CONDITION = "config_reload_failed"
+
+
+def reconfigure(engine: RemediationEngine) -> None:
+    """Thresholds, caps and alert sinks from the engine's (reloaded) config."""
+    cfg = engine.cfg
+    settings = PolicySettings.from_config(cfg)
+    engine.settings = settings
+    engine.gatherer.settings = settings
+    engine.outcome.settings = settings
+    engine.fabric.policy = settings
+    engine.healer.dry_run = settings.dry_run
+    engine.fabric.settings = FabricSettings.from_config(cfg)
+    engine.fabric.blast = BlastSettings.from_config(cfg)
+    engine.admission.limits = Limits.from_config(cfg)
+    router = engine.router
+    router.sinks = sinks_from_config(cfg)
+    router.repeat_interval = timedelta(seconds=cfg.alerts.repeat_interval_s)
+    router.group_threshold = cfg.alerts.group_threshold
+
+
+def reload_alert(error: str, since: datetime | None = None) -> Alert:
+    """The cluster-wide alert while the config file on disk is refused."""
+    return Alert(
+        None,
+        CONDITION,
+        Severity.WARNING,
+        f"configuration reload refused: {error}"[:1000],
+        "kept the previous configuration; fix the file and reload again",
+        since or datetime.now(UTC),
+    )

@@ -1,0 +1,308 @@
+"""`systemctl reload babysitter-*` (SIGHUP): the daemons re-read their config file, apply what
+may change live, name what needs a restart, and keep the old configuration when the new file is
+invalid (log, metric, alert). The process tests run the real daemons and send the real signal;
+what changed is read from their API, their metrics and the controller's view of the node."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from babysitter.config import parse_config
+from babysitter.devcluster.receiver import Receiver
+from babysitter.reload import (
+    AGENT_RESTART,
+    AGENT_UNUSED,
+    CONTROLLER_RESTART,
+    CONTROLLER_UNUSED,
+    apply,
+    reload,
+)
+from tests.fixtures.controller import Secrets, free_port
+from tests.fixtures.slurm import wait_for
+
+# ---- what a reload applies (in-process)
+
+
+def test_live_keys_are_applied_in_place_and_the_rest_is_named():
+    live = parse_config({"policy": {"max_drains_per_hour": 20}, "checks": {"host": {}}})
+    policy = live.policy  # what the loop's objects hold: the same object after the reload
+    new = parse_config(
+        {
+            "controller": {"listen": "127.0.0.1:9999", "loop_interval_s": 2},
+            "policy": {"max_drains_per_hour": 5},
+            "alerts": {"webhook_url": "http://127.0.0.1:1/hook"},
+            "slurm": {"reason_prefix": "bs:"},
+        }
+    )
+    out = apply(live, new, CONTROLLER_RESTART, CONTROLLER_UNUSED)
+    assert out.ok
+    assert sorted(out.applied) == [
+        "alerts.webhook_url",
+        "controller.loop_interval_s",
+        "policy.max_drains_per_hour",
+    ]
+    assert sorted(out.needs_restart) == ["controller.listen", "slurm.reason_prefix"]
+    assert live.policy is policy and policy.max_drains_per_hour == 5
+    assert live.alerts.webhook_url == "http://127.0.0.1:1/hook"
+    assert live.controller.listen != "127.0.0.1:9999"  # not applied: a restart takes it
+    assert "needs restart: controller.listen, slurm.reason_prefix" in out.summary()
+
+
+def test_the_agent_takes_thresholds_and_intervals_not_its_identity_or_its_checks():
+    live = parse_config({"agent": {"node_name": "node1"}})
+    new = parse_config(
+        {
+            "agent": {"node_name": "node2", "interval_s": 7},
+            "checks": {"host": {"min_free_gb": 3, "enabled": False}},
+            "policy": {"max_drains_per_hour": 1},  # the controller's: not the agent's to list
+        }
+    )
+    out = apply(live, new, AGENT_RESTART, AGENT_UNUSED)
+    assert sorted(out.applied) == ["agent.interval_s", "checks.host.min_free_gb"]
+    assert sorted(out.needs_restart) == ["agent.node_name", "checks.host.enabled"]
+    assert live.agent.interval_s == 7 and live.checks.host.min_free_gb == 3
+    assert live.agent.node_name == "node1" and live.checks.host.enabled
+
+
+def test_an_invalid_file_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    for k in [k for k in os.environ if k.startswith("BABYSITTER_")]:
+        monkeypatch.delenv(k)
+    live = parse_config({"checks": {"host": {"min_free_gb": 1}}})
+    f = tmp_path / "b.toml"
+    f.write_text("[checks.host]\nmin_free_gb = 50\nmin_free_gib = 2\n")  # a misspelled key
+    out = reload(live, f, AGENT_RESTART, AGENT_UNUSED)
+    assert not out.ok and "min_free_gib" in out.error
+    assert live.checks.host.min_free_gb == 1
+    f.write_text("[checks.host\n")  # not TOML
+    out = reload(live, f, AGENT_RESTART, AGENT_UNUSED)
+    assert not out.ok and "not valid TOML" in out.error
+    assert out.summary().startswith("configuration reload refused, the previous configuration")
+
+
+# ---- the daemons, SIGHUP for real
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """The settings come from the file alone (a BABYSITTER_* variable would win over it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BABYSITTER_")}
+    env.update(extra)
+    return env
+
+
+def _spawn(command: str, config: Path, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "babysitter.cli.main", command, "--config", str(config)],
+            env=_clean_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+
+def _metric(url: str, sample: str) -> float | None:
+    """One sample's value from a Prometheus text page (None while absent or unreachable)."""
+    try:
+        text = httpx.get(url, timeout=5).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def _controller_toml(secrets: Secrets, db: Path, port: int, hook: str, heartbeat: float) -> str:
+    return f"""
+[controller]
+listen = "127.0.0.1:{port}"
+database_url = "sqlite:///{db}"
+cluster_secret_file = "{secrets.dir / "cluster.secret"}"
+admin_token_file = "{secrets.dir / "admin.token"}"
+read_token_file = "{secrets.dir / "read.token"}"
+loop_interval_s = 0.2
+heartbeat_timeout_s = {heartbeat}
+
+[alerts]
+webhook_url = "{hook}"
+"""
+
+
+@pytest.fixture
+def controller(
+    secrets: Secrets, tmp_path: Path, receiver: Receiver
+) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
+    port = free_port()
+    cfg = tmp_path / "controller.toml"
+    toml = _controller_toml(secrets, tmp_path / "c.db", port, receiver.url + "/hook", 300)
+    cfg.write_text(toml)
+    proc = _spawn("controller", cfg, tmp_path / "controller.log")
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        assert proc.poll() is None, (tmp_path / "controller.log").read_text()[-3000:]
+        try:
+            return httpx.get(url + "/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(ready, 90, "controller ready")
+    try:
+        yield proc, cfg, url
+    finally:
+        _stop(proc)
+
+
+def test_controller_sighup_applies_a_threshold_and_refuses_an_invalid_file(
+    controller: tuple[subprocess.Popen[bytes], Path, str],
+    secrets: Secrets,
+    receiver: Receiver,
+    tmp_path: Path,
+):
+    proc, cfg, url = controller
+    admin = {"Authorization": f"Bearer {secrets.admin}"}
+    report = {
+        "node": "node1",
+        "report_id": str(uuid.uuid4()),
+        "sent_at": datetime.now(UTC).isoformat(),
+        "findings": [],
+        "metrics": {},
+    }
+    r = httpx.post(url + "/api/v1/reports", json=report, headers=secrets.headers("node1"))
+    assert r.status_code == 202, r.text
+
+    def verdict() -> str:
+        return str(
+            httpx.get(url + "/api/v1/nodes/node1", headers=admin, timeout=5).json()["verdict"]
+        )
+
+    # heard from just now, with a heartbeat timeout of 300 s
+    assert verdict() == "healthy"
+    # the threshold lowered to 0.5 s: the same process now calls the silent node unknown
+    cfg.write_text(
+        cfg.read_text().replace("heartbeat_timeout_s = 300", "heartbeat_timeout_s = 0.5")
+    )
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: verdict() == "unknown", 60, "node1 unknown under the reloaded threshold")
+    metrics = url + "/metrics"
+    wait_for(lambda: _metric(metrics, 'babysitter_config_reload_total{result="ok"}') == 1, 30, "ok")
+    wait_for(lambda: _metric(metrics, "babysitter_config_last_reload_success") == 1, 30, "gauge")
+    assert _metric(metrics, 'babysitter_config_reload_total{result="invalid"}') == 0
+
+    # an invalid file: the old configuration stays, and the log, the metric and an alert say so
+    good = cfg.read_text()
+    cfg.write_text(good.replace("loop_interval_s = 0.2", "loop_interval_s = -1"))
+    proc.send_signal(signal.SIGHUP)
+    wait_for(
+        lambda: _metric(metrics, 'babysitter_config_reload_total{result="invalid"}') == 1,
+        30,
+        "the refused reload counted",
+    )
+    wait_for(lambda: _metric(metrics, "babysitter_config_last_reload_success") == 0, 30, "gauge 0")
+    log = (tmp_path / "controller.log").read_text()
+    assert "configuration reload refused" in log and "loop_interval_s" in log
+
+    def alert(state: str) -> bool:
+        return any(
+            b.get("condition") == "config_reload_failed" and b.get("state") == state
+            for b in receiver.bodies("/hook")
+        )
+
+    wait_for(lambda: alert("firing"), 60, "config_reload_failed alert")
+    assert verdict() == "unknown"  # still the reloaded threshold, not a default
+    assert proc.poll() is None  # never restarted
+
+    # fixed: the alert resolves, the metric says the file is good again
+    cfg.write_text(good)
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: alert("resolved"), 60, "config_reload_failed resolved")
+    wait_for(lambda: _metric(metrics, "babysitter_config_last_reload_success") == 1, 30, "gauge 1")
+
+
+def _agent_toml(
+    secrets: Secrets, tmp_path: Path, url: str, metrics_port: int, min_gb: float
+) -> str:
+    return f"""
+[agent]
+node_name = "node1"
+controller_url = "{url}"
+token_file = "{secrets.node_token_file("node1")}"
+spool_path = "{tmp_path / "spool.db"}"
+interval_s = 0.3
+request_timeout_s = 2
+enabled_checks = ["host.resources"]
+metrics_listen = "127.0.0.1:{metrics_port}"
+
+[checks.host]
+check_slurmd = false
+min_free_gb = {min_gb}
+paths = ["{tmp_path}"]
+interval_s = 0.2
+"""
+
+
+def test_agent_sighup_applies_a_threshold_and_keeps_its_config_on_an_invalid_file(
+    controller: tuple[subprocess.Popen[bytes], Path, str], secrets: Secrets, tmp_path: Path
+):
+    _, _, url = controller
+    admin = {"Authorization": f"Bearer {secrets.admin}"}
+    mport = free_port()
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(_agent_toml(secrets, tmp_path, url, mport, 0))
+    agent = _spawn("agent", cfg, tmp_path / "agent.log")
+    metrics = f"http://127.0.0.1:{mport}/metrics"
+
+    def codes() -> set[str]:
+        r = httpx.get(url + "/api/v1/nodes/node1", headers=admin, timeout=5)
+        if r.status_code == 404:
+            return {"(not yet)"}
+        return {f["code"] for f in r.json()["open_findings"]}
+
+    try:
+        wait_for(lambda: "(not yet)" not in codes(), 90, "node1 reporting")
+        assert "disk.low" not in codes()
+        # no disk has this much free space: the reloaded threshold makes it a warning
+        cfg.write_text(_agent_toml(secrets, tmp_path, url, mport, 1e9))
+        agent.send_signal(signal.SIGHUP)
+        wait_for(lambda: "disk.low" in codes(), 60, "disk.low under the reloaded threshold")
+        wait_for(
+            lambda: _metric(metrics, 'babysitter_config_reload_total{result="ok"}') == 1, 30, "ok"
+        )
+
+        # an invalid file (a misspelled key): the threshold stays, and the agent says why
+        cfg.write_text(
+            _agent_toml(secrets, tmp_path, url, mport, 0).replace("min_free_gb", "min_free_gib")
+        )
+        agent.send_signal(signal.SIGHUP)
+        wait_for(lambda: "config.reload_failed" in codes(), 60, "the reload finding")
+        assert "disk.low" in codes()  # the old (reloaded) threshold still acts
+        wait_for(
+            lambda: _metric(metrics, "babysitter_config_last_reload_success") == 0, 30, "gauge 0"
+        )
+        assert _metric(metrics, 'babysitter_config_reload_total{result="invalid"}') == 1
+        log = (tmp_path / "agent.log").read_text()
+        assert "configuration reload refused" in log and "min_free_gib" in log
+        node = httpx.get(url + "/api/v1/nodes/node1", headers=admin, timeout=5).json()
+        assert node["verdict"] == "suspect"  # the controller alerts on it; no drain
+        assert agent.poll() is None
+    finally:
+        _stop(agent)
