@@ -68,6 +68,14 @@ def test_units_are_notify_with_watchdog_and_hardening(unit):
         assert line in text, f"{unit} lacks {line}"
 
 
+@pytest.mark.parametrize("unit", ["babysitter-agent.service", "babysitter-controller.service"])
+def test_systemctl_reload_sends_sighup(unit):
+    """`systemctl reload` re-reads the config without a restart (tests/test_reload.py: what a
+    SIGHUP does to each daemon)."""
+    text = (SYSTEMD_DIR / unit).read_text()
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in text.splitlines()
+
+
 def test_agent_unit_keeps_gpu_devices_and_kmsg_reachable():
     text = (SYSTEMD_DIR / "babysitter-agent.service").read_text()
     assert "PrivateDevices=no" in text
