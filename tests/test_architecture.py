@@ -73,7 +73,7 @@ def test_a_checks_settings_import_nothing_a_config_load_cannot_afford():
     settings = sorted(
         m for m in graph.modules if m.startswith("babysitter.checks.") and m.endswith(".settings")
     )
-    assert len(settings) == 6, settings  # gpu, xid, host, infiniband, nccl, sdc
+    assert len(settings) == 7, settings  # gpu, xid, host, infiniband, nccl, sdc, fabric
     allowed = (
         "babysitter.settings",
         "babysitter.hardware.",

@@ -118,6 +118,16 @@ class Rule(StrEnum):
         "switch_recovered",
         "the suspected switch's nodes all report clean again: resumed together",
     )
+    # controller/loop/nvlink_domain.py: the same correlation, an NVLink domain as the scope
+    NVLINK_DOMAIN_SUSPECTED = (
+        "nvlink_domain_suspected",
+        "critical NVLink fabric findings on fabric.min_nodes (or half) of one NVLink domain's "
+        "nodes within fabric.window_s: one domain incident, its nodes drained together",
+    )
+    NVLINK_DOMAIN_RECOVERED = (
+        "nvlink_domain_recovered",
+        "the suspected NVLink domain's nodes all report clean again: resumed together",
+    )
     BLAST_RADIUS_CAP = (
         "blast_radius_cap",
         "a switch/partition/cluster node-drain cap ([blast_radius]) is reached: no new node "

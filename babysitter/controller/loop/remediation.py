@@ -48,6 +48,7 @@ from babysitter.controller.loop.healer import Healer
 from babysitter.controller.loop.jobs import JobTracker
 from babysitter.controller.loop.maintenance import Alertmanager, Maintenance
 from babysitter.controller.loop.metrics import ControllerMetrics
+from babysitter.controller.loop.nvlink_domain import DomainStep
 from babysitter.controller.loop.outcome import OutcomeWriter
 from babysitter.controller.loop.policy import (
     JOB_ALERT_PREFIX,
@@ -142,6 +143,8 @@ class RemediationEngine:
         self.fabric = FabricStep(
             ctx, self.jobs, metrics, self.settings, self._isolated, self.admission
         )
+        # NVLink domains (NVL72 racks): the same correlation with the domain as the scope
+        self.domains = DomainStep(ctx, self.settings, self.admission)
         self.healer = Healer(ctx, self.validator, self.settings.dry_run)
         self.healer.admission = self.admission
         am = cfg.alerts.alertmanager_url
@@ -262,6 +265,10 @@ class RemediationEngine:
         admit: Callable[[NodeFacts], bool] | None = None
         if hooked is not None:
             facts, cluster, admit = hooked
+        # a failed domain correlation hides nothing: each node's fabric fault is its own
+        domained = self._isolated("nvlink domains", lambda: self.domains.before_policy(facts, now))
+        if domained is not None:
+            facts = domained
         else:
             # a failed correlation leaves the caps on: the gate alone, or no new drain at all
             gate = self._isolated("caps", lambda: (self.fabric.caps_gate(),))
@@ -269,6 +276,8 @@ class RemediationEngine:
         result = decide(facts, cluster, self.settings, now, admit)
         if hooked is not None:
             self._isolated("fabric", lambda: self.fabric.true_verdicts(result))
+        if domained is not None:
+            self._isolated("nvlink domains", lambda: self.domains.true_verdicts(result))
         result.decisions = self.healer.hold(result.decisions)  # open remediations own theirs
         return facts, cluster, result, slow[1] if slow is not None else []
 
@@ -327,6 +336,7 @@ class RemediationEngine:
             )
         self._isolated("batch", lambda: self.executor.execute_batch(now, firing, clearing))
         self._isolated("fabric", lambda: self.fabric.act(now, firing, clearing))
+        self._isolated("nvlink domains", lambda: self.domains.act(now, firing, clearing))
         self.executor.run_pending(pending, now)
         if self.validator.enabled or self.healer.enabled:
             self._isolated("validation", lambda: self.validator.poll(now, firing, clearing))

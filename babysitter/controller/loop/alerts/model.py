@@ -36,6 +36,10 @@ RUNBOOK: dict[str, str] = {
     "switch_suspected": "Several nodes under one switch lost the fabric together: check the "
     "switch (its ports, power, the subnet manager's log: `ibswitches`, `ibdiagnet`) rather than "
     "the nodes. babysitter resumes the nodes together once their ports are back and clean.",
+    "nvlink_domain_suspected": "Several nodes of one NVLink domain (an NVL72 rack) lost their "
+    "NVLink fabric together: check the rack's NVLink switch trays and their Fabric Manager "
+    "(NVOS), IMEX on the compute trays (`nvidia-imex-ctl -N`), and the rack's power and cooling "
+    "rather than the nodes. babysitter resumes the nodes together once each reports clean.",
     "blast_radius_cap": "A scope ([blast_radius]) holds its cap of drained nodes: new faults "
     "there stay in service. Find what the scope's nodes share (rack, PDU, cooling, a roll-out); "
     "drain by hand what must go. Resumes free room; nothing needs a reset.",
@@ -48,6 +52,8 @@ DEFAULT_RUNBOOK = "Look at `babysitter findings <node>` and the node's kernel lo
 def runbook(condition: str) -> str:
     if condition.startswith("switch_suspected_"):
         return RUNBOOK["switch_suspected"]
+    if condition.startswith("nvlink_domain_suspected_"):
+        return RUNBOOK["nvlink_domain_suspected"]
     if condition.startswith("job_hung"):
         return RUNBOOK["job_hung"]
     if condition.startswith("job_requeue_limit"):
