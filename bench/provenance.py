@@ -62,6 +62,13 @@ MEASURES: dict[str, tuple[str, ...]] = {
         "babysitter/finding.py",
         "bench/ingest.py",
     ),
+    "cockpit": (
+        "babysitter/controller",
+        "babysitter/config.py",
+        "bench/cockpit.py",
+        "bench/bigcluster.py",
+        "bench/slurm_standin.py",
+    ),
     "fault_drain": ("babysitter", "bench/fault_drain.py"),
     "soak": (
         "babysitter/agent",

@@ -31,6 +31,9 @@ BENCHMARKS: list[tuple[str, int]] = [
     ("bench.slurm_load", 1200),
     ("bench.alert_blackhole", 300),
     ("bench.ingest", 300),
+    # the status page and /metrics at 1k and 10k nodes, and what 10 tabs + 2 scrapers cost
+    # ingest at 2,000 reports/s (~6 min)
+    ("bench.cockpit", 900),
     ("bench.fault_drain", 1800),
     # fault -> back in service through reboot + validation, by phase (~3 min)
     ("bench.self_heal", 900),
