@@ -75,15 +75,20 @@ def sim_validation(base: Path, extra: str = "") -> dict[str, Any]:
     }
 
 
-def _spawn(command: str, config: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """`babysitter <command>` with its own config file, logging to `log`."""
+def _spawn(
+    command: str, config: Path, env: dict[str, str], log: Path, python: str | None = None
+) -> subprocess.Popen[bytes]:
+    """`babysitter <command>` with its own config file, logging to `log`. `python`: another
+    installation's interpreter (another release: tests/test_version_skew.py), run from the
+    config's folder so that no checkout on the way shadows its package."""
     with open(log, "ab") as out:  # the child keeps its own descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "babysitter.cli.main", command],
+            [python or sys.executable, "-m", "babysitter.cli.main", command],
             env=dict(os.environ, BABYSITTER_CONFIG=str(config), **env),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd=config.parent if python else None,
         )
 
 
@@ -141,6 +146,9 @@ class SimCluster:
     # of other things do not find their nodes held for a test now and then (tests/test_sdc_e2e.py
     # runs it; the simulated GPUs need backend "numpy", which "auto" rightly refuses)
     sdc: dict[str, Any] | None = None
+    # the interpreter of another installation (another release) for "controller" or a node's
+    # agent; absent: this one
+    python: dict[str, str] = field(default_factory=dict)
     cluster: DevCluster | None = None
     info: ClusterInfo | None = None
     nodes: dict[str, SimNode] = field(default_factory=dict)
@@ -272,7 +280,9 @@ class SimCluster:
     def _start_controller(self, port: int) -> None:
         cfg = self.base / "etc" / "controller.toml"
         cfg.write_text(_toml(self.controller_config(port)))
-        self.controller = _spawn("controller", cfg, self.env, self.base / "controller.log")
+        self.controller = _spawn(
+            "controller", cfg, self.env, self.base / "controller.log", self.python.get("controller")
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.controller.poll() is not None:
@@ -312,7 +322,14 @@ class SimCluster:
             sim.config,
             {**sim.gpus.env(lib or build()), **self.env, **(env or {})},
             sim.config.parent / "agent.log",
+            self.python.get(node),
         )
+
+    def restart_controller(self) -> None:
+        """Stop the controller and start it again on the same port and database (with
+        `python` as it is now: an upgrade, or a rollback)."""
+        _stop(self.controller)
+        self._start_controller(int(self.url.rpartition(":")[2]))
 
     def stop_agent(self, node: str) -> None:
         _stop(self.nodes[node].proc)
