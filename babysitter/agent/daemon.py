@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter import __version__
-from babysitter.agent import reset
+from babysitter.agent import reset, rma
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
 from babysitter.agent.sticky import StickyFindings, read_boot_id
@@ -240,6 +240,10 @@ class Agent:
             self._orders_seen.append(oid)
             if name == reset.ORDER:
                 self._reset_gpu(o)
+                continue
+            if name == rma.ORDER:  # RMA evidence, on a thread of its own (agent/rma.py)
+                if not rma.start(self.cfg.agent, self.cfg.rma, o):
+                    log.warning("order %s: RMA evidence already being collected", oid)
                 continue
             check = next((c for c in self.checks if c.name == name and c.ordered), None)
             if check is None or is_hung(check) or check.name in self._running:

@@ -163,6 +163,11 @@ def _one_node(state: State, node: str, url: str | None, token: str | None, as_js
     echo(f"remediation ledger ({len(ledger)} row(s), newest first):")
     if ledger:
         show(table(*LEDGER_COLUMNS, rows=ledger_rows(ledger)))
+    for a in n.get("rma_archives") or []:  # RMA evidence (docs/operations.md#rma_evidence)
+        where = f"{str(c.base_url).rstrip('/')}{a['url']}" if a.get("url") else ""
+        echo(
+            f"RMA evidence {a['state']} {a['created_at']} ({a['trigger']}): {where or a['outcome']}"
+        )
 
 
 @click.command("findings")

@@ -12,7 +12,7 @@ controller as a Slurm job inside a maintenance reservation, or by an admin by ha
    so does an NVML error reading them (the watch stopped; named in the failures).
 3. NCCL (`validation.nccl_command`, e.g. all_reduce_perf) when configured; its average bus
    bandwidth must reach `validation.min_busbw_gbps`.
-0. First, where DCGM is installed (`validation.dcgmi` found), `dcgmi diag -r LEVEL -j` (the
+4. Where DCGM is installed (`validation.dcgmi` found), `dcgmi diag -r LEVEL -j` (the
    level the controller's job passes for the fault, `--dcgm-level`; by hand `dcgm_other`):
    a failed test fails, and so does no readable result (checks/dcgm/diag.py). Without DCGM the
    verdict says "matmul (no DCGM)".
@@ -37,6 +37,7 @@ from babysitter.checks.dcgm import diag as dcgm
 from babysitter.checks.sdc.expected import GPUS_ENV  # how the controller's job passes its gres
 from babysitter.cli.common import State, pass_state
 from babysitter.cli.sdc_cmd import parse_inject
+from babysitter.config import ValidationConfig
 
 # nvmlClocksThrottleReasons that mean the hardware itself is in trouble (not the workload)
 HW_THROTTLE = {
@@ -171,15 +172,22 @@ def _untested(tested: dict[str, Any], want: int | None) -> list[str]:
     return []
 
 
-def dcgm_diag(dcgmi: str, level: int, timeout_s: float) -> tuple[str, dict[str, Any] | None]:
-    """(what validated, the DCGM result) for this node: DCGM's diag at `level` where dcgmi
-    is installed, else the matmul alone, said so."""
+def dcgm_diag(val: ValidationConfig, level: int | None) -> tuple[str, dict[str, Any] | None]:
+    """(what validated, the DCGM result) for this node: DCGM's diag at `level` (None: the
+    config's dcgm_other) where dcgmi is installed, else the matmul alone, said so."""
+    level = val.dcgm_other if level is None else level
     if level <= 0:
         return "matmul (DCGM diagnostic level 0)", None
-    found = dcgm.find_dcgmi(dcgmi)
+    found = dcgm.find_dcgmi(val.dcgmi)
     if found is None:
         return "matmul (no DCGM)", None
-    return f"dcgmi diag -r {level} + matmul", dcgm.diagnose(found, level, timeout_s).to_json()
+    diag = dcgm.diagnose(found, level, val.dcgm_timeout_s)
+    return f"dcgmi diag -r {level} + matmul", diag.to_json()
+
+
+def verdict_line(failures: list[str], tested: dict[str, Any], method: str) -> str:
+    what = f"{tested['library'] or tested['backend']}: {len(tested['devices'])} device(s)"
+    return ("PASS" if not failures else "FAIL: " + "; ".join(failures)) + f" ({what}) [{method}]"
 
 
 @click.command("validate")
@@ -232,10 +240,6 @@ def validate(
     nvml = _Nvml()
     expected = expected_gpus(gpus, CheckContext(cfg, cfg.agent.node_name).expect().gpu_count)
     want, failures = gpu_failures(nvml, expected)
-    level = val.dcgm_other if dcgm_level is None else dcgm_level
-    method, diag = dcgm_diag(val.dcgmi, level, val.dcgm_timeout_s)
-    if diag is not None:
-        failures += diag["failures"]
     dbe_before = nvml.dbe()
     gflops: list[float] = []
     throttled: set[str] = set()
@@ -273,6 +277,8 @@ def validate(
         failures.append(f"SDC test could not run: {exc}")
     failures += _watched(nvml, dbe_before, throttled)
     failures += _untested(tested, want)
+    method, diag = dcgm_diag(val, dcgm_level)
+    failures += diag["failures"] if diag else []
     tested["gpus_expected"] = want
     busbw = None
     if val.nccl_command:
@@ -292,10 +298,7 @@ def validate(
     if as_json:
         click.echo(json.dumps(verdict))
     else:
-        what = f" ({tested['library'] or tested['backend']}: {len(tested['devices'])} device(s))"
-        click.echo(
-            ("PASS" if not failures else "FAIL: " + "; ".join(failures)) + what + f" [{method}]"
-        )
+        click.echo(verdict_line(failures, tested, method))
     return 0 if not failures else 1
 
 

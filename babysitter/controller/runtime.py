@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from sqlalchemy import text
 
 from babysitter.config import Config
+from babysitter.controller.api.api_rma import rma_router
 from babysitter.controller.api.app import REPORTS_PATH, create_app
 from babysitter.controller.api.auth import Authenticator, Principal
 from babysitter.controller.api.budget import RequestBudget
@@ -284,7 +285,11 @@ class Controller:
             self.metrics,
             self.ingest,
             self.state,
-            extra=[self._ui_router, self._maintenance_router],
+            extra=[
+                self._ui_router,
+                self._maintenance_router,
+                rma_router(self.store, self.cfg, self.auth),
+            ],
             store_metrics=self.store_metrics,
             metrics_token=self.metrics_token,
         )

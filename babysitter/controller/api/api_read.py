@@ -12,6 +12,7 @@ from babysitter.controller.api.auth import Principal
 from babysitter.controller.db.store import Store, now
 from babysitter.controller.loop.ledger import Ledger
 from babysitter.controller.loop.policy import node_verdict, rule_description
+from babysitter.controller.loop.rma import archives
 from babysitter.finding import Finding, Severity
 
 LEDGER_IN_NODE_VIEW = 20
@@ -33,7 +34,9 @@ def read_router(
             raise HTTPException(404, f"unknown node {name}")
         # the node's remediations, newest first (docs/self-healing.md)
         history = [r.to_json() for r in Ledger(store).history(name, LEDGER_IN_NODE_VIEW)]
-        return {**node_view(n, runtime_state), "ledger": history}
+        # its RMA evidence archives, newest first (controller/loop/rma.py; url: this API)
+        evidence = [a.to_json() for a in archives(store, node=name, limit=10)]
+        return {**node_view(n, runtime_state), "ledger": history, "rma_archives": evidence}
 
     @router.get("/findings")
     def list_findings(

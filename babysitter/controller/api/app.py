@@ -23,6 +23,7 @@ from babysitter.controller.api.api_admin import admin_router
 from babysitter.controller.api.api_health import health_router
 from babysitter.controller.api.api_ledger import ledger_router
 from babysitter.controller.api.api_read import read_router
+from babysitter.controller.api.api_rma import is_upload
 from babysitter.controller.api.api_sdc import sdc_router
 from babysitter.controller.api.audit_api import audit_router
 from babysitter.controller.api.auth import NODE_HEADER, Authenticator, Principal
@@ -309,6 +310,7 @@ class AdminBodyGuard:
             scope["type"] != "http"
             or scope["method"] in ("GET", "HEAD", "OPTIONS")
             or scope["path"] == REPORTS_PATH
+            or is_upload(scope["method"], scope["path"])  # a node's, bounded by its route
         ):
             await self.app(scope, receive, send)
             return

@@ -1,7 +1,8 @@
 """Orders for agents, handed out in the answer to their reports: a node learns what the
 controller wants from it without a request of its own (10,000 nodes polling would double the
 controller's load). The orders live in the database (controller/loop/sdc_schedule.py writes SDC
-tests, controller/loop/healer.py GPU resets: an open ledger row in phase `resetting`),
+tests, controller/loop/healer.py GPU resets: an open ledger row in phase `resetting`,
+controller/loop/rma.py RMA evidence),
 so any controller replica answers with them; each replica re-reads them at most once a second
 on a thread of its own, and the report path only looks a node up in a dict."""
 
@@ -17,6 +18,8 @@ from sqlalchemy import select
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.ledger import Phase
+from babysitter.controller.loop.rma import ORDER as RMA_ORDER
+from babysitter.controller.loop.rma import ORDERED as RMA_ORDERED
 
 log = logging.getLogger(__name__)
 REFRESH_S = 1.0
@@ -73,6 +76,13 @@ class OrderBook:
                             "bus_id": ev.get("bus_id") or "",
                         }
                     )
+            evidence = c.execute(
+                select(m.rma_archives.c.node, m.rma_archives.c.order_id).where(
+                    m.rma_archives.c.state == RMA_ORDERED
+                )
+            )
+            for node, oid in evidence:  # RMA evidence (controller/loop/rma.py)
+                orders.setdefault(node, []).append({"check": RMA_ORDER, "id": oid})
         self._orders = {
             node: b',"orders":' + json.dumps(o, separators=(",", ":")).encode()
             for node, o in orders.items()

@@ -442,6 +442,8 @@ class Healer:
 
     def _lemon_alert(self, rem: Remediation, now: datetime) -> Alert:
         history = rem.evidence.get("history", [])
+        # its RMA evidence archive, once stored (controller/loop/rma.py links it here)
+        archive = rem.evidence.get("rma_archive")
         return Alert(
             rem.node,
             LEMON_CONDITION,
@@ -451,9 +453,10 @@ class Healer:
                 "lemon", f"{len(history)} remediations in {self.cfg.lemon_window_days:g} days"
             )
             + f" (latest: {rem.fault})",
-            "stays drained; no more automatic remediation until an admin clears the ledger",
+            "stays drained; no more automatic remediation until an admin clears the ledger"
+            + (f"; RMA evidence: {archive}" if archive else ""),
             rem.created_at,
-            details={"history": history},
+            details={"history": history, **({"rma_archive": archive} if archive else {})},
         )
 
     # ---- an episode's progress

@@ -62,6 +62,7 @@ from babysitter.controller.loop.policy import (
 )
 from babysitter.controller.loop.reconfigure import CONDITION as RELOAD_FAILED
 from babysitter.controller.loop.reconfigure import reconfigure, reload_alert
+from babysitter.controller.loop.rma import RmaEvidence
 from babysitter.controller.loop.sdc_schedule import SdcScheduler
 from babysitter.controller.loop.snapshot import SlurmSnapshot
 from babysitter.controller.loop.validation import Validator
@@ -158,6 +159,7 @@ class RemediationEngine:
         # the last refused config reload (its error, since when): alerts until a good one
         self.config_problem: tuple[str, datetime] | None = None
         self.sdc = SdcScheduler(ctx)
+        self.rma = RmaEvidence(cfg, store)  # lemons' and failed rungs' evidence archives
 
     # ---- error boundaries
     def bounded(self, fn: Callable[[], T], timeout_s: float, key: str | None = None) -> T:
@@ -342,6 +344,7 @@ class RemediationEngine:
             self._isolated("validation", lambda: self.validator.poll(now, firing, clearing))
         self.healer.quiet = self._quiet
         self._isolated("healer", lambda: self.healer.step(now, firing, clearing))
+        self._isolated("rma evidence", lambda: self.rma.step(now, firing, clearing))
         self._isolated("admission", lambda: self.admission.alerts(now, firing, clearing))
 
     def _publish(

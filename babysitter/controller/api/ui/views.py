@@ -13,6 +13,7 @@ from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind
 from babysitter.controller.db.store import JobRow, Store, now
 from babysitter.controller.loop import maintenance
+from babysitter.controller.loop.rma import Archive, archives
 
 LEMON_CONDITIONS = ("lemon_node", "validation_lemon")
 
@@ -38,6 +39,7 @@ class NodePage:
     lemon: bool
     validations: list[Action]
     at: datetime = field(default_factory=now)
+    rma_archives: list[Archive] = field(default_factory=list)  # newest first
 
 
 def _firing(store: Store) -> list[dict[str, Any]]:
@@ -95,4 +97,5 @@ def node_page(store: Store, runtime_state: dict[str, Any], name: str) -> NodePag
         validations=[
             a for a in store.actions(limit=2000) if a.node == name and a.kind is ActionKind.VALIDATE
         ][:20],
+        rma_archives=archives(store, node=name, limit=10),
     )

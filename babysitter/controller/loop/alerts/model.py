@@ -29,6 +29,9 @@ RUNBOOK: dict[str, str] = {
     "validates it again after clean reports.",
     "validation_lemon": "The node failed validation validation.max_attempts times: diagnostics / "
     "RMA, then `babysitter resume NODE`.",
+    "rma_evidence": "RMA evidence for the node (bug report, kernel log, ledger, findings): "
+    "download the archive from the link for the vendor's RMA case; if it could not be "
+    "collected, run nvidia-bug-report.sh on the node by hand (docs/operations.md#rma_evidence).",
     "node_slow": "A straggler: this node computes or communicates well below its GPU model's "
     "fleet median. Check clocks, power capping, thermals and PCIe/NVLink link width.",
     "job_requeue_limit": "The job hit max_requeues and is held: look at its log and nodes, "

@@ -1,0 +1,101 @@
+"""RMA evidence routes: the node's agent uploads its part of an ordered archive (its own node
+token, only for an order of its own: controller/loop/rma.py), and readers (admin or read token)
+list a node's archives and download one."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Request
+from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
+
+from babysitter.config import Config
+from babysitter.controller.api.auth import Authenticator, Principal
+from babysitter.controller.api.ingest import bearer_token
+from babysitter.controller.api.ui.session import COOKIE, Sessions
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop import rma
+from babysitter.controller.loop.rma_archive import Refused, path_of, receive
+from babysitter.report import NODE_NAME
+
+ORDER = r"^[0-9a-f-]{36}$"
+UPLOAD = re.compile(r"^/api/v1/nodes/[A-Za-z0-9][A-Za-z0-9._-]{0,63}/rma/[0-9a-f-]{36}$")
+SLACK = 1024 * 1024  # the kernel log and the manifest, beside a bug report of max_mb
+
+
+def is_upload(method: str, path: str) -> bool:
+    """A node's upload: node-token authenticated by its route, not by the admin body guard."""
+    return method == "POST" and UPLOAD.match(path) is not None
+
+
+def rma_router(
+    store: Store, cfg: Config, auth: Authenticator
+) -> Callable[[Callable[[Request], Principal], Callable[[Request], Principal]], APIRouter]:
+    limit = int(cfg.rma.max_mb * 1024 * 1024) + SLACK
+    base = cfg.controller.public_url
+    sessions = Sessions(auth.secret, auth.admin_token, auth.read_token)
+
+    def may_read(request: Request) -> bool:
+        token = bearer_token(request.headers.get("authorization", ""))
+        if token is not None:
+            p = auth.identify(token)
+            return p is not None and p.role in ("admin", "read")
+        return sessions.role(request.cookies.get(COOKIE)) is not None
+
+    def make(
+        reader: Callable[[Request], Principal], admin: Callable[[Request], Principal]
+    ) -> APIRouter:
+        router = APIRouter(prefix="/api/v1")
+
+        @router.post("/nodes/{name}/rma/{order}", status_code=201)
+        async def upload(
+            request: Request,
+            name: str = Path(pattern=NODE_NAME),
+            order: str = Path(pattern=ORDER),
+        ) -> dict[str, Any]:
+            """The node's part of an RMA evidence archive (tar.gz, agent/rma.py)."""
+            token = bearer_token(request.headers.get("authorization", ""))
+            p = auth.identify(token, claimed_node=name) if token else None
+            if p is None or p.role != "node" or p.node != name:
+                raise HTTPException(403, f"the node token of {name} required")
+            length = request.headers.get("content-length", "")
+            if length and (not length.isdigit() or int(length) > limit):
+                raise HTTPException(413, f"body larger than {limit} bytes")
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPException(413, f"body larger than {limit} bytes")
+                chunks.append(chunk)
+            now = datetime.now(UTC)
+            try:
+                a = await run_in_threadpool(receive, store, cfg, name, order, b"".join(chunks), now)
+            except Refused as exc:
+                raise HTTPException(exc.status, str(exc)) from None
+            return a.to_json(base)
+
+        @router.get("/nodes/{name}/rma")
+        def list_archives(
+            name: str = Path(pattern=NODE_NAME), _: Principal = Depends(reader)
+        ) -> list[dict[str, Any]]:
+            """The node's RMA evidence archives, newest first (ordered, collected, failed)."""
+            return [a.to_json(base) for a in rma.archives(store, node=name)]
+
+        @router.get("/rma/{archive_id}/archive")
+        def download(archive_id: int, request: Request) -> FileResponse:
+            """The archive (reader token, or the status page's login cookie: its link)."""
+            if not may_read(request):
+                raise HTTPException(403, "admin or read token required")
+            a = rma.archive(store, archive_id)
+            p = path_of(cfg, a) if a else None
+            if a is None or p is None:
+                raise HTTPException(404, f"no stored RMA evidence archive {archive_id}")
+            return FileResponse(p, media_type="application/gzip", filename=a.path)
+
+        return router
+
+    return make

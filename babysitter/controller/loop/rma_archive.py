@@ -1,0 +1,129 @@
+"""One RMA evidence archive from a node's upload (agent/rma.py): the node's part as it sent it,
+plus what the controller knows (the node's ledger history, its findings and actions) and a
+manifest, written as one tar.gz under `[rma] archive_dir` and recorded on its rma_archives row.
+Called by the API's upload route (controller/api/api_rma.py), never by the loop."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from babysitter.config import Config
+from babysitter.controller.db import audit
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.ledger import Ledger
+from babysitter.controller.loop.rma import COLLECTED, ORDERED, Archive, archive, set_archive
+
+HISTORY = 500  # ledger rows, findings and actions of the node, newest first
+
+
+class Refused(ValueError):
+    """Not an upload this controller asked this node for (404), or one already taken (409)."""
+
+    def __init__(self, status: int, why: str) -> None:
+        super().__init__(why)
+        self.status = status
+
+
+def _json(data: Any) -> bytes:
+    return json.dumps(data, indent=2, default=str).encode()
+
+
+def _node_manifest(part: bytes) -> dict[str, Any]:
+    """What the agent said it collected (its node-manifest.json); {} when unreadable."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(part), mode="r:gz") as tar:
+            f = tar.extractfile("node-manifest.json")
+            doc = json.loads(f.read(64 * 1024)) if f else {}
+    except (tarfile.TarError, KeyError, ValueError, OSError, EOFError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _members(store: Store, a: Archive, part: bytes, now: datetime) -> dict[str, bytes]:
+    node = _node_manifest(part)
+    manifest = {
+        "node": a.node,
+        "trigger": a.trigger,
+        "ordered_at": a.created_at.isoformat(),
+        "received_at": now.isoformat(),
+        "node_part_sha256": hashlib.sha256(part).hexdigest(),
+        "bug_report": node.get("bug_report", "unknown: the node's manifest is unreadable"),
+        "kernel_log": node.get("kernel_log", "unknown: the node's manifest is unreadable"),
+    }
+    ledger = [r.to_json() for r in Ledger(store).history(a.node, HISTORY)]
+    findings = store.findings(node=a.node, limit=HISTORY)
+    row = store.node(a.node) or {}
+    open_findings = [f.to_json_dict() for f in row.get("open_findings", [])]
+    actions = [x.to_json() for x in store.actions(limit=5000) if x.node == a.node][:HISTORY]
+    return {
+        "manifest.json": _json(manifest),
+        "node-evidence.tar.gz": part,
+        "ledger.json": _json(ledger),
+        "findings.json": _json({"open": open_findings, "history": findings}),
+        "actions.json": _json(actions),
+    }
+
+
+def receive(
+    store: Store, cfg: Config, node: str, order: str, part: bytes, now: datetime
+) -> Archive:
+    """Store NODE's upload for ORDER as the archive; the row and its action say so."""
+    a = archive(store, order=order)
+    if a is None or a.node != node:
+        raise Refused(404, f"no RMA evidence order {order} for {node}")
+    if a.state != ORDERED:
+        raise Refused(409, f"RMA evidence order {order} is {a.state} already")
+    members = _members(store, a, part, now)
+    out_dir = Path(cfg.rma.archive_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = f"rma-{node}-{a.id}-{now.strftime('%Y%m%dT%H%M%SZ')}.tar.gz"
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".upload-")
+    try:
+        with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
+            for member, data in members.items():
+                info = tarfile.TarInfo(f"{name.removesuffix('.tar.gz')}/{member}")
+                info.size, info.mtime = len(data), int(time.time())
+                tar.addfile(info, io.BytesIO(data))
+        os.replace(tmp, out_dir / name)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    digest = hashlib.sha256((out_dir / name).read_bytes()).hexdigest()
+    size = (out_dir / name).stat().st_size
+    manifest = json.loads(members["manifest.json"])
+    outcome = f"bug report {manifest['bug_report']}; kernel log {manifest['kernel_log']}"[:1000]
+    set_archive(
+        store,
+        a.id,
+        state=COLLECTED,
+        path=name,
+        size=size,
+        sha256=digest,
+        outcome=outcome,
+        updated_at=now,
+    )
+    if a.action_id:
+        store.update_action(
+            a.action_id, status="done", done_at=now, outcome=f"archive {name}: {outcome}"[:1000]
+        )
+        audit.record_actions(store, [a.action_id], now)
+    got = archive(store, a.id)
+    assert got is not None
+    return got
+
+
+def path_of(cfg: Config, a: Archive) -> Path | None:
+    """The archive's file (None: not collected, or gone from the disk)."""
+    if a.state != COLLECTED or not a.path or "/" in a.path:
+        return None
+    p = Path(cfg.rma.archive_dir) / a.path
+    return p if p.is_file() else None
