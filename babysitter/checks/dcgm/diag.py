@@ -173,8 +173,9 @@ def tests(diag: dict[str, Any]) -> list[TestResult]:
 
 
 def version(doc: dict[str, Any], diag: dict[str, Any]) -> str:
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
-    return str(meta.get("version") or diag.get("version") or "")
+    meta = doc.get("metadata")
+    found = meta.get("version") if isinstance(meta, dict) else None
+    return str(found or diag.get("version") or "")
 
 
 def judge(level: int, text: str, code: int | None, timeout_s: float) -> DiagResult:
