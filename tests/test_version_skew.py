@@ -15,21 +15,91 @@ injected fault drained, every recovery resumed."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
 import babysitter
+from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
 from babysitter.controller.db.migrations import alembic_config
 from babysitter.devcluster.sim import SimCluster
+from babysitter.wire import HEADER, WIRE_VERSION
 from tests.fixtures.releases import PreviousReleaseMissing, installed_version, previous_release
+from tests.fixtures.reports import DBE, wire_report
 from tests.fixtures.slurm import node_state, wait_for
 
 CURRENT_AGENTS = ("node1", "node2")
 PREVIOUS_AGENTS = ("node3", "node4")
+
+
+# ---- the wire version and unknown fields (in-process)
+
+
+@pytest.fixture
+def db_url(sqlite_url: str) -> str:
+    return sqlite_url  # nothing here depends on the database
+
+
+def test_a_newer_agents_unknown_fields_are_ignored_not_refused(client, secrets):
+    finding = {**DBE, "confidence": 0.97}  # a finding field this controller does not know
+    body = wire_report("node1", [finding], wire_version=WIRE_VERSION + 1, trace={"span": "ab"})
+    headers = {**secrets.headers("node1"), HEADER: str(WIRE_VERSION + 1)}
+    r = client.post("/api/v1/reports", json=body, headers=headers)
+    assert r.status_code == 202, r.text
+    assert r.headers[HEADER] == str(WIRE_VERSION)  # the agent learns the controller's version
+    admin = {"Authorization": f"Bearer {secrets.admin}"}
+    node = client.get("/api/v1/nodes/node1", headers=admin).json()
+    assert [f["code"] for f in node["open_findings"]] == ["ecc.dbe.volatile"]
+    assert "confidence" not in node["open_findings"][0]
+
+
+def test_a_previous_release_agents_report_is_accepted(client, secrets):
+    """babysitter 0.1 sends no wire header and no wire_version."""
+    r = client.post("/api/v1/reports", json=wire_report("node1"), headers=secrets.headers("node1"))
+    assert r.status_code == 202, r.text
+
+
+def test_a_wrong_value_is_still_refused(client, secrets):
+    body = wire_report("node1", [{**DBE, "severity": "dire", "confidence": 1}])
+    r = client.post("/api/v1/reports", json=body, headers=secrets.headers("node1"))
+    assert r.status_code == 422
+
+
+def _shipper(
+    tmp_path: Path, answer: httpx.Response, seen: list[httpx.Request], taken: list[dict[str, Any]]
+) -> Shipper:
+    """A shipper whose controller answers `answer` (requests into `seen`, orders into `taken`)."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return answer
+
+    s = Shipper("http://controller", "t", Spool(tmp_path / "spool.db"), on_orders=taken.extend)
+    s.http = httpx.Client(transport=httpx.MockTransport(handle), headers=s.http.headers)
+    return s
+
+
+@pytest.mark.parametrize(("answered", "learned"), [(None, 1), ("1", 1), ("2", 2), ("9", 9)])
+def test_the_agent_says_its_version_and_learns_the_controllers(tmp_path, answered, learned):
+    seen: list[httpx.Request] = []
+    headers = {HEADER: answered} if answered else {}
+    orders = [{"check": "gpu.reset", "id": "o1", "uuid": "GPU-1", "since": "a newer field"}]
+    answer = httpx.Response(202, headers=headers, json={"stored": True, "orders": orders})
+    taken: list[dict[str, Any]] = []
+    s = _shipper(tmp_path, answer, seen, taken)
+    report = wire_report("node1")
+    assert s._post(report)
+    assert seen[0].headers[HEADER] == str(WIRE_VERSION)
+    # the body is what babysitter 0.1 takes: no key it does not know (it refuses those)
+    assert set(json.loads(seen[0].content)) == set(report)
+    assert s.controller_wire == learned
+    assert taken == orders  # a newer controller's order keys reach the agent (it reads by name)
 
 
 @pytest.fixture(scope="module")
