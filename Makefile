@@ -29,18 +29,20 @@ DEB_DEMO := slurmctld slurmd slurm-client slurmrestd slurm-wlm-basic-plugins mun
 DEB_TEST := $(DEB_DEMO) slurm-wlm-jwt-plugin make prometheus-alertmanager prometheus \
 	shellcheck systemd debootstrap zstd postgresql docker.io docker-compose \
 	chromium chromium-driver time
+# `make package`: dpkg-deb comes with every Debian; rpmbuild (the .rpm packages) from `rpm`.
+DEB_PACKAGE := rpm
 # Build deps of Slurm 25.11 from source (devcluster --slurm 25.11) and of pyslurm against it.
 DEB_SLURM_BUILD := make libmunge-dev libjson-c-dev libhttp-parser-dev libyaml-dev libjwt-dev \
 	liblua5.3-dev pkg-config python3-dev
 # torch CPU build: this exact version is on local disk here; an unpinned torch pulls CUDA (GBs).
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup venv venv-demo slurm2511 test test-unit lint fmt demo bench reliability clean \
+.PHONY: setup venv venv-demo slurm2511 package test test-unit lint fmt demo bench reliability clean \
 	docker-engine docker-image docker-up docker-down gpu-check
 
 # Everything `make test` needs, installed up front (the test target builds the slow parts in
 # the background itself).
-setup: .make/deb-test .make/deb-slurm-build venv slurm2511 docker-engine
+setup: .make/deb-test .make/deb-slurm-build .make/deb-package venv slurm2511 docker-engine
 
 # Installs the missing packages of a list (as root with apt), or says which to install.
 define deb_install
@@ -63,6 +65,8 @@ endef
 	$(call deb_install,$(DEB_TEST))
 .make/deb-slurm-build: Makefile
 	$(call deb_install,$(DEB_SLURM_BUILD))
+.make/deb-package: Makefile
+	$(call deb_install,$(DEB_PACKAGE))
 
 # The demo's venv: the package and its runtime dependencies only (no torch, no pyslurm).
 venv-demo: $(VENV)/.installed-demo
@@ -104,6 +108,12 @@ docker-up: docker-engine
 docker-down:
 	python3 docker/cluster.py daemon-down
 
+# dist/: babysitter, babysitter-agent and babysitter-controller as .deb (and .rpm with rpmbuild):
+# a venv under /opt/babysitter built with Debian 12's Python 3.11, the units, the user, the
+# example config (packaging/build.py says why the venv is built here, not on the node).
+package: .make/deb-package venv
+	$(PY) packaging/build.py --out dist
+
 lint: venv
 	$(VENV)/bin/ruff check babysitter tests bench
 	$(VENV)/bin/ruff format --check babysitter tests bench
@@ -116,7 +126,7 @@ fmt: venv
 
 # The whole suite, none skipped (tests/run-suite.sh: lint and the builds in the background, the
 # suite on xdist workers; the 25.11 and docker tests after it only while their build still runs).
-test: .make/deb-test .make/deb-slurm-build venv
+test: .make/deb-test .make/deb-slurm-build .make/deb-package venv
 	VENV=$(VENV) TEST_WORKERS=$(TEST_WORKERS) tests/run-suite.sh $(PYTEST_ARGS)
 
 # In-process tests: no Slurm, no Postgres, no docker, no program started (their tier comes

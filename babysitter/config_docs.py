@@ -6,6 +6,8 @@ adding keys (`python -m babysitter.config_docs` alone exits 1 when the page is s
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 import types
 import typing
@@ -126,12 +128,82 @@ def render() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml(value: Any) -> str:
+    """One TOML value (inline tables and arrays) of a default as `as_dict` gives it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        keys = (k if _BARE_KEY.match(str(k)) else json.dumps(str(k)) for k in value)
+        return (
+            "{"
+            + ", ".join(f"{k} = {_toml(v)}" for k, v in zip(keys, value.values(), strict=True))
+            + "}"
+        )
+    raise TypeError(f"no TOML for {value!r}")
+
+
+def _example_section(section: str, model: type[Section], values: dict[str, Any]) -> list[str]:
+    lines = [f"[{section}]"]
+    tables: list[str] = []
+    hints = section_fields(model)
+    for info in msgspec.structs.fields(model):
+        ann = hints[info.name]
+        sub = _strip(ann)
+        if isinstance(sub, type) and issubclass(sub, Section):
+            tables += ["", *_example_section(f"{section}.{info.name}", sub, values[info.name])]
+            continue
+        if desc := _description(ann):
+            lines.append(f"# {desc}")
+        value = values.get(info.name)
+        if _default(info) == "(computed)":
+            lines.append(f"# ({info.name}: computed where babysitter runs)")
+        elif value is None:
+            lines.append(f"# ({info.name}: unset)")
+        else:
+            lines.append(f"#{info.name} = {_toml(value)}")
+    return [*lines, *tables]
+
+
+def example() -> str:
+    """A configuration file with every key commented out at its default (sshd_config's
+    `#Key value` style): the packages' /etc/babysitter/babysitter.toml.example. Uncommenting
+    any `#key = value` line gives that key its default."""
+    from babysitter.config import as_dict, parse_config
+
+    defaults = as_dict(parse_config({}))
+    lines = [
+        "# babysitter: every key at its packaged default (a line `#key = value`).",
+        "# Copy what you change into /etc/babysitter/babysitter.toml, the file the units read;",
+        "# reference: /usr/share/doc/babysitter and docs/config.md.",
+        "# `babysitter config check` validates it, `babysitter config show` prints the result.",
+    ]
+    for name, model in section_fields(Config).items():
+        if model is ChecksConfig:
+            for check, cmodel in section_fields(ChecksConfig).items():
+                lines += ["", *_example_section(f"checks.{check}", cmodel, defaults[name][check])]
+        else:
+            lines += ["", *_example_section(name, model, defaults[name])]
+    return "\n".join(lines) + "\n"
+
+
 def page() -> str:
     """The whole of docs/config.md."""
     return INTRO + render()
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--example"]:
+        sys.stdout.write(example())
+        return 0
     args = [a for a in sys.argv[1:] if a != "--write"]
     path = Path(args[0]) if args else PAGE
     new = page()

@@ -43,6 +43,7 @@ TIER_OF_FIXTURE = {
     "pg_admin_dsn": "postgres",
     "docker_engine": "docker",
     "wheel_venv": "slow",  # builds the wheel and installs it into a fresh venv
+    "built_packages": "slow",  # `make package`: the venv, the .deb and .rpm packages
 }
 
 

@@ -198,3 +198,39 @@ def write_wrappers(bin_dir: Path, root: Path) -> Path:
         )
         p.chmod(0o755)
     return bin_dir
+
+
+# A plain Debian 12 root (the packages' target: tests/test_package.py installs and purges them
+# in a fresh copy of it each run): Python and systemd (systemctl enable, systemd-analyze).
+PLAIN_SUITE = "bookworm"
+PLAIN_PACKAGES = "python3,systemd"
+
+
+def plain_root_tarball(cache: Path = CACHE, debootstrap_timeout: float = 900) -> Path:
+    """The cached tarball of a minimal Debian 12 root, debootstrapped once per machine."""
+    tarball = cache / f"debian-{PLAIN_SUITE}-plain.tar.zst"
+    if tarball.exists():
+        return tarball
+    with machine_lock(cache / f"{PLAIN_SUITE}-plain.lock"):
+        if tarball.exists():
+            return tarball
+        build = cache / f"{PLAIN_SUITE}-plain-build"
+        shutil.rmtree(build, ignore_errors=True)
+        _run(
+            ["debootstrap", "--variant=minbase", f"--include={PLAIN_PACKAGES}", PLAIN_SUITE,
+             str(build), MIRROR],
+            debootstrap_timeout,
+            f"debootstrap {PLAIN_SUITE} from {MIRROR} (cold cache at {cache})",
+        )  # fmt: skip
+        part = tarball.with_suffix(".part")
+        _run(["tar", "--zstd", "-cf", str(part), "-C", str(build), "."], 600, f"packing {tarball}")
+        part.rename(tarball)
+        shutil.rmtree(build, ignore_errors=True)
+        return tarball
+
+
+def unpack(tarball: Path, dest: Path) -> Path:
+    """A fresh copy of a cached root at `dest`."""
+    dest.mkdir(parents=True)
+    _run(["tar", "--zstd", "-xf", str(tarball), "-C", str(dest)], 300, f"unpacking {tarball}")
+    return dest
