@@ -608,7 +608,7 @@ class BlastRadiusConfig(Section):
 
 
 # the rungs of the remediation ladder (controller/loop/ladder.py `Rung` has exactly these)
-RungName = Literal["reset_gpu", "reboot", "inspect", "rma"]
+RungName = Literal["reset_gpu", "restart_fabric", "reboot", "inspect", "rma"]
 
 
 class RemediationConfig(Section):

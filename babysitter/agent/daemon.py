@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter import __version__
-from babysitter.agent import reset, rma
+from babysitter.agent import fabric_restart, reset, rma
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
 from babysitter.agent.sticky import StickyFindings, read_boot_id
@@ -97,6 +97,8 @@ class Agent:
         self._orders_seen: deque[str] = deque(maxlen=64)
         self._resetting = threading.Lock()  # one GPU reset at a time
         self.reset_outcome: dict[str, Any] | None = None  # the last ordered reset's answer
+        # the restart_fabric rung's orders (agent/fabric_restart.py)
+        self.fabric = fabric_restart.Restarter(lambda: self.cfg, self._fabric_done)
         self.metrics = None
         if a.metrics_listen:
             from babysitter.agent.metrics import AgentMetrics
@@ -128,6 +130,8 @@ class Agent:
             metrics["config_reload"] = report_metric(self.last_reload, self._reloads)
         if self.reset_outcome is not None:
             metrics[reset.METRIC] = self.reset_outcome
+        if self.fabric.outcome is not None:
+            metrics[fabric_restart.METRIC] = self.fabric.outcome
         return Report.new(self.node, findings, metrics, kind).to_json_dict()
 
     def emit_event(self, findings: list[Finding]) -> None:
@@ -241,6 +245,9 @@ class Agent:
             if name == reset.ORDER:
                 self._reset_gpu(o)
                 continue
+            if name == fabric_restart.ORDER:  # a service restart, on a thread of its own
+                self.fabric.start(o)
+                continue
             if name == rma.ORDER:  # RMA evidence, on a thread of its own (agent/rma.py)
                 if not rma.start(self.cfg.agent, self.cfg.rma, o):
                     log.warning("order %s: RMA evidence already being collected", oid)
@@ -288,6 +295,12 @@ class Agent:
             self._due.clear()
             self._wake.set()
         self.shipper.submit(self._report([out.finding()], "event"))
+
+    def _fabric_done(self, f: Finding) -> None:
+        """A fabric service restart's outcome, reported at once; the checks read again now."""
+        self._due.clear()
+        self._wake.set()
+        self.shipper.submit(self._report([f], "event"))
 
     def _refuse_order(self, oid: str, name: str, why: str) -> None:
         f = Finding(

@@ -47,3 +47,11 @@ class FabricCheckConfig(CheckConfig):
     command_timeout_s: Annotated[
         float, Meta(gt=0, description="each systemctl / nvidia-imex-ctl call may take this long")
     ] = 5.0
+    restart_timeout_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="the restart_fabric rung: `systemctl restart` of nvidia-fabricmanager / "
+            "nvidia-imex on the controller's order may take this long",
+        ),
+    ] = 120.0

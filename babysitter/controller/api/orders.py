@@ -17,6 +17,7 @@ from sqlalchemy import select
 
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store
+from babysitter.controller.loop.fabric_rung import ORDER as FABRIC_ORDER
 from babysitter.controller.loop.ledger import Phase
 from babysitter.controller.loop.rma import ORDER as RMA_ORDER
 from babysitter.controller.loop.rma import ORDERED as RMA_ORDERED
@@ -67,7 +68,12 @@ class OrderBook:
             )
             for node, uuid, evidence in resets:
                 ev = evidence or {}
-                if ev.get("order_id"):
+                if ev.get("order_id") and ev.get("order") == FABRIC_ORDER:  # fabric_rung.py
+                    units = ev.get("units") or []
+                    orders.setdefault(node, []).append(
+                        {"check": FABRIC_ORDER, "id": ev["order_id"], "units": units}
+                    )
+                elif ev.get("order_id"):
                     orders.setdefault(node, []).append(
                         {
                             "check": RESET_ORDER,

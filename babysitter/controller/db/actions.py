@@ -22,6 +22,7 @@ class ActionKind(StrEnum):
     LEDGER_CLEAR = "ledger_clear"  # an admin clears a node's remediation history
     # the remediation ladder's rungs (controller/ladder.py) and the lemon ledger's verdict
     RESET_GPU = "reset_gpu"
+    RESTART_FABRIC = "restart_fabric"  # nvidia-fabricmanager / nvidia-imex, by the agent
     REBOOT = "reboot"
     INSPECT = "inspect"
     RMA = "rma"

@@ -57,6 +57,7 @@ class Act(StrEnum):
     DRAIN = "drain"
     REBOOT = "reboot"
     RESET_GPU = "reset_gpu"
+    RESTART_FABRIC = "restart_fabric"  # like a GPU reset: the node's own, ownership only
     RESUME = "resume"
     VALIDATE = "validate"
 

@@ -39,6 +39,7 @@ from babysitter.controller.db.tickstore import policy_rows
 from babysitter.controller.loop.admission import Act, Admission, Refusal
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.context import LoopContext
+from babysitter.controller.loop.fabric_rung import FabricRung
 from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
 from babysitter.controller.loop.ledger import ACTIVE, Ledger, Phase, Remediation
 from babysitter.controller.loop.lemons import DrainLemon, drain_lemons
@@ -106,6 +107,8 @@ class Healer:
         # this tick's drained nodes the policy calls lemons and no rung addresses
         self._drain_lemons: dict[str, DrainLemon] = {}
         self.ledger = Ledger(store)
+        # the restart_fabric rung's order and answer (controller/loop/fabric_rung.py)
+        self.fabric_rung = FabricRung(self.ledger, store, self._record, self.cfg.reset_timeout_s)
         self._program: tuple[float, str] | None = None
         self.open: dict[str, Remediation] = {}  # node -> its open episode (this tick)
         self._dry_drains: set[str] = set()  # dry-run drains of this tick: Slurm shows none
@@ -461,6 +464,9 @@ class Healer:
 
     # ---- an episode's progress
     def _issue(self, rem: Remediation, now: datetime, firing: list[Alert]) -> None:
+        if rem.rung is Rung.RESTART_FABRIC:
+            self.fabric_rung.order(rem, now, self.admission)
+            return
         if rem.rung is Rung.RESET_GPU:
             self._order_reset(rem, now)
             return
@@ -526,6 +532,13 @@ class Healer:
     def _resetting(self, rem: Remediation, now: datetime, firing: list[Alert]) -> None:
         """The agent's answer to the reset order (its report metrics): done -> validation;
         refused or failed -> the next rung; no answer within reset_timeout_s -> the next rung."""
+        if rem.rung is Rung.RESTART_FABRIC:  # the same, for a fabric service restart
+            got = self.fabric_rung.answer(rem, now)
+            if got is not None and got[0]:
+                self._validate(rem, now, f"after a fabric service restart: {rem.fault}", firing)
+            elif got is not None:
+                self._fail(rem, now, got[1], firing)
+            return
         ev = rem.evidence
         if "reset_done_at" in ev:  # done; its validation was held: asked again
             self._validate(rem, now, f"after GPU reset: {rem.fault}", firing)

@@ -24,6 +24,8 @@ from babysitter.hardware.xids import CATALOG
 
 class Rung(StrEnum):
     RESET_GPU = "reset_gpu"  # the agent resets one idle GPU (the site's command)
+    # the agent restarts nvidia-fabricmanager / nvidia-imex (controller/loop/fabric_rung.py)
+    RESTART_FABRIC = "restart_fabric"
     REBOOT = "reboot"  # `scontrol reboot ASAP`: Slurm drains, runs RebootProgram, sees the boot
     INSPECT = "inspect"  # stays drained, pages: a human looks
     RMA = "rma"  # stays drained, pages: the hardware goes back
@@ -31,7 +33,7 @@ class Rung(StrEnum):
     @property
     def automatic(self) -> bool:
         """A rung babysitter carries out itself (the others wait for a human)."""
-        return self in (Rung.RESET_GPU, Rung.REBOOT)
+        return self in (Rung.RESET_GPU, Rung.RESTART_FABRIC, Rung.REBOOT)
 
 
 if {r.value for r in Rung} != set(get_args(RungName)):
@@ -42,6 +44,18 @@ Ladder = tuple[Rung, ...]
 _RESET: Ladder = (Rung.RESET_GPU, Rung.REBOOT, Rung.INSPECT)
 _REBOOT: Ladder = (Rung.REBOOT, Rung.INSPECT)
 _INSPECT: Ladder = (Rung.INSPECT,)
+# an untrained NVLink fabric, Fabric Manager or IMEX down: restart the service, then reboot
+_FABRIC: Ladder = (Rung.RESTART_FABRIC, Rung.REBOOT, Rung.INSPECT)
+# gpu.fabric's findings a service restart can heal (checks/fabric/judge.py)
+FABRIC_RESTART: frozenset[str] = frozenset(
+    {
+        "fabric.not_trained",
+        "fabric.status_error",
+        "fabric_manager.down",
+        "imex.down",
+        "imex.domain_down",
+    }
+)
 
 # By the action a finding recommends, for a fault class the table does not name.
 BY_ACTION: dict[Action, Ladder] = {
@@ -81,6 +95,7 @@ def _defaults() -> dict[str, Ladder]:
             "row_remap.failed": (Rung.RMA,),
         }
     )
+    table.update(dict.fromkeys(FABRIC_RESTART, _FABRIC))
     return table
 
 
@@ -93,11 +108,13 @@ def fault_class(f: Finding) -> str:
 
 
 def remediable(f: Finding) -> bool:
-    """A node-level finding whose fault a rung can address (critical, reset or reboot)."""
-    return (
-        f.severity >= Severity.WARNING
-        and f.action in (Action.RESET_GPU, Action.REBOOT)
-        and not job_owned(f)
+    """A node-level finding whose fault a rung can address (critical, reset or reboot, or a
+    critical fabric finding a service restart can heal)."""
+    if job_owned(f) or f.severity < Severity.WARNING:
+        return False
+    # the fabric findings recommend a drain; their ladder starts with a service restart
+    return f.action in (Action.RESET_GPU, Action.REBOOT) or (
+        f.code in FABRIC_RESTART and f.severity is Severity.CRITICAL
     )
 
 

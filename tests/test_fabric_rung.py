@@ -1,0 +1,182 @@
+"""The `restart_fabric` rung (issue 41, deliverable 2): an untrained NVLink fabric, Fabric
+Manager or IMEX down climbs "restart the service" before a reboot. The healer's steps through
+the real engine over the in-memory Slurm (tests/fixtures/healing.py); the agent's side with a
+stand-in systemctl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from babysitter.agent import fabric_restart
+from babysitter.config import RemediationConfig, parse_config
+from babysitter.controller.api.orders import OrderBook
+from babysitter.controller.db.actions import ActionKind
+from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
+from babysitter.controller.loop.ledger import Phase
+from babysitter.finding import Action, Finding
+from tests.fixtures.healing import Cluster
+
+STANDIN = Path(__file__).parent / "fixtures" / "standin_fabric"
+
+
+def not_trained(gpu: int = 0) -> Finding:
+    return Finding(
+        check="gpu.fabric",
+        component=f"gpu{gpu}",
+        severity="critical",
+        code="fabric.not_trained",
+        message=f"GPU {gpu}: NVLink fabric NOT_STARTED for 400 s (Fabric Manager down or "
+        "failed?): multi-GPU jobs cannot run",
+        action="drain",
+    )
+
+
+def imex_down() -> Finding:
+    return Finding(
+        check="gpu.fabric",
+        component="host",
+        severity="critical",
+        code="imex.domain_down",
+        message="IMEX domain DOWN: multi-node NVLink jobs cannot run",
+        action="drain",
+    )
+
+
+# ---- the ladder
+def test_fabric_faults_restart_the_service_before_a_reboot():
+    table = LadderTable.from_config(RemediationConfig())
+    for code in ("fabric.not_trained", "fabric_manager.down", "imex.domain_down"):
+        assert table.rungs(code, Action.DRAIN) == (Rung.RESTART_FABRIC, Rung.REBOOT, Rung.INSPECT)
+    assert remediable(not_trained()) and remediable(imex_down())
+    warning = not_trained().replace(severity="warning", code="fabric.degraded_bw")
+    assert not remediable(warning)  # slower, not broken: no rung
+
+
+def test_a_site_can_skip_the_restart():
+    table = LadderTable.from_config(
+        RemediationConfig(ladder={"fabric.not_trained": ["reboot", "inspect"]})
+    )
+    assert table.first("fabric.not_trained", Action.DRAIN) is Rung.REBOOT
+
+
+# ---- the healer
+def _ordered(c: Cluster, finding: Finding) -> dict:
+    c.report("node1", finding)
+    for _ in range(2):
+        c.tick()
+    [row] = c.ledger("node1")
+    assert row.rung is Rung.RESTART_FABRIC and row.state is Phase.RESETTING, row
+    book = OrderBook(c.store, sdc=False)
+    book.refresh()
+    assert b'"check":"fabric.restart"' in book.answer_part("node1")
+    return row.evidence
+
+
+def test_an_untrained_fabric_is_drained_naming_it_then_fabric_manager_restarted(tmp_path):
+    c = Cluster(tmp_path)
+    c.tick()
+    ev = _ordered(c, not_trained(3))
+    assert ev["units"] == ["nvidia-fabricmanager"]
+    reason = c.slurm.node("node1").reason
+    assert "gpu.fabric" in reason and "NVLink fabric NOT_STARTED" in reason
+    done = {"order": ev["order_id"], "ok": True, "message": "nvidia-fabricmanager restarted"}
+    c.report("node1", fabric_restart=done)
+    c.tick()
+    [row] = c.ledger("node1")
+    assert row.state is Phase.VALIDATING and row.rung is Rung.RESTART_FABRIC
+    kinds = [a.kind for a in c.store.actions() if a.node == "node1"]
+    assert kinds.count(ActionKind.RESTART_FABRIC) == 2  # ordered, done: both audited
+    c.close()
+
+
+def test_a_refused_restart_climbs_to_a_reboot(tmp_path):
+    c = Cluster(tmp_path)
+    c.tick()
+    ev = _ordered(c, imex_down())
+    assert ev["units"] == ["nvidia-imex"]
+    refused = {
+        "order": ev["order_id"],
+        "ok": False,
+        "refused": True,
+        "message": "fabric service restart refused: 1 process(es) on GPU 0",
+    }
+    c.report("node1", imex_down(), fabric_restart=refused)
+    c.tick()
+    rows = c.ledger("node1")
+    assert [(r.rung, r.state) for r in rows][:2] == [
+        (Rung.REBOOT, Phase.REBOOTING),
+        (Rung.RESTART_FABRIC, Phase.FAILED),
+    ]
+    c.close()
+
+
+def test_no_answer_in_time_climbs_to_a_reboot(tmp_path):
+    c = Cluster(tmp_path, remediation={"reset_timeout_s": 60})
+    c.tick()
+    _ordered(c, not_trained())
+    c.tick(61)
+    assert c.ledger("node1")[0].rung is Rung.REBOOT
+    c.close()
+
+
+# ---- the agent
+@pytest.fixture
+def agent_cfg(monkeypatch, tmp_path):
+    log = tmp_path / "systemctl.log"
+    monkeypatch.setenv("STANDIN_SYSTEMCTL_LOG", str(log))
+    cfg = parse_config({"checks": {"fabric": {"systemctl": str(STANDIN / "systemctl")}}})
+    return cfg, log
+
+
+def order(*units: str) -> dict:
+    return {"check": "fabric.restart", "id": "o-1", "units": list(units)}
+
+
+def runs_all(cfg, unit):
+    return True
+
+
+def test_the_agent_restarts_fabric_manager_and_checks_it_came_up(agent_cfg, monkeypatch):
+    cfg, log = agent_cfg
+    monkeypatch.setenv("STANDIN_nvidia_fabricmanager", "active")
+    out = fabric_restart.carry_out(cfg, order("nvidia-fabricmanager"), runs_all, lambda: "")
+    assert out.ok and out.message == "nvidia-fabricmanager restarted"
+    assert log.read_text() == "restart nvidia-fabricmanager\n"
+    assert out.metric()["order"] == "o-1"
+
+
+def test_a_restart_that_leaves_the_service_down_failed(agent_cfg, monkeypatch):
+    cfg, _ = agent_cfg
+    monkeypatch.setenv("STANDIN_nvidia_fabricmanager", "failed")
+    out = fabric_restart.carry_out(cfg, order("nvidia-fabricmanager"), runs_all, lambda: "")
+    assert not out.ok and not out.refused and "failed after its restart" in out.message
+
+
+def test_a_failing_restart_command_failed(agent_cfg, monkeypatch):
+    cfg, _ = agent_cfg
+    monkeypatch.setenv("STANDIN_RESTART_RC", "1")
+    out = fabric_restart.carry_out(cfg, order("nvidia-imex"), runs_all, lambda: "")
+    assert not out.ok and "exit 1" in out.message
+
+
+def test_the_agent_refuses_what_it_cannot_tell_and_restarts_nothing(agent_cfg):
+    cfg, log = agent_cfg
+    busy = fabric_restart.carry_out(cfg, order("nvidia-imex"), runs_all, lambda: "1 process(es)")
+    assert busy.refused and "1 process(es)" in busy.message
+    alien = fabric_restart.carry_out(cfg, order("sshd"), runs_all, lambda: "")
+    assert alien.refused
+    not_here = fabric_restart.carry_out(cfg, order("nvidia-imex"), lambda c, u: False, lambda: "")
+    assert not_here.refused and "does not run nvidia-imex" in not_here.message
+    assert not log.exists()
+
+
+def test_a_single_node_never_restarts_imex_by_its_profile():
+    """The profile decides: a detected GB200 (no configured NVL72 profile) runs no IMEX."""
+    cfg = parse_config({"agent": {"hardware_profile": "h100-sxm"}})
+    assert fabric_restart._runs(cfg, "nvidia-imex") is False
+    assert fabric_restart._runs(cfg, "nvidia-fabricmanager") is True
+    nvl = parse_config({"agent": {"hardware_profile": "gb200-nvl72"}})
+    assert fabric_restart._runs(nvl, "nvidia-imex") is True
+    assert fabric_restart._runs(nvl, "nvidia-fabricmanager") is False
