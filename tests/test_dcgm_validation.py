@@ -3,7 +3,8 @@ validation job runs `dcgmi diag -r N -j` at the level the fault asks for, and it
 results decide with the matmul; no dcgmi: the matmul alone, said so; an unreadable result or a
 hang fails closed. The stand-in dcgmi (tests/fixtures/standin_dcgmi/dcgmi) prints DCGM's own
 JSON shapes (3.x and 4.x, from NVIDIA/DCGM's dcgmi/Diag.cpp); the validation job is the real
-`babysitter validate` process, started by the controller's Validator."""
+`babysitter validate` process, started by the controller's Validator, and on a Slurm devcluster
+the validation job under sbatch."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,7 +26,11 @@ from babysitter.controller.loop.diag_level import level_for
 from babysitter.controller.loop.ladder import Rung
 from babysitter.controller.loop.ledger import Ledger, Phase
 from babysitter.controller.loop.validation import Validator
+from babysitter.devcluster.fakenvml import build
+from babysitter.devcluster.receiver import Receiver
+from babysitter.devcluster.sim import SimCluster
 from bench.slurm_standin import InMemorySlurm
+from tests.fixtures.slurm import node_state, wait_for
 
 STANDIN = Path(__file__).parent / "fixtures" / "standin_dcgmi"
 DCGMI = str(STANDIN / "dcgmi")
@@ -227,3 +233,73 @@ def test_the_job_tells_validate_the_level(tmp_path: Path):
     Ledger(store).add("n1", Rung.REBOOT, "row_remap.pending", "x", Phase.REBOOTING, NOW)
     argv = Validator(cfg, store, slurm)._argv("n1")
     assert "BABYSITTER_DCGM_LEVEL=3" in shlex.split(argv[argv.index("--wrap") + 1])
+
+
+# ---- on a real Slurm devcluster: the validation job finds the stand-in dcgmi on its PATH
+
+
+@pytest.fixture
+def sim(tmp_path: Path, receiver: Receiver, slurm_daemons: str) -> Iterator[SimCluster]:
+    base = tmp_path / "sim"
+    lib = build()
+    node_dir = base / "nodes" / "{node}"
+    validate = [sys.executable, "-m", "babysitter.cli.main", "validate", "--json"]
+    # DCGM is installed on every node (the stand-in on PATH); node3's diag fails its software
+    # test. --gpus 0: numpy cannot test the fake GPUs (as in tests/test_validation.py)
+    script = (
+        f"export PATH={STANDIN}:$PATH; [ {{node}} = node3 ] && export FAKE_DCGMI=fail:software; "
+        f"exec {shlex.join(validate)} --stress-s 1 --gpus 0"
+    )
+    s = SimCluster(
+        base,
+        n_nodes=3,
+        webhook_url=receiver.url + "/hook",
+        policy={"validate_before_resume": True},
+        validation={
+            "command": ["sh", "-c", script],
+            "output_dir": str(base / "validation"),
+            "time_limit_min": 5,
+            "sbatch_args": [
+                f"--export=ALL,FAKE_NVML_STATE={node_dir}/nvml-state,LD_LIBRARY_PATH={lib},"
+                f"BABYSITTER_AGENT__SPOOL_PATH={node_dir}/validate-state/spool.db,"
+                "BABYSITTER_CHECKS__SDC__BACKEND=numpy"
+            ],
+        },
+    )
+    s.up()
+    try:
+        yield s
+    finally:
+        s.down()
+
+
+def test_a_failing_dcgm_diag_keeps_the_node_drained_in_slurm(sim: SimCluster):
+    assert sim.info is not None
+    wait_for(
+        lambda: [n["verdict"] for n in sim.api("/api/v1/nodes")].count("healthy") == 3,
+        120,
+        "3 healthy nodes",
+    )
+    for node in ("node2", "node3"):
+        (sim.base / "nodes" / node / "validate-state").mkdir()
+        sim.inject_xid(node, 3, 79)
+    for node in ("node2", "node3"):
+        wait_for(lambda n=node: node_state(sim.info, n)[0] in ("drain", "drng"), 60, "drained")
+        sim.reboot(node)
+
+    def outcomes() -> dict[str, tuple[str, str]]:
+        acts = [a for a in sim.api("/api/v1/actions") if a["kind"] == "validate"]
+        return {a["node"]: (a["status"], a["outcome"] or "") for a in acts}
+
+    wait_for(
+        lambda: {n: s for n, (s, _) in outcomes().items()} == {"node2": "done", "node3": "failed"},
+        300,
+        "both validations finished",
+    )
+    # node2: DCGM's diag (level 1: a cleared fault) and the matmul passed, each test recorded
+    assert "dcgmi diag -r 1 + matmul [dcgmi diag -r 1: software pass]" in outcomes()["node2"][1]
+    wait_for(lambda: node_state(sim.info, "node2")[0] == "idle", 60, "node2 idle")
+    # node3: drained again, the failing test named in Slurm's reason
+    state, reason = node_state(sim.info, "node3")
+    assert state in ("drain", "drng"), state
+    assert reason.startswith("babysitter: validation failed: dcgmi diag -r 1: software failed")
