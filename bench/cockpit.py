@@ -176,7 +176,9 @@ def readers_main(argv: list[str]) -> None:
 
     def reader(kind: str, path: str, period: float, offset: float) -> None:
         etag = None
-        with httpx.Client(base_url=url, timeout=60) as c:
+        # idle connections are dropped before the controller's keep-alive (5 s) closes them
+        limits = httpx.Limits(keepalive_expiry=1.0)
+        with httpx.Client(base_url=url, timeout=60, limits=limits) as c:
             nxt = time.monotonic() + offset
             while nxt < stop:
                 time.sleep(max(0.0, nxt - time.monotonic()))
@@ -184,11 +186,16 @@ def readers_main(argv: list[str]) -> None:
                 if etag:
                     headers["If-None-Match"] = etag
                 t = time.perf_counter()
-                r = c.get(path, headers=headers)
+                try:
+                    r = c.get(path, headers=headers)
+                except httpx.TransportError:
+                    status, size = 0, 0  # counted, never dropped: 0 is no answer
+                else:
+                    status, size = r.status_code, len(r.content)
+                    etag = r.headers.get("etag") or etag
                 took = time.perf_counter() - t
-                etag = r.headers.get("etag") or etag
                 with lock:
-                    out[kind].append({"status": r.status_code, "s": took, "bytes": len(r.content)})
+                    out[kind].append({"status": status, "s": took, "bytes": size})
                 nxt += period
 
     threads = [
