@@ -265,6 +265,9 @@ def test_search_by_name_or_hostlist_and_filter_by_reason_owner(ctl, secrets, api
     bad = api.get("/ui?q=gpu[1-", headers=read)
     assert bad.status_code == 200 and "not a Slurm hostlist" in bad.text and tiles(bad.text) == []
     assert "no such verdict" in api.get("/ui?verdict=bogus", headers=read).text
+    # a search cannot make the controller list millions of names
+    huge = api.get("/ui?q=a[0-99999]b[0-99999]", headers=read)
+    assert "more than 100000 names" in huge.text and tiles(huge.text) == []
 
 
 def test_an_unchanged_page_is_a_304_and_a_change_is_sent(ctl, secrets, api):

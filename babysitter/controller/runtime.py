@@ -153,6 +153,7 @@ class Controller:
             ),
             min_gap_s=min(c.ui_refresh_s, 2 * c.loop_interval_s),
         )
+        self.fleet.stale_after_s = max(60.0, 4 * c.loop_interval_s)
         self.state["fleet_view"] = self.fleet
         # /metrics' store-derived values, read on a thread of their own (metrics_snapshot.py)
         self.store_metrics = StoreMetrics(

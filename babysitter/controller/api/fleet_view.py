@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import secrets
 import threading
 import time
@@ -192,6 +193,8 @@ class FleetView:
         self.held = held
         self.layout_token = layout_token or (lambda: id(self.slurm_nodes()))
         self.min_gap_s = min_gap_s
+        # a snapshot older than this is shown as possibly out of date (the loop is stuck)
+        self.stale_after_s = 60.0
         self._current = empty_snapshot()
         self._lock = threading.Lock()  # one build at a time (the loop's; a test's)
         self._layout_key: object = None
@@ -488,6 +491,8 @@ def select_nodes(snap: FleetSnapshot, query: Query) -> list[NodeRow | str]:
     needle = query.q.strip()
     if needle and any(ch in needle for ch in "[],"):
         try:
+            if hostlist_size(needle) > MAX_SEARCH_NAMES:
+                raise ValueError(f"more than {MAX_SEARCH_NAMES} names")
             wanted = set(expand(needle))
         except (ValueError, IndexError) as exc:
             query.errors.append(f"not a Slurm hostlist: {exc}")
@@ -525,6 +530,29 @@ def select_nodes(snap: FleetSnapshot, query: Query) -> list[NodeRow | str]:
         none = Place((NO_PARTITION,), None, None)
         out += [n for n in snap.healthy if named(n) and placed(places.get(n) or none)]
     return out
+
+
+MAX_SEARCH_NAMES = 100_000  # a search's hostlist names at most this many nodes
+_BRACKETS = re.compile(r"\[([^\]]*)\]")
+_SPAN = re.compile(r"^\s*(\d+)(?:-(\d+))?\s*$")
+
+
+def hostlist_size(expr: str) -> int:
+    """How many names a hostlist expands to, counted without expanding it (a viewer's search
+    must not make the controller list millions of names); malformed parts count as one."""
+    total, depth, item = 0, 0, []
+    for ch in [*expr, ","]:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth <= 0:
+            size = 1
+            for body in _BRACKETS.findall("".join(item)):
+                spans = [_SPAN.match(r) for r in body.split(",")]
+                size *= sum(int(m[2] or m[1]) - int(m[1]) + 1 if m else 1 for m in spans)
+            total += size
+            item = []
+        else:
+            item.append(ch)
+    return total
 
 
 def rows(snap: FleetSnapshot, items: list[NodeRow | str]) -> list[NodeRow]:

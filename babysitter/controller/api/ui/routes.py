@@ -116,7 +116,7 @@ def ui_router(
         if role is None:
             return login_first(request)
         snap = fleet.current
-        stale = time.monotonic() - snap.built_at > max(60.0, 6 * refresh_s)
+        stale = time.monotonic() - snap.built_at > max(fleet.stale_after_s, 6 * refresh_s)
         tag = _etag(snap, role, stale, str(request.url.query))
         headers = {**_headers(), "Cache-Control": "no-cache, private", "ETag": tag}
         if tag in _tags(request.headers.get("if-none-match", "")):
@@ -242,7 +242,7 @@ FILTERS = ("verdict", "partition", "switch", "domain", "owner", "q")
 
 def _query(request: Request) -> fv.Query:
     p = request.query_params
-    given = {k: (p.get(k) or "").strip()[:4096] for k in FILTERS}
+    given = {k: (p.get(k) or "").strip()[:1024] for k in FILTERS}
     query = fv.Query(
         verdict=given["verdict"],
         partition=given["partition"],
