@@ -540,7 +540,8 @@ _SPAN = re.compile(r"^\s*(\d+)(?:-(\d+))?\s*$")
 def hostlist_size(expr: str) -> int:
     """How many names a hostlist expands to, counted without expanding it (a viewer's search
     must not make the controller list millions of names); malformed parts count as one."""
-    total, depth, item = 0, 0, []
+    total, depth = 0, 0
+    item: list[str] = []
     for ch in [*expr, ","]:
         depth += {"[": 1, "]": -1}.get(ch, 0)
         if ch == "," and depth <= 0:
