@@ -227,3 +227,41 @@ def test_nvlink_states_are_judged_explicitly(gpus, fakenvml_lib, tmp_path):
         ("nvlink:gpu2/7", "nvlink.state_unknown", "warning"),
         ("nvlink:gpu3/1", "nvlink.inactive", "critical"),
     }  # SLEEP on GPU 0: up, nothing said
+
+
+# ---- end to end: a real Slurm devcluster, the controller, an agent per node on fake GPUs
+def test_an_untrained_fabric_drains_the_node_naming_the_fabric(tmp_path, receiver, slurm_daemons):
+    from babysitter.devcluster.sim import SimCluster
+    from tests.fixtures.slurm import node_state, wait_for
+
+    sim = SimCluster(
+        tmp_path / "sim",
+        n_nodes=2,
+        webhook_url=receiver.url + "/hook",
+        # grace 0: a fabric NOT_STARTED is critical at once (the host may have booted < 300 s
+        # ago); Fabric Manager is not asked about (no systemctl in the simulated nodes)
+        env={
+            "BABYSITTER_CHECKS__FABRIC__GRACE_S": "0",
+            "BABYSITTER_CHECKS__FABRIC__FABRIC_MANAGER": "false",
+            "BABYSITTER_CHECKS__FABRIC__INTERVAL_S": "1",
+        },
+    )
+    sim.up()
+    try:
+        wait_for(
+            lambda: [n["verdict"] for n in sim.api("/api/v1/nodes")] == ["healthy", "healthy"],
+            90,
+            "2 healthy nodes",
+        )
+        # an HGX H100 (detected: an NVSwitch board): GPU 5's fabric never trained
+        gpus = sim.nodes["node1"].gpus
+        for i in range(8):
+            gpus.fabric(i, fakenvml.FABRIC_COMPLETED)
+        gpus.fabric(5, fakenvml.FABRIC_NOT_STARTED)
+        wait_for(lambda: node_state(sim.info, "node1")[0] in ("drain", "drng"), 60, "drained")
+        _, reason = node_state(sim.info, "node1")
+        assert reason.startswith("babysitter: ") and "gpu.fabric" in reason
+        assert "NVLink fabric NOT_STARTED" in reason
+        assert node_state(sim.info, "node2")[0] == "idle"
+    finally:
+        sim.down()
