@@ -71,7 +71,8 @@ class NodeRow:
     owner: str  # whose Slurm reason holds it: OWNERS
     reason: str
     slurm_state: str
-    last_report_at: datetime | None
+    # not shown on the fleet page: a node reporting the same fault again changes nothing there
+    last_report_at: datetime | None = field(compare=False)
     place: Place
 
 
@@ -110,12 +111,37 @@ class FleetSnapshot:
             _nested(self.by_domain),
             self.needs_human,
             self.healthy,
-            repr(dict(self.guard)),
-            repr(self.alerts),
+            _shown(self.guard, GUARD_SHOWN),
+            _incidents(self.guard),
+            tuple(_shown(a, ALERT_SHOWN) for a in self.alerts),
+            self.alerts_total,
             repr(self.windows),
-            repr(self.jobs),
+            tuple(_shown(j, JOB_SHOWN) for j in self.jobs),
+            self.jobs_total,
             tuple(e.id for e in self.recent),
         )
+
+
+# the fields the page shows (rows also carry times that move on every write)
+GUARD_SHOWN = ("state", "tripped", "since", "rule", "rule_description", "reason", "blocked")
+ALERT_SHOWN = ("severity", "node", "condition", "summary", "started_at")
+JOB_SHOWN = (
+    *("job_id", "name", "user", "state", "nodes", "babysit"),
+    *("restart_count", "requeues", "resume_point"),
+)
+
+
+def _shown(row: Mapping[str, Any], keys: tuple[str, ...]) -> str:
+    return repr([row.get(k) for k in keys])
+
+
+def _incidents(guard: Mapping[str, Any]) -> str:
+    return repr(
+        [
+            (i.get("switch"), i.get("opened_at"), i.get("nodes"), i.get("jobs"))
+            for i in guard.get("switch_incidents") or []
+        ]
+    )
 
 
 def _nested(d: Mapping[str, Mapping[str, int]]) -> tuple[Any, ...]:
