@@ -186,3 +186,36 @@ def test_nvml_events_xid154_reads_the_field_and_recovery_events_are_typed(
     assert (p2p["code"], p2p["action"]) == ("recovery.drain_p2p", "drain")
     assert "P2P" in p2p["message"] and p2p["details"]["recovery_action"] == 3
     assert (by_gpu["gpu6"]["code"], by_gpu["gpu6"]["action"]) == ("gpu.recovery_action", "inspect")
+
+
+def test_a_gpu_reset_ends_that_gpus_kernel_log_xids(tmp_path):
+    """The kernel log's XIDs stay open until the node reboots, or until the GPU they name is
+    reset (a reset-class XID 74 stayed open after a good reset: the node was drained, reset
+    and resumed again and again). Another GPU's, and a later one's, stay."""
+    import time
+
+    from babysitter.checks.base import CheckContext
+    from babysitter.checks.nvml import Device
+    from babysitter.checks.xid.check import KmsgXidCheck
+
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(
+        "NVRM: Xid (PCI:0000:5d:00): 74, pid=1, NVLink: fatal error detected on link 2\n"
+        "NVRM: Xid (PCI:0000:9a:00): 48, pid=1, DBE\n"
+    )
+    devs = {
+        "5d:00": Device(3, None, "H100", "GPU-3", "00000000:5D:00.0"),
+        "9a:00": Device(4, None, "H100", "GPU-4", "00000000:9A:00.0"),
+    }
+
+    class Check(KmsgXidCheck):
+        def _pci_to_gpu(self):
+            return devs
+
+    check = Check(CheckContext(parse_config({"agent": {"kmsg_path": str(kmsg)}}), "n"))
+    assert {(f.component, f.code) for f in check.run()} == {("gpu3", "xid.74"), ("gpu4", "xid.48")}
+    check.gpu_was_reset(3, time.time())
+    assert {(f.component, f.code) for f in check.run()} == {("gpu4", "xid.48")}
+    with kmsg.open("a") as f:  # the same XID after the reset is a new fault
+        f.write("NVRM: Xid (PCI:0000:5d:00): 74, pid=1, NVLink: fatal error detected\n")
+    assert ("gpu3", "xid.74") in {(f.component, f.code) for f in check.run()}

@@ -6,7 +6,8 @@ one agent per node over the fake NVML. One cluster for every case, one node each
   reboot -> `scontrol reboot` through Slurm; drain P2P and recover IMEX domain -> drained, the
   reason naming them, no reset or reboot;
 - node 9: XID 154 in the kernel log, "... to 0x2 (Node Reboot Required)" -> reboot via Slurm;
-- node 10: NVLink XID 74 (NVIDIA's catalog: reset the GPU) -> the reset rung.
+- node 10: NVLink XID 74 (NVIDIA's catalog: reset the GPU), as an NVML event and in the kernel
+  log -> the reset rung, once.
 
 Every remediated node passes its validation job and comes back into service."""
 
@@ -96,7 +97,10 @@ def test_each_recovery_action_takes_its_rung_through_slurm(cluster: SimCluster):
         via="kmsg",
         text="GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
     )
+    # a driver reports an XID both ways: the kernel log's must end with the reset too (it kept
+    # the node going round reset -> resume -> drain)
     sim.inject_xid(XID74_NODE, GPU, 74)
+    sim.inject_xid(XID74_NODE, GPU, 74, via="kmsg", text="NVLink: fatal error detected on link 2")
 
     # drains that name the action, and no rung: the node stays drained for a human
     for a, words in DRAINS.items():

@@ -292,6 +292,8 @@ class Agent:
             self.reset_outcome = out.metric()
         if out.ok and out.gpu is not None:
             self.sticky.clear_component(f"gpu{out.gpu}", out.started_at)
+            for c in self.checks:  # the kernel log's XIDs of that GPU too (xid.kmsg)
+                c.gpu_was_reset(out.gpu, out.started_at)
             self._due.clear()
             self._wake.set()
         self.shipper.submit(self._report([out.finding()], "event"))

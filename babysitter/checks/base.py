@@ -142,6 +142,11 @@ class Check:
         out, self.events = self.events, []
         return out
 
+    def gpu_was_reset(self, gpu: int, before: float) -> None:
+        """GPU `gpu` was reset (the reset began at `before`, a wall clock time): what a check
+        keeps across runs about it from before then is over. Polled reads see the GPU anew;
+        only a check that remembers faults (the kernel log's XIDs) has something to drop."""
+
     def supported(self) -> bool:
         """False when the hardware/software this check needs is absent (reported, not fatal)."""
         return True

@@ -118,7 +118,10 @@ class KmsgXidCheck(Check):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self._offset = 0
-        self._open: dict[tuple[str, str], Finding] = {}  # sticky until the next reboot
+        # sticky until the next reboot, or a reset of that GPU (the agent's reset thread drops
+        # them while a run may be adding: one lock)
+        self._open: dict[tuple[str, str], Finding] = {}
+        self._open_lock = threading.Lock()
         self.malformed_lines = 0
 
     def _pci_to_gpu(self) -> dict[str, nvml.Device]:
@@ -158,6 +161,18 @@ class KmsgXidCheck(Check):
         return xid_finding(
             self.name, xid, overrides, comp, where, rest, pci_bus_id=pci, source="kmsg", **ids
         )
+
+    def gpu_was_reset(self, gpu: int, before: float) -> None:
+        """A reset of the GPU ended its XIDs logged before it (a reset-class XID 74 or 48 in
+        the kernel log stayed open after a good reset: the node was drained again and again)."""
+        comp = f"gpu{gpu}"
+        with self._open_lock:
+            for key in [
+                k
+                for k, f in self._open.items()
+                if f.component == comp and f.observed_at.timestamp() < before
+            ]:
+                del self._open[key]
 
     def run(self) -> list[Finding]:
         path = Path(self.ctx.config.agent.kmsg_path)
@@ -200,12 +215,13 @@ class KmsgXidCheck(Check):
                 _log().warning("skipped a kernel-log line that could not be parsed: %.200r", line)
                 continue
             if f.severity >= Severity.WARNING:
-                self._open[(f.component, f.code)] = f
+                with self._open_lock:
+                    self._open[(f.component, f.code)] = f
         if self.malformed_lines:
             self.metrics["kmsg_malformed_lines"] = self.malformed_lines
-        return list(self._open.values()) or [
-            self.finding("host", Severity.OK, "xid.none", "no XIDs in the kernel log")
-        ]
+        with self._open_lock:
+            still = list(self._open.values())
+        return still or [self.finding("host", Severity.OK, "xid.none", "no XIDs in the kernel log")]
 
 
 CHUNK = 1024 * 1024
