@@ -6,7 +6,7 @@ thread, between two ticks."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Any
 
 from babysitter.controller.loop.admission import Limits
 from babysitter.controller.loop.alerts import Alert
@@ -16,14 +16,12 @@ from babysitter.controller.loop.fabric_loop import FabricSettings
 from babysitter.controller.loop.policy import PolicySettings
 from babysitter.finding import Severity
 
-if TYPE_CHECKING:
-    from babysitter.controller.loop.remediation import RemediationEngine
-
 CONDITION = "config_reload_failed"
 
 
-def reconfigure(engine: RemediationEngine) -> None:
-    """Thresholds, caps and alert sinks from the engine's (reloaded) config."""
+def reconfigure(engine: Any) -> None:
+    """Thresholds, caps and alert sinks from the (reloaded) config of `engine`, the
+    RemediationEngine (not imported: it imports this module)."""
     cfg = engine.cfg
     settings = PolicySettings.from_config(cfg)
     engine.settings = settings
