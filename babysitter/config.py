@@ -599,6 +599,11 @@ class BlastRadiusConfig(Section):
         _Fraction | None, Meta(description="of the nodes under one leaf switch")
     ] = 0.5
     switch_count: Annotated[_Count | None, Meta(description="nodes under one leaf switch")] = None
+    domain_fraction: Annotated[
+        _Fraction | None,
+        Meta(description="of the nodes of one NVLink domain (controller/loop/nvlink_domain.py)"),
+    ] = 0.5
+    domain_count: Annotated[_Count | None, Meta(description="nodes of one NVLink domain")] = None
     partition_fraction: Annotated[
         _Fraction | None, Meta(description="of the nodes of one partition")
     ] = 0.5

@@ -164,3 +164,21 @@ def test_one_node_with_an_untrained_fabric_is_drained_naming_the_fabric(engine):
     assert list(drained) == ["n6"]
     assert "gpu.fabric" in drained["n6"] and "NVLink fabric NOT_STARTED" in drained["n6"]
     assert store.kv_get("nvlink_domain_incidents") in (None, [])
+
+
+# ---- the domain cap (admission)
+def test_a_domain_cap_holds_one_by_one_drains_but_not_the_domains_own_incident():
+    from babysitter.controller.loop.admission import Act, Limits, Why, World, decide_admission
+    from babysitter.controller.loop.blast import BlastSettings, Cap
+    from babysitter.slurm.client import SlurmNode
+
+    nodes = {n: SlurmNode(n, "IDLE", partitions=("gpu",)) for n in NODES}
+    w = World(nodes=nodes, held=(), domains=DOMAIN_OF)
+    lim = Limits(BlastSettings(domain=Cap(count=1)))
+    got = decide_admission(Act.DRAIN, ["n1", "n2", "n5"], w, lim)
+    assert got["n1"] is None and got["n5"] is None  # one per domain
+    assert got["n2"] is not None and got["n2"].why is Why.CAP_DOMAIN
+    assert got["n2"].reason == f"cap domain {RACK_A} 1/1"
+    # the domain incident's batched drain is one fault: its own domain's cap does not hold it
+    got = decide_admission(Act.DRAIN, ["n1", "n2", "n3"], w, lim, switch_incident=True)
+    assert all(r is None for r in got.values())

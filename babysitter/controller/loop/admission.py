@@ -69,6 +69,7 @@ class Why(StrEnum):
     UNKNOWN = "unknown"  # a count or state the decision needs could not be read
     MAINTENANCE = "maintenance"
     CAP_SWITCH = "cap_switch"
+    CAP_DOMAIN = "cap_domain"
     CAP_PARTITION = "cap_partition"
     CAP_CLUSTER = "cap_cluster"
     CAP_GUARD = "cap_guard"  # [policy] max_drained_fraction of a partition
@@ -120,6 +121,8 @@ class World:
     # of those, the ones a switch incident drained: not the node policy's partition share
     switch_held: Collection[str] = ()
     topology: Topology | None = field(default_factory=Topology)
+    # node -> its NVLink domain (controller/loop/nvlink_domain.py; none known: no domain cap)
+    domains: Mapping[str, str] = field(default_factory=dict)
     drains_last_hour: int | None = 0  # automatic drains done in the rolling hour
     rebooting: Collection[str] = ()  # nodes in a reboot babysitter issued
     quiet: Collection[str] | None = ()  # nodes in a maintenance window
@@ -177,8 +180,10 @@ def _counts(w: World, nodes: Mapping[str, SlurmNode], exclude: Collection[str]) 
     for sw in topo.switches.values():
         if sw.level == 0:
             c.sizes[("switch", sw.name)] = len(sw.nodes)
+    for d in w.domains.values():
+        c.sizes[("domain", d)] = c.sizes.get(("domain", d), 0) + 1
     for n in set(w.held) - set(exclude):
-        c.add(_scopes(n, nodes.get(n), topo, switch_cap=True))
+        c.add(_scopes(n, nodes.get(n), topo, switch_cap=True, domain=w.domains.get(n)))
         if n not in w.switch_held:
             c.add([("guard", p) for p in _parts(nodes.get(n))])
     for key, size in list(c.sizes.items()):
@@ -188,11 +193,13 @@ def _counts(w: World, nodes: Mapping[str, SlurmNode], exclude: Collection[str]) 
 
 
 def _scopes(
-    n: str, sn: SlurmNode | None, topo: Topology, switch_cap: bool
+    n: str, sn: SlurmNode | None, topo: Topology, switch_cap: bool, domain: str | None = None
 ) -> list[tuple[str, str]]:
     out = [("partition", p) for p in _parts(sn)] + [("cluster", "cluster")]
     if switch_cap and (leaf := topo.leaf(n)) is not None:
         out.append(("switch", leaf))
+    if domain is not None:
+        out.append(("domain", domain))
     return out
 
 
@@ -212,6 +219,10 @@ def _cap_refusal(
     leaf = None if switch_incident else topo.leaf(n)
     if leaf is not None and lim.blast.switch.active:
         caps.append((("switch", leaf), Why.CAP_SWITCH, lim.blast.switch.limit))
+    # the same for an NVLink domain: its incident drains its own domain, uncapped by it
+    domain = None if switch_incident else w.domains.get(n)
+    if domain is not None and lim.blast.domain.active:
+        caps.append((("domain", domain), Why.CAP_DOMAIN, lim.blast.domain.limit))
     for key, why, limit_of in caps:
         size = c.sizes.get(key)
         if size is None:
@@ -279,7 +290,7 @@ def decide_admission(
             continue
         out[n] = None
         rate += 1
-        c.add(_scopes(n, sn, w.topology or Topology(), switch_cap=True))
+        c.add(_scopes(n, sn, w.topology or Topology(), switch_cap=True, domain=w.domains.get(n)))
         if not switch_incident:
             c.add([("guard", p) for p in _parts(sn)])
     return out
@@ -319,6 +330,8 @@ class Admission:
         self.limits = Limits.from_config(cfg)
         self.prefix = cfg.slurm.reason_prefix
         self.topology_known = topology_known
+        # node -> NVLink domain, from the domain step (set by the engine; none: no domain cap)
+        self.domains: Callable[[], Mapping[str, str]] = dict
         self.quiet: Collection[str] | None = ()
         self.refused: dict[str, Refusal] = {}  # this tick's refusals: node -> why
         self.refusals = Counter(
@@ -374,6 +387,7 @@ class Admission:
             held=held,
             switch_held=switch_held,
             topology=snap.topology if self.topology_known() else None,
+            domains=self.domains(),
             drains_last_hour=rate,
             rebooting=rebooting,
             quiet=self.quiet,

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 class Scope(StrEnum):
     SWITCH = "switch"
+    DOMAIN = "domain"  # an NVLink domain (controller/loop/nvlink_domain.py)
     PARTITION = "partition"
     CLUSTER = "cluster"
 
@@ -56,6 +57,7 @@ class BlastSettings:
     switch: Cap = Cap()
     partition: Cap = Cap()
     cluster: Cap = Cap()
+    domain: Cap = Cap()  # enforced by the admission step only (it knows the domains)
 
     @classmethod
     def from_config(cls, cfg: Config) -> BlastSettings:
@@ -64,6 +66,7 @@ class BlastSettings:
             Cap(b.switch_fraction, b.switch_count),
             Cap(b.partition_fraction, b.partition_count),
             Cap(b.cluster_fraction, b.cluster_count),
+            Cap(b.domain_fraction, b.domain_count),
         )
 
     @property
@@ -71,7 +74,12 @@ class BlastSettings:
         return self.switch.active or self.partition.active or self.cluster.active
 
     def cap(self, scope: Scope) -> Cap:
-        return {Scope.SWITCH: self.switch, Scope.PARTITION: self.partition}.get(scope, self.cluster)
+        caps = {
+            Scope.SWITCH: self.switch,
+            Scope.PARTITION: self.partition,
+            Scope.DOMAIN: self.domain,
+        }
+        return caps.get(scope, self.cluster)
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,7 @@ class RemediationEngine:
         )
         # NVLink domains (NVL72 racks): the same correlation with the domain as the scope
         self.domains = DomainStep(ctx, self.settings, self.admission)
+        self.admission.domains = lambda: self.domains.membership  # the domain caps
         self.healer = Healer(ctx, self.validator, self.settings.dry_run)
         self.healer.admission = self.admission
         am = cfg.alerts.alertmanager_url
