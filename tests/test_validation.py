@@ -216,7 +216,8 @@ def test_the_validation_job_asks_for_every_gpu_of_the_node(tmp_path: Path, gres:
     assert f"--gres=gpu:{gpus}" in argv
     wrapped = shlex.split(argv[argv.index("--wrap") + 1])
     assert wrapped[:2] == ["env", f"BABYSITTER_VALIDATE_GPUS={gpus}"]
-    assert wrapped[2:4] == ["babysitter", "validate"]
+    # and the DCGM diag level for what was done (none: a cleared fault, dcgm_other)
+    assert wrapped[2:5] == ["BABYSITTER_DCGM_LEVEL=1", "babysitter", "validate"]
 
 
 def test_a_node_without_gpu_gres_has_an_unknown_gpu_count_not_zero(tmp_path: Path):
@@ -228,5 +229,5 @@ def test_a_node_without_gpu_gres_has_an_unknown_gpu_count_not_zero(tmp_path: Pat
         assert not [a for a in argv if a.startswith("--gres")]
         wrapped = shlex.split(argv[argv.index("--wrap") + 1])
         assert wrapped[:3] == ["env", "-u", "BABYSITTER_VALIDATE_GPUS"]
-        assert wrapped[3:5] == ["babysitter", "validate"]
+        assert wrapped[3:6] == ["BABYSITTER_DCGM_LEVEL=1", "babysitter", "validate"]
         assert not [w for w in wrapped if w.startswith("BABYSITTER_VALIDATE_GPUS=")]

@@ -137,8 +137,7 @@ class RmaEvidence:
                 firing.append(self._alert(a, now))
                 set_archive(self.store, a.id, alerted=True)
                 self._link(a)
-            elif a.alerted and self._back(a.node):
-                clearing.append((a.node, CONDITION))
+        clearing += [(node, CONDITION) for node in self._back()]
 
     def _triggers(self, now: datetime) -> list[tuple[Remediation, str]]:
         """Ledger rows asking for evidence, newer than their node's latest archive."""
@@ -224,9 +223,19 @@ class RmaEvidence:
             ev = {**ev, "rma_archive": a.url(self.base)}
             c.execute(update(t).where(t.c.id == a.ledger_id).values(evidence=ev))
 
-    def _back(self, node: str) -> bool:
-        """The node is back in service: its evidence notice is over."""
-        row = self.store.node(node) or {}
-        return not row.get("babysitter_drained", True) and not any(
-            r.node == node for r in self.ledger.open_rows()
-        )
+    def _back(self) -> list[str]:
+        """Nodes with a firing rma_evidence alert that are back in service: the notice is
+        over (one read of the alerts a tick; the nodes only while one fires)."""
+        nodes = {
+            a["node"]
+            for a in self.store.alerts()
+            if a["condition"] == CONDITION and a["state"] == "firing" and a["node"]
+        }
+        if not nodes:
+            return []
+        held = {r.node for r in self.ledger.open_rows()}
+        return [
+            n
+            for n in sorted(nodes - held)
+            if not (self.store.node(n) or {}).get("babysitter_drained", True)
+        ]
