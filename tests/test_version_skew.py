@@ -136,6 +136,17 @@ def _revision(sim: SimCluster) -> str:
         engine.dispose()
 
 
+def _agent_metrics(sim: SimCluster) -> dict[str, dict[str, Any]]:
+    """Each node's metrics of its latest report, as the controller stored them."""
+    engine = create_engine(f"sqlite:///{sim.base / 'babysitter.db'}")
+    try:
+        with engine.connect() as c:
+            rows = c.execute(text("SELECT name, metrics FROM nodes")).all()
+    finally:
+        engine.dispose()
+    return {n: (json.loads(m) if isinstance(m, str) else m) or {} for n, m in rows}
+
+
 def _head() -> str:
     from alembic.script import ScriptDirectory
 
@@ -168,6 +179,14 @@ def test_previous_and_current_release_over_a_controller_upgrade(mixed: SimCluste
 
     # 1. previous controller, a current agent's node faults
     _fault_drained_and_resumed(sim, "node1")
+    # each side is the release it should be: this release's agents say their version and have
+    # learned the previous controller's wire version (1: no header); 0.1 agents say neither
+    seen = _agent_metrics(sim)
+    for n in CURRENT_AGENTS:
+        assert seen[n].get("agent_version") == babysitter.__version__, seen[n]
+        assert seen[n].get("controller_wire") == 1, seen[n]
+    for n in PREVIOUS_AGENTS:
+        assert "agent_version" not in seen[n], seen[n]
 
     # 2. the controller upgraded first: the current release on the same database, migrated
     del sim.python["controller"]
@@ -179,6 +198,11 @@ def test_previous_and_current_release_over_a_controller_upgrade(mixed: SimCluste
     # 3. current controller, a previous agent's node faults
     _fault_drained_and_resumed(sim, "node3")
     assert all(node_state(sim.info, n)[0] == "idle" for n in ("node1", "node2", "node4"))
+    wait_for(
+        lambda: all(_agent_metrics(sim)[n].get("controller_wire") == 2 for n in CURRENT_AGENTS),
+        60,
+        "this release's agents learned the current controller's wire version",
+    )
     drains = [a for a in sim.api("/api/v1/actions") if a["kind"] == "drain"]
     assert {a["node"] for a in drains} == {"node1", "node3"}
 
