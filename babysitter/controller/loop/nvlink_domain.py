@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Gauge
 from sqlalchemy import String, and_, cast, select
 
 from babysitter.controller.db import audit
@@ -153,7 +154,11 @@ class DomainStep:
     hide what a domain incident answers for from it), carry the incidents out after it."""
 
     def __init__(
-        self, ctx: LoopContext, policy: PolicySettings, admission: Admission | None = None
+        self,
+        ctx: LoopContext,
+        policy: PolicySettings,
+        admission: Admission | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         cfg = ctx.cfg
         self.cfg, self.store, self.slurm, self.snapshot = cfg, ctx.store, ctx.slurm, ctx.snapshot
@@ -175,6 +180,11 @@ class DomainStep:
         self._retry_at: datetime | None = None
         self._decided = False
         self._settled: list[int] = []
+        self.g_incidents = Gauge(
+            "babysitter_nvlink_domain_incidents",
+            "Open nvlink_domain_suspected incidents (NVLink-domain correlation).",
+            registry=registry,
+        )
 
     def _load(self) -> list[Incident]:
         raw = self.store.kv_get(INCIDENTS_KEY) or []
@@ -246,6 +256,7 @@ class DomainStep:
             elif self.enabled:
                 firing.extend(self._alert(inc) for inc in self.incidents)
             self._decided = False
+            self.g_incidents.set(len(self.incidents))
         finally:
             audit.record_actions(self.store, self._settled, now)
 

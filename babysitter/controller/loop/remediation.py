@@ -145,7 +145,7 @@ class RemediationEngine:
             ctx, self.jobs, metrics, self.settings, self._isolated, self.admission
         )
         # NVLink domains (NVL72 racks): the same correlation with the domain as the scope
-        self.domains = DomainStep(ctx, self.settings, self.admission)
+        self.domains = DomainStep(ctx, self.settings, self.admission, metrics.registry)
         self.admission.domains = lambda: self.domains.membership  # the domain caps
         self.healer = Healer(ctx, self.validator, self.settings.dry_run)
         self.healer.admission = self.admission
