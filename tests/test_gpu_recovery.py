@@ -13,9 +13,10 @@ import pytest
 
 from babysitter.checks.xid.check import EVENT_RECOVERY_ACTION, parse_kmsg_line, xid_finding
 from babysitter.config import parse_config
+from babysitter.controller.loop.fabric_rung import units_for
 from babysitter.controller.loop.ladder import LadderTable, Rung, fault_class, remediable
 from babysitter.controller.loop.policy import drain_worthy
-from babysitter.finding import Action, Severity
+from babysitter.finding import Action, Finding, Severity
 from babysitter.hardware.recovery import RecoveryAction, from_reset_status, parse_xid154
 from babysitter.hardware.xids import classify
 from tests.fixtures.gpu import babysitter_env, run_babysitter
@@ -27,7 +28,7 @@ EXPECTED: dict[RecoveryAction, tuple[Action, Rung | None]] = {
     RecoveryAction.NODE_REBOOT: (Action.REBOOT, Rung.REBOOT),
     RecoveryAction.DRAIN_P2P: (Action.DRAIN, None),
     RecoveryAction.DRAIN_AND_RESET: (Action.RESET_GPU, Rung.RESET_GPU),
-    RecoveryAction.RECOVER_IMEX_DOMAIN: (Action.DRAIN, None),
+    RecoveryAction.RECOVER_IMEX_DOMAIN: (Action.DRAIN, Rung.RESTART_FABRIC),
     RecoveryAction.BUS_RESET: (Action.RESET_GPU, Rung.RESET_GPU),
     RecoveryAction.SYSTEM_REBOOT: (Action.REBOOT, Rung.REBOOT),
 }
@@ -81,17 +82,29 @@ def test_older_drivers_and_failed_reads(gpus, fakenvml_lib, tmp_path):
 
 @pytest.mark.parametrize("a", list(EXPECTED), ids=lambda a: a.name.lower())
 def test_each_action_maps_to_its_rung(a: RecoveryAction):
-    """The ladder's rung of each action's finding; drains without a rung name the action."""
+    """The ladder's rung of each action's finding: reset, reboot, the IMEX restart; drain P2P
+    has none (the node stays drained, its reason names it)."""
     action, rung = EXPECTED[a]
     assert a.action is action and a.severity is Severity.CRITICAL
     f = xid_finding("xid.kmsg", 154, {}, "gpu2", "GPU 2", "", a)
     assert drain_worthy(f)
     table = LadderTable.from_config(parse_config({}).remediation)
-    if rung is None:
-        assert not remediable(f)
-        assert {RecoveryAction.DRAIN_P2P: "P2P", RecoveryAction.RECOVER_IMEX_DOMAIN: "IMEX"}[
-            a
-        ] in f.message
+    if rung is None:  # drain P2P: drained for a human, the reason says so
+        assert not remediable(f) and "P2P" in f.message
+    elif rung is Rung.RESTART_FABRIC:  # recover IMEX domain: the agent restarts nvidia-imex
+        # (XID 154's own finding waits for a human; gpu.recovery's, read at the same time,
+        # climbs the ladder)
+        check_f = Finding(
+            check="gpu.recovery",
+            component="gpu2",
+            severity=a.severity,
+            code=a.code,
+            message=f"GPU 2: driver recovery action: {a.reason}",
+            action=a.action,
+        )
+        assert remediable(check_f) and "IMEX" in check_f.message
+        assert table.rungs(a.code, a.action) == (Rung.RESTART_FABRIC, Rung.REBOOT, Rung.INSPECT)
+        assert units_for(a.code) == ["nvidia-imex"]
     else:
         assert remediable(f)
         assert table.first(fault_class(f), f.action) is rung

@@ -3,8 +3,10 @@ one agent per node over the fake NVML. One cluster for every case, one node each
 
 - nodes 1-8: GPU 3's recovery action (NVML field 230) is 0..7: none -> nothing; GPU reset,
   drain and reset, bus reset -> the agent resets the GPU (reset_gpu rung); node and system
-  reboot -> `scontrol reboot` through Slurm; drain P2P and recover IMEX domain -> drained, the
-  reason naming them, no reset or reboot;
+  reboot -> `scontrol reboot` through Slurm; drain P2P -> drained, the reason naming it, no
+  reset or reboot; recover IMEX domain -> drained naming it, the restart_fabric rung asks the
+  agent to restart nvidia-imex, which refuses (this H100 profile runs no IMEX), and the ladder
+  goes on to a reboot;
 - node 9: XID 154 in the kernel log, "... to 0x2 (Node Reboot Required)" -> reboot via Slurm;
 - node 10: NVLink XID 74 (NVIDIA's catalog: reset the GPU), as an NVML event and in the kernel
   log -> the reset rung, once.
@@ -30,6 +32,7 @@ NODE = {a: f"node{int(a) + 1}" for a in RecoveryAction}
 RESETS = (RecoveryAction.GPU_RESET, RecoveryAction.DRAIN_AND_RESET, RecoveryAction.BUS_RESET)
 REBOOTS = (RecoveryAction.NODE_REBOOT, RecoveryAction.SYSTEM_REBOOT)
 DRAINS = {RecoveryAction.DRAIN_P2P: "drain P2P", RecoveryAction.RECOVER_IMEX_DOMAIN: "IMEX"}
+IMEX = RecoveryAction.RECOVER_IMEX_DOMAIN
 XID154_NODE, XID74_NODE = "node9", "node10"
 
 
@@ -102,7 +105,7 @@ def test_each_recovery_action_takes_its_rung_through_slurm(cluster: SimCluster):
     sim.inject_xid(XID74_NODE, GPU, 74)
     sim.inject_xid(XID74_NODE, GPU, 74, via="kmsg", text="NVLink: fatal error detected on link 2")
 
-    # drains that name the action, and no rung: the node stays drained for a human
+    # drains that name the action
     for a, words in DRAINS.items():
         node = NODE[a]
         _wait(sim, lambda n=node: node_state(sim.info, n)[0] in ("drain", "drng"), "drain", node)
@@ -112,11 +115,11 @@ def test_each_recovery_action_takes_its_rung_through_slurm(cluster: SimCluster):
     for a in RESETS:
         _wait(sim, lambda n=NODE[a]: _healed(sim, n, "reset_gpu"), f"{a.name} reset", NODE[a])
     _wait(sim, lambda: _healed(sim, XID74_NODE, "reset_gpu"), "XID 74 reset", XID74_NODE)
-    for node in (*(NODE[a] for a in REBOOTS), XID154_NODE):
+    for node in (*(NODE[a] for a in REBOOTS), XID154_NODE, NODE[IMEX]):
         _wait(sim, lambda n=node: _healed(sim, n, "reboot"), f"{node} rebooted", node)
 
     resets = {NODE[a] for a in RESETS} | {XID74_NODE}
-    reboots = {NODE[a] for a in REBOOTS} | {XID154_NODE}
+    reboots = {NODE[a] for a in REBOOTS} | {XID154_NODE, NODE[IMEX]}
     assert sim.gpu_resets == dict.fromkeys(sorted(resets), 1)
     assert sim.reboots == dict.fromkeys(sorted(reboots), 1)
     for a in RESETS:
@@ -126,15 +129,22 @@ def test_each_recovery_action_takes_its_rung_through_slurm(cluster: SimCluster):
     assert (row["rung"], row["fault_class"]) == ("reset_gpu", "xid.74")
     (row,) = sim.api(f"/api/v1/ledger?node={XID154_NODE}")
     assert (row["rung"], row["fault_class"]) == ("reboot", "xid.154")
+    # IMEX: the service restart came first (refused here: no IMEX in this profile), then reboot
+    rows = sim.api(f"/api/v1/ledger?node={NODE[IMEX]}")
+    assert [(r["rung"], r["state"]) for r in rows] == [
+        ("reboot", "passed"),
+        ("restart_fabric", "failed"),
+    ]
+    assert rows[1]["fault_class"] == IMEX.code and "nvidia-imex" in rows[1]["outcome"]
     # every automatic action went through the one admission step and the executor
     acts = sim.api("/api/v1/actions")
     assert {a["node"] for a in acts if a["kind"] == "reset_gpu"} == resets
     assert {a["node"] for a in acts if a["kind"] == "reboot"} >= reboots
-    # none: nothing happened to node1; the drained ones are still drained, never remediated
+    # none: nothing happened to node1; drain P2P's node is still drained, never remediated
     assert _in_service(sim, NODE[RecoveryAction.NONE])
-    for a in DRAINS:
-        assert node_state(sim.info, NODE[a])[0] in ("drain", "drng")
-        assert sim.api(f"/api/v1/ledger?node={NODE[a]}") == [] or all(
-            r["rung"] not in ("reset_gpu", "reboot")
-            for r in sim.api(f"/api/v1/ledger?node={NODE[a]}")
-        )
+    p2p = NODE[RecoveryAction.DRAIN_P2P]
+    assert node_state(sim.info, p2p)[0] in ("drain", "drng")
+    assert all(
+        r["rung"] not in ("reset_gpu", "restart_fabric", "reboot")
+        for r in sim.api(f"/api/v1/ledger?node={p2p}")
+    )

@@ -9,10 +9,11 @@ Drivers before it answer the two older fields, now deprecated in its favour:
 (`NVML_GPU_RECOVERY_ACTION_*`).
 
 Each action maps to the finding's recommended action, and so to its rung of the remediation
-ladder (controller/loop/ladder.py climbs by the recommended action): none -> nothing; GPU reset,
-drain and reset, bus reset -> `reset_gpu`; node or system reboot -> `reboot`; drain P2P -> a
-drain whose reason says P2P; recover the IMEX domain -> a drain whose reason says so (no IMEX
-rung yet: a human restarts IMEX)."""
+ladder (controller/loop/ladder.py): none -> nothing; GPU reset, drain and reset, bus reset ->
+`reset_gpu`; node or system reboot -> `reboot`; drain P2P -> a drain whose reason says P2P (no
+rung: a human looks); recover the IMEX domain -> a drain whose reason says so, and the
+`restart_fabric` rung restarts nvidia-imex where the node's profile runs it (else the ladder
+goes on to `reboot`)."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ _REASON = {
     ),
     RecoveryAction.DRAIN_AND_RESET: "drain and reset required",
     RecoveryAction.RECOVER_IMEX_DOMAIN: (
-        "recover IMEX domain: the IMEX daemon's domain must be recovered; drained for a human"
+        "recover IMEX domain: the IMEX daemon's domain must be recovered (nvidia-imex restart)"
     ),
     RecoveryAction.BUS_RESET: "bus reset required",
     RecoveryAction.SYSTEM_REBOOT: "system reboot required",

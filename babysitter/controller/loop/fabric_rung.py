@@ -20,6 +20,7 @@ from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.admission import Act, Admission
 from babysitter.controller.loop.ledger import Ledger, Phase, Remediation
+from babysitter.hardware.recovery import RecoveryAction
 
 ORDER = "fabric.restart"  # the agent's babysitter/agent/fabric_restart.py ORDER
 METRIC = "fabric_restart"  # its answer, in the agent's report metrics
@@ -29,10 +30,15 @@ IMEX = "nvidia-imex"
 Record = Callable[[ActionKind, str, str, str, int], None]
 
 
+# the driver's recovery action "recover IMEX domain" (hardware/recovery.py) is an IMEX fault
+IMEX_RECOVERY = RecoveryAction.RECOVER_IMEX_DOMAIN.code
+
+
 def units_for(fault_class: str) -> list[str]:
     """The services a fault class's restart covers: IMEX for an IMEX fault, else Fabric
     Manager (an untrained fabric, a training error, the service down)."""
-    return [IMEX] if fault_class.startswith("imex.") else [FABRIC_MANAGER]
+    imex = fault_class.startswith("imex.") or fault_class == IMEX_RECOVERY
+    return [IMEX] if imex else [FABRIC_MANAGER]
 
 
 class FabricRung:

@@ -54,6 +54,8 @@ FABRIC_RESTART: frozenset[str] = frozenset(
         "fabric_manager.down",
         "imex.down",
         "imex.domain_down",
+        # the driver's recovery action "recover IMEX domain" (hardware/recovery.py)
+        RecoveryAction.RECOVER_IMEX_DOMAIN.code,
     }
 )
 
@@ -74,9 +76,10 @@ def _defaults() -> dict[str, Ladder]:
     for xid in CATALOG["inspect"]:
         table[f"xid.{xid}"] = _INSPECT
     # the driver's recovery action (hardware/recovery.py): GPU reset, drain and reset, bus
-    # reset start at reset_gpu; node and system reboot at reboot. Drain P2P and recover IMEX
-    # domain recommend a drain (no rung: the node stays drained for a human, its reason says
-    # which); XID 154 (its class "recovery") climbs by the action its text or the field gave.
+    # reset start at reset_gpu; node and system reboot at reboot; recover IMEX domain at
+    # restart_fabric (FABRIC_RESTART, below). Drain P2P recommends a drain (no rung: the node
+    # stays drained for a human, its reason says so); XID 154 (its class "recovery") climbs by
+    # the action its text or the field gave.
     for a in RecoveryAction:
         if a.action in BY_ACTION:
             table[a.code] = BY_ACTION[a.action]
