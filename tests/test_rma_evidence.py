@@ -266,3 +266,29 @@ def test_an_upload_is_taken_only_from_its_node_for_its_order(
 
 def rma_now() -> datetime:
     return datetime.now(UTC) - timedelta(seconds=1)
+
+
+def test_an_archive_the_controller_cannot_write_is_a_failed_collection(
+    tmp_path: Path, secrets: Secrets
+):
+    from fastapi.testclient import TestClient
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the archive directory should be")
+    cfg = controller_config(
+        secrets, f"sqlite:///{tmp_path / 'c.db'}", rma={"archive_dir": str(blocked)}
+    )
+    with set_up(cfg) as ctl:
+        Ledger(ctl.store).add("node1", Rung.INSPECT, "x", "x", Phase.LEMON, rma_now())
+        step = rma.RmaEvidence(cfg, ctl.store)
+        step.step(rma_now(), [], [])
+        (a,) = rma.archives(ctl.store, node="node1")
+        r = TestClient(ctl.app()).post(
+            f"/api/v1/nodes/node1/rma/{a.order_id}", content=b"x", headers=secrets.headers("node1")
+        )
+        assert r.status_code == 507, r.text
+        (a,) = rma.archives(ctl.store, node="node1")
+        assert a.state == "failed" and "cannot store the archive" in (a.outcome or "")
+        firing: list = []
+        step.step(rma_now(), firing, [])
+        assert [(x.condition, x.severity) for x in firing] == [("rma_evidence", "warning")]

@@ -223,6 +223,8 @@ class SimCluster:
             "policy": {"max_drained_fraction": 0.5, "resume_after_clean_checks": 2, **self.policy},
             "alerts": alerts,
             **({"validation": self.validation} if self.validation else {}),
+            # RMA evidence archives of this cluster's lemons stay in its own directory
+            "rma": {"archive_dir": str(self.base / "rma")},
             **self.extra_config,
             "checks.sdc": self.sdc if self.sdc is not None else {"enabled": False},
         }
@@ -255,6 +257,8 @@ class SimCluster:
                 ],
             },
             "slurm": self.slurm_section(),
+            # RMA evidence: the node's kernel log is its simulated kmsg (no bug report here)
+            "rma": {"kernel_log_command": ["tail", "-n", "2000", str(d / "kmsg")]},
             "checks.gpu": {"expected_count": 8, **every},
             "checks.xid": every,
             "checks.host": {"check_slurmd": False, "min_free_gb": 0, "paths": [str(d)]},

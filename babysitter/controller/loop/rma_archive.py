@@ -20,7 +20,14 @@ from babysitter.config import Config
 from babysitter.controller.db import audit
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.ledger import Ledger
-from babysitter.controller.loop.rma import COLLECTED, ORDERED, Archive, archive, set_archive
+from babysitter.controller.loop.rma import (
+    COLLECTED,
+    FAILED,
+    ORDERED,
+    Archive,
+    archive,
+    set_archive,
+)
 
 HISTORY = 500  # ledger rows, findings and actions of the node, newest first
 
@@ -73,19 +80,9 @@ def _members(store: Store, a: Archive, part: bytes, now: datetime) -> dict[str, 
     }
 
 
-def receive(
-    store: Store, cfg: Config, node: str, order: str, part: bytes, now: datetime
-) -> Archive:
-    """Store NODE's upload for ORDER as the archive; the row and its action say so."""
-    a = archive(store, order=order)
-    if a is None or a.node != node:
-        raise Refused(404, f"no RMA evidence order {order} for {node}")
-    if a.state != ORDERED:
-        raise Refused(409, f"RMA evidence order {order} is {a.state} already")
-    members = _members(store, a, part, now)
-    out_dir = Path(cfg.rma.archive_dir)
+def _write(out_dir: Path, name: str, members: dict[str, bytes]) -> tuple[int, str]:
+    """The archive, written whole or not at all (a temporary file renamed); (size, sha256)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = f"rma-{node}-{a.id}-{now.strftime('%Y%m%dT%H%M%SZ')}.tar.gz"
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".upload-")
     try:
         with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
@@ -97,8 +94,30 @@ def receive(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    digest = hashlib.sha256((out_dir / name).read_bytes()).hexdigest()
-    size = (out_dir / name).stat().st_size
+    data = (out_dir / name).read_bytes()
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def receive(
+    store: Store, cfg: Config, node: str, order: str, part: bytes, now: datetime
+) -> Archive:
+    """Store NODE's upload for ORDER as the archive; the row and its action say so."""
+    a = archive(store, order=order)
+    if a is None or a.node != node:
+        raise Refused(404, f"no RMA evidence order {order} for {node}")
+    if a.state != ORDERED:
+        raise Refused(409, f"RMA evidence order {order} is {a.state} already")
+    name = f"rma-{node}-{a.id}-{now.strftime('%Y%m%dT%H%M%SZ')}.tar.gz"
+    members = _members(store, a, part, now)
+    try:
+        size, digest = _write(Path(cfg.rma.archive_dir), name, members)
+    except OSError as exc:  # a full or unwritable archive_dir: a failed collection, alerted
+        why = f"cannot store the archive in {cfg.rma.archive_dir}: {exc.strerror or exc}"
+        set_archive(store, a.id, state=FAILED, outcome=why, updated_at=now)
+        if a.action_id:
+            store.update_action(a.action_id, status="failed", done_at=now, outcome=why)
+            audit.record_actions(store, [a.action_id], now)
+        raise Refused(507, why) from None
     manifest = json.loads(members["manifest.json"])
     outcome = f"bug report {manifest['bug_report']}; kernel log {manifest['kernel_log']}"[:1000]
     set_archive(
