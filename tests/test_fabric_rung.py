@@ -180,3 +180,11 @@ def test_a_single_node_never_restarts_imex_by_its_profile():
     nvl = parse_config({"agent": {"hardware_profile": "gb200-nvl72"}})
     assert fabric_restart._runs(nvl, "nvidia-imex") is True
     assert fabric_restart._runs(nvl, "nvidia-fabricmanager") is False
+
+
+def test_the_driver_asking_to_recover_the_imex_domain_restarts_imex():
+    from babysitter.controller.loop.fabric_rung import units_for
+
+    assert units_for("recovery.recover_imex_domain") == ["nvidia-imex"]
+    assert units_for("imex.domain_down") == ["nvidia-imex"]
+    assert units_for("fabric.not_trained") == ["nvidia-fabricmanager"]

@@ -35,8 +35,9 @@ IMEX_RECOVERY = RecoveryAction.RECOVER_IMEX_DOMAIN.code
 
 
 def units_for(fault_class: str) -> list[str]:
-    """The services a fault class's restart covers: IMEX for an IMEX fault, else Fabric
-    Manager (an untrained fabric, a training error, the service down)."""
+    """The services a fault class's restart covers: IMEX for an IMEX fault (`imex.*`, the
+    driver's `recovery.recover_imex_domain`), else Fabric Manager (an untrained fabric, a
+    training error, the service down)."""
     imex = fault_class.startswith("imex.") or fault_class == IMEX_RECOVERY
     return [IMEX] if imex else [FABRIC_MANAGER]
 
