@@ -89,6 +89,47 @@ def test_an_invalid_file_changes_nothing(tmp_path: Path, monkeypatch: pytest.Mon
     assert out.summary().startswith("configuration reload refused, the previous configuration")
 
 
+def test_the_policy_loop_takes_the_reloaded_thresholds_caps_and_sinks(tmp_path: Path):
+    """What the engine copied at start (policy settings, admission caps, alert sinks) follows
+    a reload; everything else reads the config, which the reload wrote into."""
+    from unittest import mock
+
+    from babysitter.controller.db.store import Store
+    from babysitter.controller.loop.metrics import ControllerMetrics
+    from babysitter.controller.loop.remediation import RemediationEngine
+
+    live = parse_config({"controller": {"database_url": f"sqlite:///{tmp_path / 'b.db'}"}})
+    store = Store(live.controller.database_url)
+    store.upgrade()
+    engine = RemediationEngine(live, store, ControllerMetrics(), slurm=mock.MagicMock())
+    try:
+        assert engine.router.sinks == []
+        new = parse_config(
+            {
+                "controller": {"database_url": live.controller.database_url},
+                "policy": {"max_drains_per_hour": 3, "dry_run": True},
+                "blast_radius": {"switch_count": 2},
+                "alerts": {"webhook_url": "http://127.0.0.1:1/hook"},
+            }
+        )
+        out = apply(live, new, CONTROLLER_RESTART, CONTROLLER_UNUSED)
+        assert out.ok and not out.needs_restart
+        engine.config_reloaded(None)
+        assert engine.settings.max_drains_per_hour == 3 and engine.healer.dry_run
+        assert engine.gatherer.settings is engine.settings
+        assert engine.admission.limits.max_drains_per_hour == 3
+        assert engine.admission.limits.blast.switch.count == 2
+        assert [s.name for s, _ in engine.router.sinks] == ["webhook"]
+        # refused: the alert condition holds until a good reload
+        engine.config_reloaded("invalid configuration in f: policy.dry_run: bad")
+        assert engine.config_problem is not None
+        engine.config_reloaded(None)
+        assert engine.config_problem is None
+    finally:
+        engine.close()
+        store.close()
+
+
 # ---- the daemons, SIGHUP for real
 
 

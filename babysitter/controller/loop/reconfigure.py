@@ -14,6 +14,7 @@ from babysitter.controller.loop.alerts.router import sinks_from_config
 from babysitter.controller.loop.blast import BlastSettings
 from babysitter.controller.loop.fabric_loop import FabricSettings
 from babysitter.controller.loop.policy import PolicySettings
+from babysitter.controller.loop.stragglers import StragglerSettings
 from babysitter.finding import Severity
 
 CONDITION = "config_reload_failed"
@@ -32,6 +33,14 @@ def reconfigure(engine: Any) -> None:
     engine.fabric.settings = FabricSettings.from_config(cfg)
     engine.fabric.blast = BlastSettings.from_config(cfg)
     engine.admission.limits = Limits.from_config(cfg)
+    engine.fabric.enabled = cfg.fabric.enabled
+    engine.gatherer.straggler_settings = StragglerSettings.from_config(cfg)
+    engine.healer.validation_user = cfg.validation.user
+    engine.sdc.user = cfg.validation.user
+    engine.sdc.heartbeat_s = cfg.controller.heartbeat_timeout_s
+    engine.domains.settings = FabricSettings.from_config(cfg)  # NVLink domains: the same
+    engine.domains.policy = settings
+    engine.domains.enabled = cfg.fabric.enabled
     router = engine.router
     router.sinks = sinks_from_config(cfg)
     router.repeat_interval = timedelta(seconds=cfg.alerts.repeat_interval_s)
