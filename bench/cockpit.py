@@ -357,6 +357,7 @@ def _figures(plan: Plan, d: dict[str, Any]) -> list[dict[str, Any]]:
     small, big = (str(n) for n in plan.sizes)
     s, b = d["sizes"][small], d["sizes"][big]
     ing = d["ingest"]
+    readers = f"{plan.tabs} tabs + {plan.scrapers} scrapers"
     ratio = ing["readers"]["p99"] / ing["quiet"]["p99"] if ing["quiet"]["p99"] else float("nan")
     cpu_ratio = (
         b["metrics_cpu_ms_per_scrape"] / s["metrics_cpu_ms_per_scrape"]
@@ -375,12 +376,12 @@ def _figures(plan: Plan, d: dict[str, Any]) -> list[dict[str, Any]]:
             "ms",
         ),
         figure(
-            f"ingest at {plan.rate:g}/s p50, {big} nodes, {plan.tabs} tabs + {plan.scrapers} scrapers",
+            f"ingest at {plan.rate:g}/s p50, {big} nodes, {readers}",
             1000 * ing["readers"]["p50"],
             "ms",
         ),
         figure(
-            f"ingest at {plan.rate:g}/s p99, {big} nodes, {plan.tabs} tabs + {plan.scrapers} scrapers",
+            f"ingest at {plan.rate:g}/s p99, {big} nodes, {readers}",
             1000 * ing["readers"]["p99"],
             "ms",
         ),
