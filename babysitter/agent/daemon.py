@@ -49,7 +49,7 @@ class Agent:
         self.cfg = cfg
         # what SIGHUP re-reads (None: $BABYSITTER_CONFIG or the default, as at start)
         self.config_path = config_path
-        self._reload_asked = threading.Event()
+        self._reload_asked = False  # set by SIGHUP's handler (a plain flag: see ask_reload)
         self.last_reload: Outcome | None = None
         self._reloads = {"ok": 0, "invalid": 0}
         a = cfg.agent
@@ -369,9 +369,11 @@ class Agent:
 
     # ---- configuration reload (SIGHUP, `systemctl reload babysitter-agent`)
     def ask_reload(self) -> None:
-        """The signal handler only asks; the main loop reloads between two rounds."""
-        self._reload_asked.set()
-        self._wake.set()
+        """SIGHUP's handler only asks; the main loop reloads between two rounds. No lock is
+        taken here: the handler runs on the main thread, which may hold `_wake`'s lock at that
+        moment (a self-deadlock); a thread of its own wakes the loop."""
+        self._reload_asked = True
+        threading.Thread(target=self._wake.set, name="reload-wake", daemon=True).start()
 
     def reload_config(self) -> Outcome:
         """Re-read and validate the config file; apply what may change live (thresholds,
@@ -434,8 +436,8 @@ class Agent:
         next_report = time.monotonic() + self.cfg.agent.interval_s
         last_wd = 0.0
         while not self._stop.is_set():
-            if self._reload_asked.is_set():
-                self._reload_asked.clear()
+            if self._reload_asked:
+                self._reload_asked = False
                 self.reload_config()
             self._watch_timeouts()
             self.run_due_checks()

@@ -96,7 +96,7 @@ class Controller:
         self.cfg = cfg
         # what SIGHUP re-reads (None: $BABYSITTER_CONFIG or the default, as at start)
         self.config_path = config_path
-        self._reload_asked = threading.Event()
+        self._reload_asked = False  # set by SIGHUP's handler (a plain flag: see ask_reload)
         self.last_reload: Outcome | None = None
         c = cfg.controller
         secret = read_secret(c.cluster_secret_file, "cluster secret")
@@ -198,16 +198,17 @@ class Controller:
     def loop_forever(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            if self._reload_asked.is_set():  # between two ticks, never in the middle of one
-                self._reload_asked.clear()
+            if self._reload_asked:  # between two ticks, never in the middle of one
+                self._reload_asked = False
                 self.reload_config()
             self.tick()
             self._wait_next_tick(started, self.cfg.controller.loop_interval_s)
 
     def ask_reload(self) -> None:
-        """SIGHUP: reload before the next tick (the signal handler only asks)."""
-        self._reload_asked.set()
-        self.wake.event.set()
+        """SIGHUP: reload before the next tick. The handler only asks and takes no lock (a
+        second signal could interrupt it while it holds one); a thread wakes the loop."""
+        self._reload_asked = True
+        threading.Thread(target=self.wake.event.set, name="reload-wake", daemon=True).start()
 
     def reload_config(self) -> Outcome:
         """Re-read and validate the config file; apply what may change live (babysitter/
