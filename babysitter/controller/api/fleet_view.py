@@ -258,7 +258,6 @@ class FleetView:
         store = self.store
         at = now()
         timeout = float(self.state.get("heartbeat_timeout_s", 120))
-        prefix = str(self.state.get("reason_prefix") or "babysitter:")
         slurm = self.slurm_nodes()
         held = set(self.held())
         # the names are read again when their number changed, and at least every NAMES_S
@@ -270,52 +269,15 @@ class FleetView:
         quiet = maintenance.nodes_in_maintenance(store)
         layout = self._placed(names, slurm)
         places = layout.places
-        needs: list[NodeRow] = []
-        for r in rows:
-            v = node_view(r, self.state)
-            sn = slurm.get(r["name"])
-            reason = (getattr(sn, "reason", "") if sn is not None else "") or (
-                r.get("slurm_reason") or r.get("drain_reason") or ""
-            )
-            state = str(r.get("slurm_state") or "")
-            drained = (
-                bool(r.get("babysitter_drained"))
-                or r["name"] in held
-                or any(s in state for s in SLURM_HELD)
-            )
-            if v["verdict"] == "healthy" and not drained:
-                continue
-            findings = v["open_findings"]
-            needs.append(
-                NodeRow(
-                    name=r["name"],
-                    verdict=v["verdict"],
-                    drained=drained,
-                    maintenance=r["name"] in quiet,
-                    problem=_cut(str(findings[0]["message"])) if findings else "",
-                    problems=len(findings),
-                    owner=reason_owner(reason, bool(r.get("babysitter_drained")), prefix),
-                    reason=_cut(reason),
-                    slurm_state=state,
-                    last_report_at=r.get("last_report_at"),
-                    place=places.get(r["name"]) or Place((NO_PARTITION,), None, None),
-                )
-            )
+        needs = [
+            row
+            for r in rows
+            if (row := self._row(r, slurm.get(r["name"]), held, quiet, places)) is not None
+        ]
         rank = {v: i for i, v in enumerate(VERDICTS)}
         needs.sort(key=lambda n: (rank.get(n.verdict, 0), n.name))
         flagged = {n.name for n in needs}
-        counts = dict.fromkeys(VERDICTS, 0)
-        sick_part: dict[str, Counter[str]] = {}
-        sick_switch: dict[str, Counter[str]] = {}
-        sick_domain: dict[str, Counter[str]] = {}
-        for n in needs:
-            counts[n.verdict] = counts.get(n.verdict, 0) + 1
-            for part in n.place.partitions:
-                sick_part.setdefault(part, Counter())[n.verdict] += 1
-            if n.place.switch:
-                sick_switch.setdefault(n.place.switch, Counter())[n.verdict] += 1
-            if n.place.domain:
-                sick_domain.setdefault(n.place.domain, Counter())[n.verdict] += 1
+        counts, sick_part, sick_switch, sick_domain = _sick(needs)
         counts["healthy"] += len(names) - len(needs)
         firing = _firing(store)
         jobs = store.jobs()
@@ -337,6 +299,43 @@ class FleetView:
             jobs=tuple(jobs[:MAX_JOBS]),
             jobs_total=len(jobs),
             recent=tuple(audit.entries(store, limit=15)),
+        )
+
+    def _row(
+        self,
+        r: dict[str, Any],
+        sn: Any,
+        held: set[str],
+        quiet: Mapping[str, Any],
+        places: Mapping[str, Place],
+    ) -> NodeRow | None:
+        """The node's row when it needs a human (not healthy, or drained), else None."""
+        v = node_view(r, self.state)
+        prefix = str(self.state.get("reason_prefix") or "babysitter:")
+        reason = (getattr(sn, "reason", "") if sn is not None else "") or (
+            r.get("slurm_reason") or r.get("drain_reason") or ""
+        )
+        state = str(r.get("slurm_state") or "")
+        drained = (
+            bool(r.get("babysitter_drained"))
+            or r["name"] in held
+            or any(s in state for s in SLURM_HELD)
+        )
+        if v["verdict"] == "healthy" and not drained:
+            return None
+        findings = v["open_findings"]
+        return NodeRow(
+            name=r["name"],
+            verdict=v["verdict"],
+            drained=drained,
+            maintenance=r["name"] in quiet,
+            problem=_cut(str(findings[0]["message"])) if findings else "",
+            problems=len(findings),
+            owner=reason_owner(reason, bool(r.get("babysitter_drained")), prefix),
+            reason=_cut(reason),
+            slurm_state=state,
+            last_report_at=r.get("last_report_at"),
+            place=places.get(r["name"]) or Place((NO_PARTITION,), None, None),
         )
 
     def _placed(self, names: tuple[str, ...], slurm: Mapping[str, Any]) -> Layout:
@@ -376,6 +375,27 @@ class Layout:
     partitions: Mapping[str, int]
     switches: Mapping[str, int]
     domains: Mapping[str, int]
+
+
+def _sick(
+    needs: list[NodeRow],
+) -> tuple[
+    dict[str, int], dict[str, Counter[str]], dict[str, Counter[str]], dict[str, Counter[str]]
+]:
+    """Verdict counts of the nodes that need a human: in all, per partition, switch, domain."""
+    counts = dict.fromkeys(VERDICTS, 0)
+    sick_part: dict[str, Counter[str]] = {}
+    sick_switch: dict[str, Counter[str]] = {}
+    sick_domain: dict[str, Counter[str]] = {}
+    for n in needs:
+        counts[n.verdict] = counts.get(n.verdict, 0) + 1
+        for part in n.place.partitions:
+            sick_part.setdefault(part, Counter())[n.verdict] += 1
+        if n.place.switch:
+            sick_switch.setdefault(n.place.switch, Counter())[n.verdict] += 1
+        if n.place.domain:
+            sick_domain.setdefault(n.place.domain, Counter())[n.verdict] += 1
+    return counts, sick_part, sick_switch, sick_domain
 
 
 def _by_group(

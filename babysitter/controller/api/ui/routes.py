@@ -115,34 +115,7 @@ def ui_router(
         role = viewer(request)
         if role is None:
             return login_first(request)
-        snap = fleet.current
-        stale = time.monotonic() - snap.built_at > max(fleet.stale_after_s, 6 * refresh_s)
-        tag = _etag(snap, role, stale, str(request.url.query))
-        headers = {**_headers(), "Cache-Control": "no-cache, private", "ETag": tag}
-        if tag in _tags(request.headers.get("if-none-match", "")):
-            return Response(status_code=304, headers=headers)
-        query = _query(request)
-        items = fv.select_nodes(snap, query)
-        pages = max(1, math.ceil(len(items) / fv.PAGE_SIZE))
-        query.page = min(query.page, pages)
-        first = (query.page - 1) * fv.PAGE_SIZE
-        html = env.get_template("fleet.html").render(
-            role=role,
-            refresh_s=refresh_s,
-            path=request.url.path,
-            snap=snap,
-            stale=stale,
-            q=query,
-            nodes=fv.rows(snap, items[first : first + fv.PAGE_SIZE]),
-            matched=len(items),
-            pages=pages,
-            first=first,
-            link=_linker(query),
-            top=_top,
-            verdicts=fv.VERDICTS,
-            owners=fv.OWNERS,
-        )
-        return HTMLResponse(html, headers=headers)
+        return _fleet(env, fleet, request, role, refresh_s)
 
     @router.get("/nodes/{name}", response_class=HTMLResponse)
     def node_page(request: Request, name: str = Path(pattern=NODE_NAME)) -> Response:
@@ -226,6 +199,39 @@ def _headers() -> dict[str, str]:
         "Referrer-Policy": "no-referrer",
         "Cache-Control": "no-store",
     }
+
+
+def _fleet(
+    env: Environment, fleet: fv.FleetView, request: Request, role: str, refresh_s: float
+) -> Response:
+    snap = fleet.current
+    stale = time.monotonic() - snap.built_at > max(fleet.stale_after_s, 6 * refresh_s)
+    tag = _etag(snap, role, stale, str(request.url.query))
+    headers = {**_headers(), "Cache-Control": "no-cache, private", "ETag": tag}
+    if tag in _tags(request.headers.get("if-none-match", "")):
+        return Response(status_code=304, headers=headers)
+    query = _query(request)
+    items = fv.select_nodes(snap, query)
+    pages = max(1, math.ceil(len(items) / fv.PAGE_SIZE))
+    query.page = min(query.page, pages)
+    first = (query.page - 1) * fv.PAGE_SIZE
+    html = env.get_template("fleet.html").render(
+        role=role,
+        refresh_s=refresh_s,
+        path=request.url.path,
+        snap=snap,
+        stale=stale,
+        q=query,
+        nodes=fv.rows(snap, items[first : first + fv.PAGE_SIZE]),
+        matched=len(items),
+        pages=pages,
+        first=first,
+        link=_linker(query),
+        top=_top,
+        verdicts=fv.VERDICTS,
+        owners=fv.OWNERS,
+    )
+    return HTMLResponse(html, headers=headers)
 
 
 def _etag(snap: fv.FleetSnapshot, role: str, stale: bool, query: str) -> str:
