@@ -157,6 +157,7 @@ def test_a_node_in_two_partitions_is_one_tile_counted_in_each(ctl, secrets):
     leaves = {"node1": "leaf1", "node2": "leaf2"}
     ctl.fleet.slurm_nodes = lambda: slurm_nodes
     ctl.fleet.switch_of = leaves.get
+    ctl.fleet.domain_of = {"node1": "nvl1", "node2": "nvl1", "node3": "nvl2"}.get
     # the same leaves on /metrics, per verdict (the dashboard's per-switch panels)
     ctl.state["leaf_of"] = leaves.get
     api = TestClient(ctl.app())
@@ -167,6 +168,10 @@ def test_a_node_in_two_partitions_is_one_tile_counted_in_each(ctl, secrets):
     assert snap.by_partition["gpu"] == {**ZERO, "unhealthy": 1}
     assert snap.by_partition["(no Slurm partition known)"] == {**ZERO, "healthy": 1}
     assert snap.by_switch == {"leaf1": {**ZERO, "unhealthy": 1}, "leaf2": {**ZERO, "healthy": 1}}
+    assert snap.by_domain == {
+        "nvl1": {**ZERO, "unhealthy": 1, "healthy": 1},
+        "nvl2": {**ZERO, "healthy": 1},
+    }
     for url in ("/ui", "/ui?verdict=all"):
         page = api.get(url, headers=bearer(secrets.read)).text
         assert page.count('id="node-node1"') == 1, url
@@ -175,6 +180,9 @@ def test_a_node_in_two_partitions_is_one_tile_counted_in_each(ctl, secrets):
     assert 'href="/ui?verdict=unhealthy&amp;partition=gpu"' in table
     assert 'href="/ui?partition=batch"' in table
     assert 'href="/ui?verdict=unhealthy&amp;switch=leaf1"' in section(page, "switches")
+    assert 'href="/ui?verdict=unhealthy&amp;domain=nvl1"' in section(page, "domains")
+    nvl1 = api.get("/ui?verdict=all&domain=nvl1", headers=bearer(secrets.read)).text
+    assert tiles(nvl1) == ["node1", "node2"]
     gpu = api.get("/ui?verdict=all&partition=gpu", headers=bearer(secrets.read)).text
     assert tiles(gpu) == ["node1"]
     batch = api.get("/ui?verdict=all&partition=batch", headers=bearer(secrets.read)).text

@@ -143,7 +143,11 @@ class Controller:
             self.store,
             self.state,
             lambda: self.engine.snapshot.nodes if self.engine is not None else {},
-            self._leaf_of,
+            lambda node: self._leaf_of(node) if self._topology_kind() != "block" else None,
+            # Slurm's topology/block: a block is an NVLink domain (GB200 NVL72 and the like)
+            domain_of=lambda node: (
+                self._leaf_of(node) if self._topology_kind() == "block" else None
+            ),
             held=lambda: self.engine.snapshot.held if self.engine is not None else (),
             # a new listing is a new mapping; the topology is replaced when re-read
             layout_token=lambda: (
@@ -313,6 +317,9 @@ class Controller:
 
     def _slurm_nodes(self) -> dict[str, Any]:
         return dict(self.engine.snapshot.nodes) if self.engine is not None else {}
+
+    def _topology_kind(self) -> str:
+        return self.engine.snapshot.topology.kind if self.engine is not None else ""
 
     def _leaf_of(self, node: str) -> str | None:
         """The node's leaf switch in Slurm's topology (None without one)."""
