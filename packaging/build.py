@@ -163,7 +163,8 @@ DESCRIPTIONS = {
 def deb(name: str, tree: Path, ver: str, out: Path) -> Path:
     debian = tree / "DEBIAN"
     debian.mkdir()
-    depends = "python3.11, passwd" if name == "babysitter" else f"babysitter (= {ver})"
+    # the units' ExecReload is /bin/kill (procps)
+    depends = "python3.11, passwd" if name == "babysitter" else f"babysitter (= {ver}), procps"
     size = sum(p.lstat().st_size for p in tree.rglob("*") if not p.is_dir()) // 1024
     control = (
         f"Package: {name}\nVersion: {ver}\nArchitecture: amd64\nMaintainer: {MAINTAINER}\n"
@@ -183,7 +184,9 @@ def deb(name: str, tree: Path, ver: str, out: Path) -> Path:
         if src.exists():
             install(src, debian / script, 0o755)
     path = out / f"{name}_{ver}_amd64.deb"
-    run(["dpkg-deb", "--root-owner-group", "-Zxz", "-z6", "--build", str(tree), str(path)],
+    # zstd: a tenth of xz's CPU time for the 200 MB venv, a few MB larger; Debian 12's dpkg
+    # (the packages' target, for its python3.11) reads it
+    run(["dpkg-deb", "--root-owner-group", "-Zzstd", "-z6", "--build", str(tree), str(path)],
         stdout=subprocess.DEVNULL)  # fmt: skip
     shutil.rmtree(debian)
     return path

@@ -6,6 +6,7 @@ zstd tarball named after the Slurm version it holds, and unpacked from that cach
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -201,14 +202,16 @@ def write_wrappers(bin_dir: Path, root: Path) -> Path:
 
 
 # A plain Debian 12 root (the packages' target: tests/test_package.py installs and purges them
-# in a fresh copy of it each run): Python and systemd (systemctl enable, systemd-analyze).
+# in a fresh copy of it each run): what a node has that the packages depend on (Python, procps's
+# /bin/kill for the units' ExecReload) and systemd (systemctl enable, systemd-analyze).
 PLAIN_SUITE = "bookworm"
-PLAIN_PACKAGES = "python3,systemd"
+PLAIN_PACKAGES = "python3,procps,systemd"
 
 
 def plain_root_tarball(cache: Path = CACHE, debootstrap_timeout: float = 900) -> Path:
     """The cached tarball of a minimal Debian 12 root, debootstrapped once per machine."""
-    tarball = cache / f"debian-{PLAIN_SUITE}-plain.tar.zst"
+    tag = hashlib.sha256(PLAIN_PACKAGES.encode()).hexdigest()[:8]  # a new list: a new root
+    tarball = cache / f"debian-{PLAIN_SUITE}-plain-{tag}.tar.zst"
     if tarball.exists():
         return tarball
     with machine_lock(cache / f"{PLAIN_SUITE}-plain.lock"):
