@@ -109,6 +109,8 @@ def test_fleet_and_node_pages_show_a_fault_and_its_drain_with_evidence(api, secr
     assert node.status_code == 200 and 'data-verdict="unhealthy"' in node.text
     actions = node.text.split('id="actions"', 1)[1].split("</section>", 1)[0]
     assert "drain" in actions and "ecc.dbe.volatile" in actions and "policy" in actions
+    log = api.get("/ui/audit", headers=bearer(secrets.read))
+    assert log.status_code == 200 and "ecc.dbe.volatile" in log.text.split("<main>", 1)[1]
     assert api.get("/ui/nodes/node9", headers=bearer(secrets.read)).status_code == 404
     assert api.get("/ui/nodes/..%2Fx", headers=bearer(secrets.read)).status_code in (404, 422)
 
