@@ -30,7 +30,13 @@ from babysitter.agent.spool import Spool
 from babysitter.controller.db.migrations import alembic_config
 from babysitter.devcluster.sim import SimCluster
 from babysitter.wire import HEADER, WIRE_VERSION
-from tests.fixtures.releases import PreviousReleaseMissing, installed_version, previous_release
+from tests.fixtures.releases import (
+    PreviousReleaseMissing,
+    fit,
+    installed_version,
+    known_keys,
+    previous_release,
+)
 from tests.fixtures.reports import DBE, wire_report
 from tests.fixtures.slurm import node_state, wait_for
 
@@ -69,6 +75,27 @@ def test_a_wrong_value_is_still_refused(client, secrets):
     body = wire_report("node1", [{**DBE, "severity": "dire", "confidence": 1}])
     r = client.post("/api/v1/reports", json=body, headers=secrets.headers("node1"))
     assert r.status_code == 422
+
+
+def _refused(metrics_page: str) -> dict[str, float]:
+    """babysitter_reports_refused_total by status, from a /metrics page."""
+    out: dict[str, float] = {}
+    for line in metrics_page.splitlines():
+        if line.startswith("babysitter_reports_refused_total{"):
+            status = line.split('status="', 1)[1].split('"', 1)[0]
+            out[status] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_the_controller_counts_the_reports_it_refuses_by_status(client, secrets):
+    bad = wire_report("node1", [{**DBE, "severity": "dire"}])
+    r = client.post("/api/v1/reports", json=bad, headers=secrets.headers("node1"))
+    assert r.status_code == 422
+    other = client.post("/api/v1/reports", json=wire_report("node2"), headers=secrets.headers("x"))
+    assert other.status_code == 403
+    good = wire_report("node1")
+    assert client.post("/api/v1/reports", json=good, headers=secrets.headers("node1")).is_success
+    assert _refused(client.get("/metrics").text) == {"422": 1, "403": 1}
 
 
 def _shipper(
@@ -120,6 +147,19 @@ def mixed(tmp_path: Path, previous: Path, slurm_daemons: str) -> Iterator[SimClu
         n_nodes=4,
         python={"controller": old, **dict.fromkeys(PREVIOUS_AGENTS, old)},
     )
+    # a process of the previous release gets the config it knows: keys new in this release
+    # would stop it (unknown keys are refused), as they would on a site rolling back
+    known = known_keys(previous, tmp_path)
+
+    def adapt(role: str, config: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        if role not in sim.python:
+            return config
+        kept, dropped = fit(config, known)
+        if dropped:
+            print(f"{role} (previous release): left out {', '.join(dropped)}")
+        return kept
+
+    sim.adapt_config = adapt
     sim.up()
     try:
         yield sim
@@ -206,7 +246,9 @@ def test_previous_and_current_release_over_a_controller_upgrade(mixed: SimCluste
     drains = [a for a in sim.api("/api/v1/actions") if a["kind"] == "drain"]
     assert {a["node"] for a in drains} == {"node1", "node3"}
 
-    # no report refused: each agent counts the reports a controller answered with a 4xx (it
+    # no report refused: the current controller counted no error answer since its start ...
+    assert not _refused(httpx.get(sim.url + "/metrics", timeout=10).text)
+    # ... and each agent counts the reports a controller answered with a 4xx (it
     # drops them) in its spool and logs the first of each status
     for node in sim.nodes:
         sim.stop_agent(node)  # their spools closed

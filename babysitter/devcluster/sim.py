@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,11 @@ class SimCluster:
     # the interpreter of another installation (another release) for "controller" or a node's
     # agent; absent: this one
     python: dict[str, str] = field(default_factory=dict)
+    # (role, config sections) -> the sections written for it: "controller" or a node's name;
+    # e.g. what another release knows of them (tests/test_version_skew.py)
+    adapt_config: Callable[[str, dict[str, dict[str, Any]]], dict[str, dict[str, Any]]] | None = (
+        None
+    )
     cluster: DevCluster | None = None
     info: ClusterInfo | None = None
     nodes: dict[str, SimNode] = field(default_factory=dict)
@@ -268,6 +274,9 @@ class SimCluster:
             },
         }
 
+    def _adapted(self, role: str, config: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return config if self.adapt_config is None else self.adapt_config(role, config)
+
     def slurm_section(self) -> dict[str, Any]:
         assert self.info is not None
         section: dict[str, Any] = {"slurm_conf": self.info.slurm_conf}
@@ -283,7 +292,7 @@ class SimCluster:
 
     def _start_controller(self, port: int) -> None:
         cfg = self.base / "etc" / "controller.toml"
-        cfg.write_text(_toml(self.controller_config(port)))
+        cfg.write_text(_toml(self._adapted("controller", self.controller_config(port))))
         self.controller = _spawn(
             "controller", cfg, self.env, self.base / "controller.log", self.python.get("controller")
         )
@@ -308,7 +317,7 @@ class SimCluster:
         kmsg.touch()
         (d / "boot_id").write_text(str(uuid.uuid4()))
         cfg = d / "agent.toml"
-        cfg.write_text(_toml(self.agent_config(node)))
+        cfg.write_text(_toml(self._adapted(node, self.agent_config(node))))
         gpus = FakeGpus(d / "nvml-state", count=8, ident=len(self.nodes) + 1)
         if self.ib_ports:
             simib.make_tree(d / "sysfs", devices=self.ib_ports)

@@ -250,8 +250,10 @@ def report_router(ingest: Ingest) -> APIRouter:
                 raise Refused(403, refusal)
             status, payload = await ingest.accept(body)
         except Refused as exc:
+            ingest.count_refused(exc.status)
             return refused(exc)
         except StoreUnavailable as exc:
+            ingest.count_refused(503)
             return unavailable(exc)
         return Response(
             payload, status_code=status, media_type="application/json", headers=_WIRE_HEADERS

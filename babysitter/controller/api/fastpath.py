@@ -79,9 +79,11 @@ class IngestFastPath:
         try:
             status, payload = await self.ingest.accept(body)
         except Refused as exc:  # the route's own answers, byte for byte
+            self.ingest.count_refused(exc.status)
             await refused(exc)(scope, receive, send)
             return
         except StoreUnavailable as exc:
+            self.ingest.count_refused(503)
             await unavailable(exc)(scope, receive, send)
             return
         headers = [*_JSON_HEADERS, (b"content-length", str(len(payload)).encode())]

@@ -191,6 +191,10 @@ class Ingest:
                 raise Refused(413, self.too_large)
         return p
 
+    def count_refused(self, status: int) -> None:
+        """A report answered with an error (either door: the route or the fast path)."""
+        self.metrics.reports_refused.labels(str(status)).inc()
+
     @property
     def too_large(self) -> str:
         return f"report body larger than {self.max_body} bytes"

@@ -88,6 +88,14 @@ class ControllerMetrics:
             ["result"],
             registry=r,
         )
+        # a report refused (4xx: the agent drops it) or not taken now (503: the agent spools it
+        # and sends it again); 0 through a rolling upgrade (docs/deploy.md#skew)
+        self.reports_refused = Counter(
+            "babysitter_reports_refused_total",
+            "Reports the API answered with an error, by HTTP status.",
+            ["status"],
+            registry=r,
+        )
         self.ingest_latency = Histogram(
             "babysitter_ingest_latency_seconds",
             "Time from request to committed report.",
