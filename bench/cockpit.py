@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from babysitter.controller.api.auth import node_token
-from bench.bigcluster import DBE, ControllerProc, Load, free_port, report
+from bench.bigcluster import DBE, POOL, ControllerProc, Load, free_port, report
 from bench.common import figure, percentile, summary, wait_ready, wait_until, write_result
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -331,8 +331,10 @@ def main(argv: list[str] | None = None) -> int:
             names = node_names(n)
             ctl, read = start_controller(Path(tmp) / str(n), n)
             try:
-                # 5 s between a node's reports, as at the design rate
-                rate = plan.rate if n == plan.big else max(10.0, plan.rate * n / plan.big)
+                # 5 s between a node's reports, as at the design rate; no slower than one
+                # report per generator connection every 2.5 s (the controller closes a
+                # keep-alive connection idle for 5 s)
+                rate = plan.rate if n == plan.big else max(POOL / 2.5, plan.rate * n / plan.big)
                 load = seed(ctl, read, names, rate)
                 if n == plan.big:
                     details["ingest"] = ingest_windows(ctl, read, load, plan)
