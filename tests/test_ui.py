@@ -397,3 +397,15 @@ def test_a_script_hammering_the_login_form_stays_locked_out():
     for _ in range(5000):
         t.failed("10.0.0.9")
     assert t.wait_s("10.0.0.9") == 900.0
+
+
+def test_nvlink_domains_come_from_the_loops_membership(ctl, secrets, api):
+    """The domains the loop knows (agents' reports, else Slurm's blocks) count and filter."""
+    assert ctl.engine is not None
+    ctl.engine.domains.membership = {"node1": "uuid-a/1", "node2": "uuid-a/1"}
+    for name, findings in (("node1", [DBE]), ("node2", None)):
+        api.post("/api/v1/reports", json=wire_report(name, findings), headers=secrets.headers(name))
+    snap = ctl.fleet.refresh()
+    assert snap.by_domain == {"uuid-a/1": {**ZERO, "unhealthy": 1, "healthy": 1}}
+    page = api.get("/ui?verdict=all&domain=uuid-a/1", headers=bearer(secrets.read)).text
+    assert tiles(page) == ["node1", "node2"] and 'id="domains"' in page

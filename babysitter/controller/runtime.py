@@ -144,14 +144,19 @@ class Controller:
             self.state,
             lambda: self.engine.snapshot.nodes if self.engine is not None else {},
             lambda node: self._leaf_of(node) if self._topology_kind() != "block" else None,
-            # Slurm's topology/block: a block is an NVLink domain (GB200 NVL72 and the like)
+            # NVLink domains: what agents report, else Slurm's topology/block (nvlink_domain.py)
             domain_of=lambda node: (
-                self._leaf_of(node) if self._topology_kind() == "block" else None
+                self.engine.domains.membership.get(node) if self.engine is not None else None
             ),
             held=lambda: self.engine.snapshot.held if self.engine is not None else (),
-            # a new listing is a new mapping; the topology is replaced when re-read
+            # a new listing is a new mapping, the topology is replaced when re-read; the domain
+            # membership is rebuilt each tick (compared by value: a dict compare, in C)
             layout_token=lambda: (
-                (id(self.engine.snapshot.nodes), id(self.engine.snapshot.topology))
+                (
+                    id(self.engine.snapshot.nodes),
+                    id(self.engine.snapshot.topology),
+                    self.engine.domains.membership,
+                )
                 if self.engine is not None
                 else None
             ),
