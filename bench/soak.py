@@ -75,7 +75,9 @@ from babysitter.finding import Severity
 from babysitter.report import Report
 from babysitter.secretfile import write_private
 from babysitter.slurm.client import SlurmJob
+from babysitter.wire import WIRE_VERSION
 from bench.common import BENCH_DIR, RESULTS_DIR, figure, write_result
+from bench.poisson import poisson_interval, poisson_upper, quantile
 from bench.slurm_standin import InMemorySlurm
 
 NOISE = BENCH_DIR / "data" / "soak_noise.toml"
@@ -123,6 +125,9 @@ class Network:
 
     def __init__(self, sim: Soak, node: str) -> None:
         self.sim, self.node = sim, node
+        # the wire version the controller answered with (the shipper learns it from a reply's
+        # header): the soak's controller is this release's
+        self.controller_wire = WIRE_VERSION
 
     def submit(self, report: dict[str, Any]) -> None:
         report["sent_at"] = self.sim.clock.now().isoformat()  # the agent's clock is virtual too
@@ -162,24 +167,6 @@ class Interruption:
     recent_events: list[str]
 
 
-def poisson_upper(k: int, exposure: float, conf: float = 0.95) -> float:
-    """One-sided upper confidence bound on a Poisson rate after k events in `exposure`; with
-    k = 0 this is -ln(0.05) / exposure = 2.996 / exposure (the rule of three)."""
-
-    def cdf(lam: float) -> float:
-        term = total = math.exp(-lam)
-        for i in range(1, k + 1):
-            term *= lam / i
-            total += term
-        return total
-
-    lo, hi = 0.0, 10.0 + 10.0 * k
-    for _ in range(200):  # bisection: cdf falls with lambda
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) > 1 - conf else (lo, mid)
-    return hi / exposure
-
-
 def load_noise(path: Path = NOISE) -> dict[str, dict[str, Any]]:
     with path.open("rb") as f:
         return tomllib.load(f)
@@ -212,6 +199,8 @@ class Soak:
         self.interruptions: list[Interruption] = []
         self.drained_since: dict[str, float] = {}
         self.drained_s = 0.0  # node-seconds drained (false drains: node-time lost)
+        self.drain_lengths: list[float] = []  # seconds, per drain that ended (resumed)
+        self.still_drained: list[float] = []  # seconds so far, per drain open at the end
         self.job_of: dict[str, int] = {}  # node -> its babysat job
         self._job_ids = itertools.count(1)
         self.next_tick = math.inf  # an extra tick for a pending action's next attempt
@@ -365,7 +354,9 @@ class Soak:
                 self.drains.append(Drain(self.clock.t, d.node, d.rule, d.reason, recent))
                 self.drained_since.setdefault(d.node, self.clock.t)
             elif d.kind == "resume" and d.node in self.drained_since:
-                self.drained_s += self.clock.t - self.drained_since.pop(d.node)
+                length = self.clock.t - self.drained_since.pop(d.node)
+                self.drained_s += length
+                self.drain_lengths.append(length)
         self.engine.sender.flush()
         self._jobs_after_tick()
         self._schedule_pending()
@@ -564,6 +555,7 @@ class Soak:
             self.controller_down()
         for t in self.drained_since.values():  # still drained at the end
             self.drained_s += end_t - t
+            self.still_drained.append(end_t - t)
         simulated_s = end_t - self.t0
         return {"simulated_s": simulated_s, "wall_s": time.monotonic() - wall0}
 
@@ -673,6 +665,11 @@ def summarise(sim: Soak, run: dict[str, Any], nodes: int) -> dict[str, Any]:
         "interruptions": [i.__dict__ for i in sim.interruptions],
         "drained_node_hours": sim.drained_s / 3600.0,
         "drain_hours_mean": sim.drained_s / 3600.0 / k if k else 0.0,
+        # per drain, minutes; a drain still open at the end counts with its length so far (a
+        # lower bound on it), so p99 and max are lower bounds while any is open
+        **_drain_length_figures(sim),
+        "false_drains_ci95_per_node_day": _interval(k, node_days),
+        "false_interruptions_ci95_per_node_day": _interval(m, node_days),
         "injected": dict(sorted(sim.injected.items())),
         "drains": [d.__dict__ for d in sim.drains],
         "drain_causes": dict(causes),
@@ -681,6 +678,27 @@ def summarise(sim: Soak, run: dict[str, Any], nodes: int) -> dict[str, Any]:
         "check_runs": sim.check_runs,
         "ticks": sim.ticks,
         "ticks_skipped": sim.ticks_skipped,
+    }
+
+
+def _fmt_ci(ci: list[float]) -> str:
+    return f"[{ci[0]:.3g}, {ci[1]:.3g}]"
+
+
+def _interval(k: int, node_days: float) -> list[float]:
+    if node_days <= 0:
+        return [0.0, math.inf]
+    return list(poisson_interval(k, node_days))
+
+
+def _drain_length_figures(sim: Soak) -> dict[str, Any]:
+    lengths = [x / 60 for x in sim.drain_lengths + sim.still_drained]
+    return {
+        "drain_minutes_p50": quantile(lengths, 0.50),
+        "drain_minutes_p99": quantile(lengths, 0.99),
+        "drain_minutes_max": max(lengths, default=0.0),
+        "drains_resumed": len(sim.drain_lengths),
+        "drains_open_at_end": len(sim.still_drained),
     }
 
 
@@ -705,7 +723,13 @@ def render_md(s: dict[str, Any], noise: dict[str, dict[str, Any]], settings: dic
         f"({s['false_drains_per_node_day']:.3g} per node-day); 95 % upper bound "
         f"**{s['upper_bound_per_node_day']:.3g} per node-day** ({s['bound_method']}); "
         f"{s['drained_node_hours']:.2f} node-hours drained in all "
-        f"({s['drain_hours_mean'] * 60:.1f} min per drain on average).",
+        f"({s['drain_hours_mean'] * 60:.1f} min per drain on average). Two-sided 95 % "
+        f"intervals (Garwood): false drains {_fmt_ci(s['false_drains_ci95_per_node_day'])}, "
+        f"false interruptions {_fmt_ci(s['false_interruptions_ci95_per_node_day'])} per "
+        f"node-day. Drain length p50 {s['drain_minutes_p50']:.1f} min, p99 "
+        f"{s['drain_minutes_p99']:.1f} min, max {s['drain_minutes_max']:.1f} min "
+        f"({s['drains_open_at_end']} still drained at the end, counted with their length so "
+        "far).",
         "",
         "| benign event | injected | rate assumed (per node-day) |",
         "|---|---|---|",
@@ -789,6 +813,7 @@ def main(argv: list[str] | None = None) -> int:
             "per node-day",
             n=s["false_drains"],
             upper_bound=s["upper_bound_per_node_day"],
+            ci95_two_sided=s["false_drains_ci95_per_node_day"],
             node_days=s["node_days"],
         ),
         figure(
@@ -804,7 +829,16 @@ def main(argv: list[str] | None = None) -> int:
             "per node-day",
             n=s["false_interruptions"],
             upper_bound=s["interruptions_upper_bound_per_node_day"],
+            ci95_two_sided=s["false_interruptions_ci95_per_node_day"],
             node_days=s["node_days"],
+        ),
+        figure(
+            "false drain length p99 (soak)",
+            s["drain_minutes_p99"],
+            "minutes",
+            p50=s["drain_minutes_p50"],
+            max=s["drain_minutes_max"],
+            open_at_end=s["drains_open_at_end"],
         ),
         figure(
             "false job interruptions per node-day, 95 % upper bound (soak)",

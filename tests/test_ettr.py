@@ -91,7 +91,7 @@ def test_arms_differ_where_their_parameters_do(model, arms):
     names = ["babysitter", "NHC every 300 s", "no health tool", ettr.IDEAL]
     chosen = {n: arms[n] for n in names}
     chosen["babysitter"] = dataclasses.replace(
-        arms["babysitter"], false_interruptions_per_node_day=1e-4
+        arms["babysitter"], false_interruptions_per_node_day=1e-4, false_drains_per_node_day=0.0
     )
     res = ettr.run_arms(model, list(chosen.values()), [1800.0], REPLICAS, SEED)
     e = {n: res["arms"][n][0]["ettr"] for n in names}
@@ -132,54 +132,118 @@ def test_missing_measurements_fall_back_and_say_so(inputs, tmp_path: Path):
     assert bs.false_drain_s == fallback["fallback_false_drain_h"] * 3600
 
 
-def test_false_rates_are_the_soaks_upper_bounds(inputs, tmp_path: Path):
-    """bench/results/soak.json's 95 % upper bounds replace the assumptions: false
-    interruptions (charged as job restarts) and false drains (node-hours, for the soak's mean
-    drain length); the notes say how they were measured; the NHC arms' assumption is stated."""
+def _write_soak(tmp_path: Path, interruptions: bool = True) -> None:
+    """A soak.json: 2 false drains and 0 false interruptions in 150 node-days, with one-sided
+    bounds (0.0234, 0.0123) that are not what a point estimate would be."""
     details = {"false_drains": 2, "false_interruptions": 0, "node_days": 150.0}
     details |= {"node_hours": 3600.0, "drain_hours_mean": 0.1}
-    figs = [
-        {"metric": ettr.SOAK_BOUND, "value": 0.02},
-        {"metric": ettr.SOAK_INTERRUPTIONS, "value": 0.01},
-    ]
+    figs = [{"metric": ettr.SOAK_BOUND, "value": 0.0234}]
+    if interruptions:
+        figs.append({"metric": ettr.SOAK_INTERRUPTIONS, "value": 0.0123})
     (tmp_path / "soak.json").write_text(json.dumps({"figures": figs, "details": details}))
+
+
+def test_false_rates_are_the_soaks_point_estimates_with_intervals(inputs, tmp_path: Path):
+    """babysitter is charged the soak's point estimates (count / node-days) with their two-sided
+    95 % intervals (Garwood), not its one-sided upper bounds; false drains last the soak's mean
+    drain; the notes say so; the NHC arms' false drains are 'NOT MEASURED', assumed 0."""
+    _write_soak(tmp_path)
     arms, notes = ettr.build_arms(inputs, results_dir=tmp_path)
     bs = next(a for a in arms if a.name == "babysitter")
-    assert (bs.false_interruptions_per_node_day, bs.false_drains_per_node_day) == (0.01, 0.02)
+    assert bs.false_interruptions_per_node_day == 0.0
+    assert bs.false_drains_per_node_day == pytest.approx(2 / 150)
+    assert bs.false_interruptions_ci95 == pytest.approx((0.0, 3.689 / 150), rel=1e-3)
+    assert bs.false_drains_ci95 == pytest.approx((0.2422 / 150, 7.225 / 150), rel=1e-3)
     assert bs.false_drain_s == pytest.approx(360.0)
     assert any(
-        "false interruptions" in n and "soak's 95 % upper bound" in n and "150.0 node-days" in n
+        "false interruptions" in n and "point estimate" in n and "150.0 node-days" in n
         for n in notes
     )
-    assert any(n.startswith("NHC wrong drains: assumed 0") for n in notes)
-    assert all(
-        a.false_drains_per_node_day == a.false_interruptions_per_node_day == 0
-        for a in arms
-        if a.name.startswith("NHC")
-    )
-    # an older soak that counted drains only: each drain is charged as an interruption
-    figs = figs[:1]
-    (tmp_path / "soak.json").write_text(json.dumps({"figures": figs, "details": details}))
+    assert any(n.startswith("NHC false drains: NOT MEASURED") for n in notes)
+    assert any("check_hw_ib" in n and "lacks" in n for n in notes)
+    for a in arms:
+        if a.name.startswith("NHC"):
+            assert a.false_drains_per_node_day == a.false_interruptions_per_node_day == 0
+            assert a.false_drains_ci95 is None
+    # the what-if: charged the one-sided bounds, without an interval
+    upper = {**inputs, "babysitter": {**inputs["babysitter"], "charge": "upper"}}
+    bs = next(a for a in ettr.build_arms(upper, results_dir=tmp_path)[0] if a.name == "babysitter")
+    assert (bs.false_interruptions_per_node_day, bs.false_drains_per_node_day) == (0.0123, 0.0234)
+    assert bs.false_interruptions_ci95 is None
+    # an older soak that counted drains only: each drain may have been an interruption
+    _write_soak(tmp_path, interruptions=False)
     arms, notes = ettr.build_arms(inputs, results_dir=tmp_path)
     bs = next(a for a in arms if a.name == "babysitter")
-    assert bs.false_interruptions_per_node_day == 0.02
+    assert bs.false_interruptions_per_node_day == pytest.approx(2 / 150)
     assert any("older soak" in n for n in notes)
 
 
-def test_false_drains_cost_node_hours_not_training_time(model, arms):
-    """A false drain leaves the job running: the same ETTR as none, node-hours out; a false
-    interruption restarts the job: less ETTR."""
+def test_swapping_the_labels_of_identical_arms_changes_nothing(model, arms):
+    """Symmetry: the model charges an arm by its inputs, never by its name. Two arms with the
+    same inputs get the same ETTR whichever label each wears, and so do their rate ranges."""
+    nhc = dataclasses.replace(
+        arms["NHC every 300 s"], false_drains_per_node_day=1e-3, false_drain_s=600.0
+    )
+    bs = dataclasses.replace(
+        arms["babysitter"],
+        false_interruptions_per_node_day=1e-4,
+        false_drains_per_node_day=1e-3,
+        false_drain_s=600.0,
+        false_interruptions_ci95=(0.0, 1e-3),
+        false_drains_ci95=(5e-4, 2e-3),
+    )
+    twin = dataclasses.replace(bs, name=nhc.name)  # babysitter's inputs under NHC's label
+    one = ettr.run_arms(model, [bs, nhc], [1800.0], 10, SEED)["arms"]
+    two = ettr.run_arms(model, [twin, dataclasses.replace(nhc, name=bs.name)], [1800.0], 10, SEED)[
+        "arms"
+    ]
+    assert one[bs.name][0]["ettr_samples"] == two[nhc.name][0]["ettr_samples"]
+    assert one[nhc.name][0]["ettr_samples"] == two[bs.name][0]["ettr_samples"]
+    r1 = ettr.rate_intervals(model, [bs], 1800.0, 5, SEED)[bs.name]
+    r2 = ettr.rate_intervals(model, [twin], 1800.0, 5, SEED)[nhc.name]
+    assert r1 == r2 and r1[0] <= r1[1]
+
+
+def test_an_upper_bound_never_appears_in_the_headline(inputs, model, tmp_path: Path):
+    """The headline tables charge point estimates: the soak's one-sided bounds (0.0123, 0.0234
+    here) appear in no headline row, only as a what-if; the NHC arms' unmeasured false drains
+    read 'not measured', never 0.0."""
+    _write_soak(tmp_path)
+    arms, notes = ettr.build_arms(inputs, results_dir=tmp_path)
+    res = ettr.run_arms(model, arms, [1800.0], 4, SEED)
+    ranges = ettr.rate_intervals(model, arms, 1800.0, 4, SEED)
+    md = ettr.render_md(res, model, notes, 30.0)
+    md += ettr.render_charges(res, arms, ranges, model, 30.0, nhc_drains_measured=False)
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert not [r for r in rows if "0.0123" in r or "0.0234" in r], rows
+    nhc_rows = [r for r in rows if r.startswith("| NHC every") and "not measured" in r]
+    assert len(nhc_rows) == 2
+    assert any(label.startswith(ettr.UPPER) for label, _ in ettr.VARIANTS)
+
+
+def test_false_drains_take_nodes_from_the_spare_pool(model, arms):
+    """A false drain leaves the job running: with spares to spare the same ETTR as none,
+    node-hours out; with more nodes drained at once than spares, restarts wait for nodes and
+    the job loses time. A false interruption restarts the job: less ETTR."""
+    roomy = dataclasses.replace(model, spare_nodes=10**6)
     none = dataclasses.replace(
-        arms["babysitter"], false_interruptions_per_node_day=0.0, false_drains_per_node_day=0.0
+        arms["babysitter"],
+        false_interruptions_per_node_day=0.0,
+        false_drains_per_node_day=0.0,
+        false_drain_s=36000.0,
     )
     drains = dataclasses.replace(none, name="drains", false_drains_per_node_day=1e-2)
     stops = dataclasses.replace(none, name="stops", false_interruptions_per_node_day=1e-2)
-    res = ettr.run_arms(model, [none, drains, stops], [1800.0], 10, SEED)["arms"]
+    res = ettr.run_arms(roomy, [none, drains, stops], [1800.0], 10, SEED)["arms"]
     a, b, c = res[none.name][0], res["drains"][0], res["stops"][0]
     assert a["ettr_samples"] == b["ettr_samples"]
     assert b["false_drains_mean"] > 0 and b["false_drain_node_hours"] > 0
     assert a["false_drain_node_hours"] == 0
     assert c["ettr"] < a["ettr"] and c["wrong_drains_mean"] > 0
+    # 1e-2 per node-day x 2,048 nodes x 10 h: ~8.5 nodes out at once, more than 4 spares
+    tight = dataclasses.replace(model, spare_nodes=4)
+    res = ettr.run_arms(tight, [none, drains], [1800.0], 10, SEED)["arms"]
+    assert res["drains"][0]["ettr"] < res[none.name][0]["ettr"]
 
 
 def test_xid_coverage_comes_from_the_products_catalog(inputs):
@@ -241,8 +305,9 @@ def test_self_healing_brings_reboot_class_nodes_back_sooner(model, arms):
     are rebooted in the loop's measured time instead of after a human: fewer node-hours out
     for repair, and with few spare nodes a job that waits less for them. With spares to
     spare the job never waits, and the arms' ETTR is the same."""
-    off = dataclasses.replace(arms["babysitter"], false_interruptions_per_node_day=0.0)
-    on = dataclasses.replace(arms[ettr.SELF_HEAL], false_interruptions_per_node_day=0.0)
+    quiet = {"false_interruptions_per_node_day": 0.0, "false_drains_per_node_day": 0.0}
+    off = dataclasses.replace(arms["babysitter"], **quiet)
+    on = dataclasses.replace(arms[ettr.SELF_HEAL], **quiet)
     assert off.self_heal is None and on.self_heal is not None
     tight = ettr.run_arms(dataclasses.replace(model, spare_nodes=4), [off, on], [1800.0], 10, SEED)
     a, b = tight["arms"][off.name][0], tight["arms"][on.name][0]

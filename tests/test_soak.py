@@ -101,6 +101,14 @@ def test_poisson_upper_bound_matches_known_values():
     assert soak.poisson_upper(2, 10.0) == pytest.approx(0.6296, abs=1e-4)
 
 
+def test_two_sided_interval_is_garwoods():
+    """Exact two-sided 95 % Poisson limits (Garwood): 0 events [0, 3.689], 1 [0.0253, 5.572],
+    18 [10.668, 28.448] (per unit exposure)."""
+    assert soak.poisson_interval(0, 1.0) == pytest.approx((0.0, 3.689), abs=1e-3)
+    assert soak.poisson_interval(1, 1.0) == pytest.approx((0.0253, 5.572), abs=1e-3)
+    assert soak.poisson_interval(18, 2.0) == pytest.approx((5.334, 14.224), abs=1e-3)
+
+
 FLAPS = """
 [ib_flap]
 per_node_day = 20.0
@@ -124,6 +132,11 @@ def test_survivable_ib_flaps_drain_but_interrupt_no_job(tmp_path: Path):
         -math.log(0.05) / d["node_days"]
     )
     assert d["decisions"].get("resume:fault_cleared", 0) >= 1
+    # every drain has a length: the resumed ones theirs, the open ones their length so far
+    assert d["drains_resumed"] + d["drains_open_at_end"] == d["false_drains"]
+    assert 0 < d["drain_minutes_p50"] <= d["drain_minutes_p99"] <= d["drain_minutes_max"]
+    lo, hi = d["false_drains_ci95_per_node_day"]
+    assert lo < d["false_drains_per_node_day"] < hi
 
 
 def test_a_port_down_past_the_grace_interrupts_the_job_and_is_counted(tmp_path: Path):
