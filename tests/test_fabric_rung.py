@@ -188,3 +188,70 @@ def test_the_driver_asking_to_recover_the_imex_domain_restarts_imex():
     assert units_for("recovery.recover_imex_domain") == ["nvidia-imex"]
     assert units_for("imex.domain_down") == ["nvidia-imex"]
     assert units_for("fabric.not_trained") == ["nvidia-fabricmanager"]
+
+
+# ---- end to end: a real Slurm devcluster, the controller, an agent per node on fake GPUs
+def test_in_a_devcluster_the_agent_restarts_fabric_manager_and_the_node_returns(
+    tmp_path, receiver, slurm_daemons
+):
+    """GPU 2 of node1 (a detected HGX H100) has an untrained fabric: the node is drained naming
+    the fabric, the controller orders the Fabric Manager restart through the order path, the
+    agent runs (stand-in) `systemctl restart nvidia-fabricmanager`, which trains the fake
+    fabric, the validation job passes and the node returns; no reboot."""
+    from babysitter.devcluster import fakenvml
+    from babysitter.devcluster.sim import SimCluster, sim_validation
+    from tests.fixtures.slurm import node_state, wait_for
+
+    base = (tmp_path / "sim").resolve()
+    log = tmp_path / "systemctl.log"
+    sim = SimCluster(
+        base,
+        n_nodes=2,
+        webhook_url=receiver.url + "/hook",
+        reboot_hook=True,
+        validation=sim_validation(base),
+        policy={"max_drained_fraction": 1.0},
+        extra_config={
+            "blast_radius": {f"{s}_fraction": 1.0 for s in ("switch", "partition", "cluster")},
+            "remediation": {"enabled": True},
+        },
+        env={
+            "BABYSITTER_CHECKS__FABRIC__GRACE_S": "0",
+            "BABYSITTER_CHECKS__FABRIC__INTERVAL_S": "1",
+            "BABYSITTER_CHECKS__FABRIC__SYSTEMCTL": str(STANDIN / "systemctl"),
+            "STANDIN_nvidia_fabricmanager": "active",
+            "STANDIN_RESTART_TRAINS": "1",
+            "STANDIN_SYSTEMCTL_LOG": str(log),
+        },
+    )
+    sim.up()
+    try:
+        assert sim.info is not None
+        wait_for(
+            lambda: [n["verdict"] for n in sim.api("/api/v1/nodes")] == ["healthy", "healthy"],
+            90,
+            "2 healthy nodes",
+        )
+        gpus = sim.nodes["node1"].gpus
+        for i in range(8):
+            gpus.fabric(i, fakenvml.FABRIC_COMPLETED)
+        gpus.fabric(2, fakenvml.FABRIC_NOT_STARTED)
+        wait_for(lambda: log.exists(), 120, "the agent's Fabric Manager restart")
+        assert log.read_text() == "restart nvidia-fabricmanager\n"
+
+        def passed() -> bool:
+            rows = sim.api("/api/v1/ledger?node=node1")
+            return bool(rows) and rows[0]["state"] == "passed"
+
+        wait_for(passed, 180, "node1's restart_fabric rung passed")
+        wait_for(lambda: node_state(sim.info, "node1") == ("idle", "none"), 60, "node1 back")
+        (row,) = sim.api("/api/v1/ledger?node=node1")
+        assert (row["rung"], row["fault_class"]) == ("restart_fabric", "fabric.not_trained")
+        drains = [a for a in sim.api("/api/v1/actions") if a["kind"] == "drain"]
+        assert drains and "gpu.fabric" in drains[0]["reason"]
+        restarts = [a for a in sim.api("/api/v1/actions") if a["kind"] == "restart_fabric"]
+        assert {a["status"] for a in restarts} == {"done"} and len(restarts) == 2
+        assert sim.reboots == {}  # the restart healed it: no reboot
+        assert node_state(sim.info, "node2") == ("idle", "none")
+    finally:
+        sim.down()
