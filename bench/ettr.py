@@ -317,6 +317,9 @@ class SoakRates:
     drains_ci95: tuple[float, float] = (0.0, 0.0)
     interruptions_upper: float | None = None
     drains_upper: float = 0.0
+    # NHC's arms in the same soak (bench/nhc_model.py), by interval ("60", "300"): point false
+    # drains per node-day, their 95 % interval, and the mean drain in seconds
+    nhc: dict[str, tuple[float, tuple[float, float], float]] = field(default_factory=dict)
 
 
 def _measured_soak(results_dir: Path) -> SoakRates | None:
@@ -352,6 +355,14 @@ def _measured_soak(results_dir: Path) -> SoakRates | None:
         drains_ci95=poisson_interval(k, node_days),
         interruptions_upper=float(got["value"]) if got else None,
         drains_upper=drains_upper,
+        nhc={
+            iv: (
+                int(x["false_drains"]) / node_days,
+                poisson_interval(int(x["false_drains"]), node_days),
+                float(x.get("drain_hours_mean", 0.0)) * 3600,
+            )
+            for iv, x in d.get("nhc", {}).items()
+        },
     )
 
 
@@ -437,11 +448,19 @@ def build_arms(inp: dict[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[li
     notes.append(
         "NHC false interruptions: 0 by design (NHC drains a node and never touches its job)"
     )
-    if nhc_fd is None:
+    nhc_soak = soak.nhc if soak is not None else {}
+    if nhc_fd is None and not nhc_soak:
         notes.append(
-            "NHC false drains: NOT MEASURED (NHC does not run in the soak yet); the headline "
+            "NHC false drains: NOT MEASURED (no NHC arm in soak.json); the headline "
             "assumes 0 for the NHC arms, which favours NHC"
         )
+    elif nhc_fd is None:
+        for iv, (rate, ci, secs) in sorted(nhc_soak.items(), key=lambda kv: -float(kv[0])):
+            notes.append(
+                f"NHC every {iv} s false drains: {rate:.3g} per node-day, the soak's point "
+                f"estimate, {_fmt_ci(ci)}, {secs / 60:.1f} min each on average (its model of "
+                "NHC on the same nodes and noise, bench/nhc_model.py)"
+            )
     else:
         notes.append(f"NHC false drains: set to {float(nhc_fd):g} per node-day (what-if)")
     notes.append(
@@ -491,10 +510,7 @@ def build_arms(inp: dict[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[li
                 sees={k: float(c["nhc_sees"]) for k, c in cls.items()},
                 latency={k: lat for k in cls},
                 acts_on_job=False,
-                false_drains_per_node_day=float(nhc_fd or 0.0),
-                # the same drain length as babysitter's (assumption: NHC resumes its own drain
-                # at its next clean run; not measured)
-                false_drain_s=drain_h * 3600,
+                **_nhc_false_drains(nhc_fd, nhc_soak.get(f"{interval:g}"), drain_h),
             )
         )
     arms.append(Arm(name="no health tool", sees={}, latency={}, acts_on_job=False))
@@ -511,6 +527,19 @@ def build_arms(inp: dict[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[li
     )
     notes.append(f"NHC run time {nhc['run_s']} s: not measured here (NHC not installed)")
     return arms, notes
+
+
+def _nhc_false_drains(
+    what_if: float | None, measured: tuple[float, tuple[float, float], float] | None, drain_h: float
+) -> dict[str, Any]:
+    """An NHC arm's false drains: a what-if's rate, else the soak's NHC arm at this interval,
+    else 0 (not measured; printed so) with babysitter's drain length."""
+    if what_if is not None:
+        return {"false_drains_per_node_day": float(what_if), "false_drain_s": drain_h * 3600}
+    if measured is None:
+        return {"false_drains_per_node_day": 0.0, "false_drain_s": drain_h * 3600}
+    rate, ci, secs = measured
+    return {"false_drains_per_node_day": rate, "false_drains_ci95": ci, "false_drain_s": secs}
 
 
 # ---- simulation
@@ -830,7 +859,7 @@ def render_charges(
         fd = _charged(
             arm.false_drains_per_node_day,
             arm.false_drains_ci95,
-            measured=not nhc or nhc_drains_measured,
+            measured=not nhc or nhc_drains_measured or arm.false_drains_ci95 is not None,
         )
         if arm.name in ("no health tool", IDEAL):
             fi = fd = "0 (by definition)"

@@ -36,6 +36,12 @@ a fault); the report names the rule, the reason and the benign events the node h
 minutes before. Upper bound on each rate: the rule of three (3 / node-days) with none, else
 the one-sided 95 % Poisson bound.
 
+NHC runs through the same noise on the same nodes: bench/nhc_model.py's model of NHC 1.4.3 (its
+checks as bench/nhc.py configures them plus check_hw_ib per port, shown equal to real NHC by
+tests/test_bench_nhc_model.py) every 60 s and every 300 s, a random phase per node, draining on a
+failed run and resuming on the next clean one. Only its runs while a port is down and the first
+after are evaluated: the others read the same all-up tree and pass.
+
 Run: python -m bench.soak [--nodes N] [--days D] [--budget-s S] [--seed S]
 (writes bench/results/soak.json and soak.md; stops at D simulated days or S wall seconds)"""
 
@@ -77,12 +83,14 @@ from babysitter.secretfile import write_private
 from babysitter.slurm.client import SlurmJob
 from babysitter.wire import WIRE_VERSION
 from bench.common import BENCH_DIR, RESULTS_DIR, figure, write_result
+from bench.nhc_model import NhcArm, ib_verdict
 from bench.poisson import poisson_interval, poisson_upper, quantile
 from bench.slurm_standin import InMemorySlurm
 
 NOISE = BENCH_DIR / "data" / "soak_noise.toml"
 GPUS = 8
 IB_PORTS = 8
+NHC_INTERVALS_S = (60.0, 300.0)
 LOOKBACK_S = 900.0  # events shown beside a drain: those of the 15 minutes before it
 LOOP_S = 1.0  # the controller's loop interval (controller.loop_interval_s at defaults)
 SW_POWER_CAP = 0x4  # clock event reason bits (nvml.h)
@@ -180,6 +188,8 @@ class Soak:
         self.clock = Clock(float(int(time.time())))
         self.t0 = self.clock.t
         self.names = [f"gpu{i:04d}" for i in range(nodes)]
+        # NHC as HealthCheckProgram every 60 s and 300 s, a random phase per node (own stream)
+        self.nhc = {iv: NhcArm.new(iv, self.names, seed) for iv in NHC_INTERVALS_S}
         self.slurm = InMemorySlurm(self.names)
         self.store = Store(f"sqlite:///{work / 'controller.db'}")
         self.store.upgrade()
@@ -443,6 +453,11 @@ class Soak:
         self.reads_around(node, kind, t, t + d if d else None)
         if kind == "ib_flap":  # the sticky window's end
             self.reads_around(node, kind, t + d + STICKY_S)
+            # NHC's runs that can see it: those while the port is down and the next one after
+            # (the others read the same all-up tree as before and pass, changing nothing)
+            for arm in self.nhc.values():
+                for r in arm.runs_between(node, t, t + d):
+                    self.at(r, READ, ("nhc", node, arm.interval_s))
 
     # ---- the benign events
     def apply(self, kind: str, node_name: str | None, p: Any) -> None:
@@ -541,6 +556,10 @@ class Soak:
                 end_t = self.clock.t
                 if what[0] == "read":
                     self._read(self.nodes[what[1]], what[2])
+                elif what[0] == "nhc":
+                    node = self.nodes[what[1]]
+                    verdict = ib_verdict(node.sysfs / "sys" / "class", IB_PORTS)
+                    self.nhc[what[2]].run(what[1], self.clock.t, verdict)
                 elif what[0] == "round":
                     self._round()
                 elif what[0] == "tick":
@@ -556,6 +575,8 @@ class Soak:
         for t in self.drained_since.values():  # still drained at the end
             self.drained_s += end_t - t
             self.still_drained.append(end_t - t)
+        for arm in self.nhc.values():
+            arm.finish(end_t)
         simulated_s = end_t - self.t0
         return {"simulated_s": simulated_s, "wall_s": time.monotonic() - wall0}
 
@@ -623,6 +644,9 @@ def _ib_tree(root: Path) -> None:
         (d / "rate").write_text(simib.RATE_TEXT[400] + "\n")
         for c in simib.COUNTERS:
             (d / "counters" / c).write_text("0\n")
+    mad = root / "sys" / "class" / "infiniband_mad"  # what NHC's check_hw_ib reads first
+    mad.mkdir(parents=True)
+    (mad / "abi_version").write_text("5\n")
 
 
 def _describe(kind: str, p: dict[str, Any]) -> str:
@@ -678,6 +702,8 @@ def summarise(sim: Soak, run: dict[str, Any], nodes: int) -> dict[str, Any]:
         "check_runs": sim.check_runs,
         "ticks": sim.ticks,
         "ticks_skipped": sim.ticks_skipped,
+        # NHC's arm on the same nodes and noise (bench/nhc_model.py): false drains and lengths
+        "nhc": {f"{iv:g}": arm.summary(node_days) for iv, arm in sim.nhc.items()},
     }
 
 
@@ -730,6 +756,22 @@ def render_md(s: dict[str, Any], noise: dict[str, dict[str, Any]], settings: dic
         f"{s['drain_minutes_p99']:.1f} min, max {s['drain_minutes_max']:.1f} min "
         f"({s['drains_open_at_end']} still drained at the end, counted with their length so "
         "far).",
+        "",
+        "NHC on the same nodes and noise (bench/nhc_model.py: bench/nhc.py's checks plus "
+        "check_hw_ib per port, shown equal to real NHC 1.4.3 by tests/test_bench_nhc_model.py; "
+        "a random phase per node; drains on a failed run, resumes on the next clean one):",
+        "",
+        "| arm | false drains | per node-day [95 % CI] | drain length p50 / p99 / max (min) |",
+        "|---|---|---|---|",
+        f"| babysitter | {s['false_drains']} | {s['false_drains_per_node_day']:.3g} "
+        f"{_fmt_ci(s['false_drains_ci95_per_node_day'])} | {s['drain_minutes_p50']:.1f} / "
+        f"{s['drain_minutes_p99']:.1f} / {s['drain_minutes_max']:.1f} |",
+        *[
+            f"| NHC every {iv} s | {x['false_drains']} | {x['false_drains_per_node_day']:.3g} "
+            f"{_fmt_ci(x['false_drains_ci95_per_node_day'])} | {x['drain_minutes_p50']:.1f} / "
+            f"{x['drain_minutes_p99']:.1f} / {x['drain_minutes_max']:.1f} |"
+            for iv, x in s["nhc"].items()
+        ],
         "",
         "| benign event | injected | rate assumed (per node-day) |",
         "|---|---|---|",
@@ -847,6 +889,21 @@ def main(argv: list[str] | None = None) -> int:
             method=s["interruptions_bound_method"],
         ),
         figure("soak: benign events injected", float(sum(s["injected"].values())), "events"),
+        *[
+            figure(
+                f"NHC every {iv} s: false drains per node-day under the same noise (soak, model)",
+                x["false_drains_per_node_day"],
+                "per node-day",
+                n=x["false_drains"],
+                ci95_two_sided=x["false_drains_ci95_per_node_day"],
+                node_days=s["node_days"],
+                drain_minutes_p50=x["drain_minutes_p50"],
+                drain_minutes_p99=x["drain_minutes_p99"],
+                drain_minutes_max=x["drain_minutes_max"],
+                drain_hours_mean=x["drain_hours_mean"],
+            )
+            for iv, x in s["nhc"].items()
+        ],
     ]
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "soak.md").write_text(md)

@@ -178,6 +178,28 @@ def test_false_rates_are_the_soaks_point_estimates_with_intervals(inputs, tmp_pa
     assert any("older soak" in n for n in notes)
 
 
+def test_nhc_false_drains_come_from_the_soaks_nhc_arms(inputs, tmp_path: Path):
+    """Where the soak ran NHC's arms on the same noise, each NHC arm is charged its own point
+    estimate, interval and mean drain length, as babysitter is."""
+    _write_soak(tmp_path)
+    doc = json.loads((tmp_path / "soak.json").read_text())
+    doc["details"]["nhc"] = {
+        "60": {"false_drains": 3, "drain_hours_mean": 0.02},
+        "300": {"false_drains": 1, "drain_hours_mean": 0.1},
+    }
+    (tmp_path / "soak.json").write_text(json.dumps(doc))
+    arms, notes = ettr.build_arms(inputs, results_dir=tmp_path)
+    by = {a.name: a for a in arms}
+    assert by["NHC every 60 s"].false_drains_per_node_day == pytest.approx(3 / 150)
+    assert by["NHC every 300 s"].false_drains_per_node_day == pytest.approx(1 / 150)
+    assert by["NHC every 300 s"].false_drains_ci95 == pytest.approx(
+        (0.0253 / 150, 5.572 / 150), rel=1e-3
+    )
+    assert by["NHC every 300 s"].false_drain_s == pytest.approx(360.0)
+    assert not any("NOT MEASURED" in n and n.startswith("NHC") for n in notes)
+    assert any(n.startswith("NHC every 300 s false drains: 0.00667") for n in notes)
+
+
 def test_swapping_the_labels_of_identical_arms_changes_nothing(model, arms):
     """Symmetry: the model charges an arm by its inputs, never by its name. Two arms with the
     same inputs get the same ETTR whichever label each wears, and so do their rate ranges."""

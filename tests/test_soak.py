@@ -137,6 +137,12 @@ def test_survivable_ib_flaps_drain_but_interrupt_no_job(tmp_path: Path):
     assert 0 < d["drain_minutes_p50"] <= d["drain_minutes_p99"] <= d["drain_minutes_max"]
     lo, hi = d["false_drains_ci95_per_node_day"]
     assert lo < d["false_drains_per_node_day"] < hi
+    # NHC's arm met the same flaps: each run that saw a port down drained, the next resumed
+    assert set(d["nhc"]) == {"60", "300"}
+    for x in d["nhc"].values():
+        assert x["runs_evaluated"] >= d["injected"]["ib_flap"]  # at least the run after each
+        assert all(r["reason"].startswith("NHC: check_hw_ib:  No IB port") for r in x["drains"])
+        assert x["drains_open_at_end"] <= x["false_drains"]
 
 
 def test_a_port_down_past_the_grace_interrupts_the_job_and_is_counted(tmp_path: Path):
