@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from babysitter.cli.read_cmd import guard_lines
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.fabric import FabricSettings, correlate
+from babysitter.controller.loop.guard import guard_view
 from babysitter.controller.loop.nvlink_domain import (
     domain_condition,
     domain_topology,
@@ -149,6 +151,13 @@ def test_three_of_four_nodes_of_one_domain_are_one_alert_and_one_batched_drain(e
     acts = [a for a in store.actions() if a.kind.value == "drain"]
     assert {a.node for a in acts} == {"n1", "n2", "n3"}
     assert {str(a.rule) for a in acts} == {"nvlink_domain_suspected"}
+    # `babysitter guard` (GET /api/v1/guard) lists the incident
+    g = guard_view(store)
+    assert [i["switch"] for i in g["nvlink_domain_incidents"]] == [RACK_A]
+    assert any(
+        line.startswith(f"NVLink domain {RACK_A} suspected since") and "n1, n2, n3" in line
+        for line in guard_lines(g)
+    )
 
 
 def test_one_node_with_an_untrained_fabric_is_drained_naming_the_fabric(engine):

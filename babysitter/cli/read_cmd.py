@@ -297,6 +297,11 @@ def guard_lines(g: dict[str, Any]) -> list[str]:
             f"{', '.join(inc.get('nodes') or [])}"
             + (f" (jobs {', '.join(map(str, inc['jobs']))})" if inc.get("jobs") else "")
         )
+    for inc in g.get("nvlink_domain_incidents") or []:
+        lines.append(
+            f"NVLink domain {inc.get('switch')} suspected since {inc.get('opened_at')}: "
+            f"{', '.join(inc.get('nodes') or [])}"
+        )
     return lines
 
 

@@ -11,6 +11,7 @@ from babysitter.controller.loop.policy import rule_description
 GUARD_KEY = "guard_tripped"
 GUARD_INFO_KEY = "guard"
 BLAST_KEY = "blast_radius"  # scoped caps and switch incidents (controller/loop/fabric_loop.py)
+NVLINK_DOMAIN_KEY = "nvlink_domain_incidents"  # controller/loop/nvlink_domain.py
 
 
 def guard_view(store: Store) -> dict[str, Any]:
@@ -30,5 +31,7 @@ def guard_view(store: Store) -> dict[str, Any]:
         "tripped": blast.get("tripped", []),
     }
     info["switch_incidents"] = blast.get("switch_incidents", [])
+    domains = store.kv_get(NVLINK_DOMAIN_KEY)
+    info["nvlink_domain_incidents"] = domains if isinstance(domains, list) else []
     info["topology"] = blast.get("topology")
     return info

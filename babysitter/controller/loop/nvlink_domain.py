@@ -50,6 +50,7 @@ from babysitter.controller.loop.fabric import (
     Incident,
     correlate,
 )
+from babysitter.controller.loop.guard import NVLINK_DOMAIN_KEY
 from babysitter.controller.loop.policy import (
     NodeFacts,
     PolicyResult,
@@ -64,7 +65,7 @@ from babysitter.slurm.topology import Switch, Topology
 
 log = logging.getLogger(__name__)
 DOMAIN_CHECK = "gpu.fabric"
-INCIDENTS_KEY = "nvlink_domain_incidents"
+INCIDENTS_KEY = NVLINK_DOMAIN_KEY  # shown by guard_view (GET /api/v1/guard, babysitter guard)
 CONDITION = "nvlink_domain_suspected"
 METRIC = "nvlink_domain"
 RETRY_S = 5.0
