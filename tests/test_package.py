@@ -36,6 +36,8 @@ KEPT = {
     "var/lib/babysitter/babysitter.db",
 }
 # what dpkg, useradd and the shell change in any root whatever is installed
+# the build (a venv, byte-code, six packages) and an install: minutes on a loaded 2-core machine
+SLOW_TIMEOUT_S = 1500
 CHURN = re.compile(r"^(proc|dev|tmp|run|var/lib/dpkg|var/log|var/cache|root)(/|$)|^etc/\w+-$")
 
 
@@ -109,6 +111,7 @@ def tree(root: Path) -> set[str]:
     return out
 
 
+@pytest.mark.timeout(SLOW_TIMEOUT_S)
 def test_the_packages_install_run_against_a_controller_and_purge(
     built_packages: dict[str, Path], debian12: Path, tmp_path: Path
 ):
@@ -207,6 +210,7 @@ def test_the_packages_install_run_against_a_controller_and_purge(
     assert before - after == set(), sorted(before - after)  # nothing of the system's
 
 
+@pytest.mark.timeout(SLOW_TIMEOUT_S)
 def test_the_rpms_hold_the_debs_files(built_packages: dict[str, Path]):
     rpms = sorted(p for n, p in built_packages.items() if n.endswith(".rpm"))
     assert len(rpms) == 3, (
@@ -216,7 +220,7 @@ def test_the_rpms_hold_the_debs_files(built_packages: dict[str, Path]):
         subprocess.run(
             ["rpm", "-qpl", *map(str, rpms)], capture_output=True, text=True, timeout=300,
             check=True,
-        ).stdout.split()
+        ).stdout.splitlines()  # a few paths hold spaces
     )  # fmt: skip
     deb_files, deb_all = set(), set()
     for name, path in built_packages.items():
