@@ -133,6 +133,11 @@ class InMemorySlurm(SlurmClient):
                 raise SlurmNotOwned(f"{node}: reason {n.reason!r} is not babysitter's")
             self._nodes[node] = replace(n, flags=n.flags - {"DRAIN"}, reason="")
 
+    def reboot_program(self) -> str:
+        """No RebootProgram: the stand-in cannot reboot a node (the healer leaves a node whose
+        next rung is a reboot to a human, instead of failing on every tick)."""
+        return ""
+
     def cancel_reboot(self, node: str) -> None:
         """Withdraw a reboot not yet under way (Slurm refuses when there is none)."""
         self._pause("cancel_reboot", node)
