@@ -118,7 +118,9 @@ def engine(
             "fabric": {"hold_s": 30, **sections.get("fabric", {})},
             # uncapped unless a test caps a scope: a whole leaf here is a whole partition
             "blast_radius": {
-                **dict.fromkeys(("switch_fraction", "partition_fraction", "cluster_fraction")),
+                **dict.fromkeys(
+                    ("switch_fraction", "partition_fraction", "cluster_fraction", "domain_fraction")
+                ),
                 **sections.get("blast_radius", {}),
             },
             **{k: v for k, v in sections.items() if k not in ("fabric", "blast_radius")},
