@@ -171,6 +171,7 @@ class DomainStep:
         self.incidents: list[Incident] = self._load()
         self.view = FabricView(open=tuple(self.incidents))
         self.membership: dict[str, str] = {}
+        self._topo, self._topo_for = Topology(), dict[str, str]()
         self._reported: dict[str, str] = {}
         self._reported_at = float("-inf")
         self._evidence: dict[str, Evidence] = {}
@@ -224,7 +225,9 @@ class DomainStep:
             n.name: self.settings.clean_reports if n.name in self._bad else n.consecutive_clean
             for n in facts
         }
-        topo = domain_topology(self.membership)
+        if self.membership != self._topo_for:  # rebuilt only when a node moved (cost: O(nodes))
+            self._topo, self._topo_for = domain_topology(self.membership), self.membership
+        topo = self._topo
         self.view = correlate(topo, self._evidence, self.incidents, clean, self.settings, now)
         self._decided = True
         self._returning = frozenset(n for inc in self.view.resolved for n in inc.nodes)
