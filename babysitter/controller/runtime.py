@@ -101,13 +101,8 @@ class Controller:
         c = cfg.controller
         secret = read_secret(c.cluster_secret_file, "cluster secret")
         admin = read_secret(c.admin_token_file, "admin token").decode()
-        read = read_secret(c.read_token_file, "read token").decode() if c.read_token_file else None
-        self.auth = Authenticator(secret, admin, read)
-        self.metrics_token = (
-            read_secret(c.metrics_token_file, "metrics token").decode()
-            if c.metrics_token_file
-            else None
-        )
+        self.auth = Authenticator(secret, admin, _token(c.read_token_file, "read token"))
+        self.metrics_token = _token(c.metrics_token_file, "metrics token")  # None: /metrics open
         if bool(c.tls_cert_file) != bool(c.tls_key_file):
             raise ConfigError("controller.tls_cert_file and tls_key_file go together")
         if c.tls_key_file:
@@ -431,6 +426,11 @@ class Controller:
             if self.retention is not None:
                 self.retention.stop()
             self.close()
+
+
+def _token(path: Path | None, what: str) -> str | None:
+    """An optional token file's token (None when the key is unset)."""
+    return read_secret(path, what).decode() if path else None
 
 
 def secure_cookie(public_url: str | None) -> bool:
