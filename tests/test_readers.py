@@ -20,7 +20,7 @@ from babysitter.controller.db.store import now
 from babysitter.controller.loop.metrics import ControllerMetrics
 from babysitter.controller.runtime import Controller
 from tests.fixtures.controller import controller_config, set_up
-from tests.fixtures.reports import DBE, wire_report
+from tests.fixtures.reports import DBE, WARN, wire_report
 
 
 def test_a_reader_past_its_rate_gets_429_and_reports_still_go_in(secrets, tmp_path):
@@ -177,10 +177,12 @@ def _families(text: str) -> dict[str, dict[tuple, float]]:
 
 
 def _seed(c: Controller, api: TestClient, secrets) -> None:
-    for node in ("n1", "n2", "n3"):
+    for node in ("n1", "n2", "n3", "n6"):
         api.post("/api/v1/reports", json=wire_report(node), headers=secrets.headers(node))
     api.post("/api/v1/reports", json=wire_report("n4", [DBE]), headers=secrets.headers("n4"))
+    api.post("/api/v1/reports", json=wire_report("n5", [WARN]), headers=secrets.headers("n5"))
     two_h = datetime.now(UTC) - timedelta(hours=2)
+    c.store.set_node("n6", last_report_at=two_h)  # silent past the heartbeat timeout
     c.store.set_node("n4", babysitter_drained=True, drain_reason="gpu: dbe", drained_at=two_h)
     c.store.set_node(
         "n3", slurm_state="IDLE+DRAIN", slurm_reason="babysitter: [manual] psu", drained_at=two_h
@@ -211,6 +213,8 @@ def test_metrics_from_the_snapshot_are_what_a_scrape_read_from_the_store(secrets
         direct.store_up.set(1)
         want = _families(generate_latest(direct.store_registry).decode())
     assert want["babysitter_nodes"][(("verdict", "unhealthy"),)] == 1
+    assert want["babysitter_nodes"][(("verdict", "suspect"),)] == 1
+    assert want["babysitter_nodes"][(("verdict", "unknown"),)] == 1
     assert want["babysitter_nodes"][(("verdict", "healthy"),)] == 3
     ages = ("babysitter_oldest_drain_age_seconds", "babysitter_node_drained_seconds")
     for name, samples in want.items():

@@ -17,13 +17,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from prometheus_client import generate_latest
+from sqlalchemy import or_, select
 
 from babysitter.controller.api import cockpit_metrics
 from babysitter.controller.api.api_read import node_view
-from babysitter.controller.db.store import Store, now
+from babysitter.controller.db import models
+from babysitter.controller.db.store import Store, aware, now, stored_finding
 from babysitter.controller.loop.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
@@ -68,10 +71,12 @@ class StoreMetrics:
             # leaf switch of a node, where Slurm has a topology (the leader's snapshot)
             leaf_of = self.state.get("leaf_of") or (lambda name: None)
             per_switch: dict[tuple[str, str], int] = {}
-            for n in self.store.node_rows():
-                v = node_view(n, self.state)["verdict"]
+            names, rows = self._read_nodes()
+            of = {r["name"]: node_view(r, self.state)["verdict"] for r in rows}
+            for name in names:
+                v = of.get(name, "healthy")
                 verdicts[v] = verdicts.get(v, 0) + 1
-                leaf = leaf_of(n["name"])
+                leaf = leaf_of(name)
                 if leaf:
                     per_switch[(leaf, v)] = per_switch.get((leaf, v), 0) + 1
             cockpit_metrics.refresh(self.store, m, self.state, now())
@@ -95,6 +100,28 @@ class StoreMetrics:
         published = Published(generate_latest(m.store_registry), time.time(), up)
         self._published = published
         return published
+
+    def _read_nodes(self) -> tuple[list[str], list[dict[str, Any]]]:
+        """Every node's name (one narrow column), and the rows of the nodes whose verdict may
+        be other than healthy: a finding worse than ok, a verdict other than healthy, no
+        report within the heartbeat timeout (the status page's filter, fleet_view.py). Every
+        other node is healthy by the policy's own function: it is counted, not decoded."""
+        n = models.nodes
+        timeout = float(self.state.get("heartbeat_timeout_s", 120))
+        may_not_be_healthy = or_(
+            n.c.worst_severity != "ok",
+            n.c.verdict != "healthy",
+            n.c.last_report_at.is_(None),
+            n.c.last_report_at < now() - timedelta(seconds=timeout),
+        )
+        cols = (n.c.name, n.c.open_findings, n.c.last_report_at, n.c.verdict)
+        with self.store.engine.connect() as c:
+            names = list(c.execute(select(n.c.name)).scalars())
+            rows = [r._asdict() for r in c.execute(select(*cols).where(may_not_be_healthy))]
+        for r in rows:
+            r["last_report_at"] = aware(r["last_report_at"])
+            r["open_findings"] = [stored_finding(f) for f in r["open_findings"] or []]
+        return names, rows
 
     def current(self) -> Published:
         """The published snapshot; read first when there is none, or when it is stale and no
