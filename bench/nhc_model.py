@@ -81,9 +81,11 @@ class NhcArm:
     runs: int = 0
 
     @classmethod
-    def new(cls, interval_s: float, nodes: list[str], seed: int) -> NhcArm:
-        rng = random.Random(f"nhc-{seed}-{interval_s}")  # its own stream: the noise is the same
-        return cls(interval_s, {n: rng.uniform(0.0, interval_s) for n in nodes})
+    def new(cls, interval_s: float, nodes: list[str], seed: int, t0: float = 0.0) -> NhcArm:
+        """Phases drawn from their own stream (the noise stays the same), from the run's start
+        `t0`: the same seed gives the same runs relative to the noise whatever the wall clock."""
+        rng = random.Random(f"nhc-{seed}-{interval_s}")
+        return cls(interval_s, {n: t0 + rng.uniform(0.0, interval_s) for n in nodes})
 
     def runs_between(self, node: str, start: float, end: float) -> list[float]:
         """This node's run times in [start, end] and the first one after `end` (the run that

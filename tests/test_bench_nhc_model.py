@@ -32,11 +32,9 @@ def _can_bind_mount() -> bool:
 
 def _state(root: Path, name: str) -> None:
     """One of the sample states, written as the soak writes its nodes' trees."""
-    _ib_tree(root)
-    mad = root / "sys" / "class" / "infiniband_mad"
-    if name != "no OFED ABI":
-        mad.mkdir(parents=True)
-        (mad / "abi_version").write_text("5\n")
+    _ib_tree(root)  # with infiniband_mad/abi_version, as a node with OFED loaded has
+    if name == "no OFED ABI":
+        (root / "sys" / "class" / "infiniband_mad" / "abi_version").unlink()
     if name.startswith("port down "):
         simib.set_port(root, f"mlx5_{name.split()[-1]}", 1, active=False)
     elif name == "two ports down":

@@ -51,11 +51,14 @@ per_node_day = 40.0
 """
 
 
-def run_soak(tmp_path: Path, noise: str, nodes: int = 3, days: float = 0.1) -> dict:
+def run_soak(
+    tmp_path: Path, noise: str, nodes: int = 3, days: float = 0.1, extra: tuple[str, ...] = ()
+) -> dict:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "noise.toml"
     path.write_text(noise)
     out = tmp_path / "results"
-    args = ["--nodes", str(nodes), "--days", str(days), "--budget-s", "600"]
+    args = ["--nodes", str(nodes), "--days", str(days), "--budget-s", "600", *extra]
     r = subprocess.run(
         [sys.executable, "-m", "bench.soak", *args, "--noise", str(path), "--results", str(out)],
         cwd=REPO,
@@ -152,3 +155,37 @@ def test_a_port_down_past_the_grace_interrupts_the_job_and_is_counted(tmp_path: 
     assert d["false_interruptions"] >= 1
     assert all("ib.ports" in i["reason"] for i in d["interruptions"])
     assert d["interruptions_upper_bound_per_node_day"] > d["false_interruptions_per_node_day"]
+
+
+MANY_FLAPS = """
+[ib_flap]
+per_node_day = 150.0
+seconds = [2, 25]
+"""
+
+
+def test_nhc_runs_skipped_while_no_port_is_down_change_nothing(tmp_path: Path):
+    """The soak evaluates NHC only on the runs that can fail (while a port is down) and the one
+    after; with every run of every node evaluated instead, on the same seed and noise, NHC's
+    drains, their times, reasons and lengths are the same, and babysitter's decisions too."""
+    docs = [
+        run_soak(tmp_path / "skip", MANY_FLAPS),
+        run_soak(tmp_path / "every", MANY_FLAPS, extra=("--nhc-every-run",)),
+    ]
+    skip, every = (d["details"] for d in docs)
+    t0 = [d["settings"]["t0"] for d in docs]  # each run starts at its own wall-clock second
+    assert skip["injected"] == every["injected"] and skip["injected"]["ib_flap"] >= 20
+    assert skip["node_days"] == every["node_days"]
+    # babysitter's side did not notice NHC's extra runs
+    assert skip["decisions"] == every["decisions"] and skip["false_drains"] == every["false_drains"]
+    for iv in ("60", "300"):
+        a, b = skip["nhc"][iv], every["nhc"][iv]
+        assert b["runs_evaluated"] > a["runs_evaluated"]  # the shortcut skipped runs
+        drains = [
+            [(d["t"] - t, d["node"], d["reason"]) for d in x["drains"]]
+            for x, t in ((a, t0[0]), (b, t0[1]))
+        ]
+        assert drains[0] == drains[1], iv
+        for k in ("false_drains", "drain_minutes_p50", "drain_minutes_max", "drains_open_at_end"):
+            assert a[k] == pytest.approx(b[k]), (iv, k)
+    assert skip["nhc"]["60"]["false_drains"] >= 1  # the comparison saw drains
