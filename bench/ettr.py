@@ -525,7 +525,10 @@ def build_arms(inp: dict[str, Any], results_dir: Path = RESULTS_DIR) -> tuple[li
             self_heal=zero,  # and rebooted at once where a reboot fixes it
         )
     )
-    notes.append(f"NHC run time {nhc['run_s']} s: not measured here (NHC not installed)")
+    notes.append(
+        f"NHC run time {nhc['run_s']} s: an assumption (bench/nhc.py measures one run's CPU time, "
+        "not its wall time with nvidia-smi)"
+    )
     return arms, notes
 
 
@@ -866,7 +869,7 @@ def render_charges(
         out = x.get("false_drain_node_hours", 0.0) / (model.horizon_s / 3600)
         lines.append(
             f"| {arm.name} | {x['ettr'] * 100:.2f} ± {x['ci95'] * 100:.2f} % | "
-            f"{lo * 100:.2f} - {hi * 100:.2f} % | {fi} | {fd} | {out:.1f} |"
+            f"{lo * 100:.2f} - {hi * 100:.2f} % | {fi} | {fd} | {out:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
