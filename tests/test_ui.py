@@ -409,3 +409,16 @@ def test_nvlink_domains_come_from_the_loops_membership(ctl, secrets, api):
     assert snap.by_domain == {"uuid-a/1": {**ZERO, "unhealthy": 1, "healthy": 1}}
     page = api.get("/ui?verdict=all&domain=uuid-a/1", headers=bearer(secrets.read)).text
     assert tiles(page) == ["node1", "node2"] and 'id="domains"' in page
+
+
+def test_a_backwards_range_cannot_hide_a_huge_search_from_the_bound(ctl, secrets, api):
+    # a backwards range ("[5-3]") counted as -1 names: a later item of the search made the
+    # count of an earlier huge one negative, and the huge one was expanded (1e10 names here)
+    assert fleet_view.hostlist_size("a[5-3]") >= 1
+    huge = "n[1-100000]x[1-100000],y[1-100000]z[1-100000]w[5-3]"
+    assert fleet_view.hostlist_size(huge) > fleet_view.MAX_SEARCH_NAMES
+    seed_nodes(ctl.store, healthy=["a1"], unhealthy=[])
+    ctl.fleet.refresh()
+    # a million names before the backwards range: refused by the bound, not expanded
+    page = api.get("/ui?q=a[0-99999]b[0-9],c[0-99999]d[0-19]e[5-3]", headers=bearer(secrets.read))
+    assert "more than 100000 names" in page.text and tiles(page.text) == []

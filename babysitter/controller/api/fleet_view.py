@@ -594,7 +594,9 @@ def hostlist_size(expr: str) -> int:
             size = 1
             for body in _BRACKETS.findall("".join(item)):
                 spans = [_SPAN.match(r) for r in body.split(",")]
-                size *= sum(int(m[2] or m[1]) - int(m[1]) + 1 if m else 1 for m in spans)
+                # a backwards range ([5-3]) is malformed: one, never a negative count that
+                # would hide a huge item elsewhere in the search
+                size *= sum(max(1, int(m[2] or m[1]) - int(m[1]) + 1) if m else 1 for m in spans)
             total += size
             item = []
         else:
