@@ -172,6 +172,16 @@ def test_the_agent_refuses_what_it_cannot_tell_and_restarts_nothing(agent_cfg):
     assert not log.exists()
 
 
+def test_a_gpu_nvml_cannot_open_is_not_an_idle_gpu(monkeypatch):
+    """A GPU NVML lists but cannot open (lost, fallen off the bus) may still run a job: its
+    processes are unknown, so the restart waits (never read as "no process")."""
+    from babysitter.checks import nvml
+
+    lost = nvml.LostDevice(1, "GPU is lost", 15)
+    monkeypatch.setattr(nvml, "devices", lambda *a, **k: ([], [lost]))
+    assert "GPU 1" in fabric_restart._busy()
+
+
 def test_a_single_node_never_restarts_imex_by_its_profile():
     """The profile decides: a detected GB200 (no configured NVL72 profile) runs no IMEX."""
     cfg = parse_config({"agent": {"hardware_profile": "h100-sxm"}})

@@ -75,7 +75,9 @@ def _busy() -> str:
     from babysitter.checks import nvml
 
     try:
-        devs, _ = nvml.devices()
+        devs, lost = nvml.devices()
+        if lost:  # a GPU NVML cannot open may still run a job: its processes are unknown
+            return f"NVML cannot open GPU {lost[0].index}: {lost[0].error}"
         for d in devs:
             n = len(pynvml.nvmlDeviceGetComputeRunningProcesses(d.handle))
             if n:
