@@ -203,3 +203,57 @@ def test_a_fresh_agent_publishes_its_tier_counters_at_zero():
     for name in ("tier_cpu_seconds", "nvml_calls", "check_runs"):
         for tier in ("fast", "slow"):
             assert f'babysitter_agent_{name}_total{{tier="{tier}"}} 0.0' in text, (name, tier)
+
+
+def test_a_read_of_the_store_that_hangs_does_not_keep_publishing_store_up(secrets, tmp_path):
+    """A read that never returns (a database host gone without a TCP reset) holds the one read
+    slot: the last good values must not go on being published as current with store_up 1."""
+    import dataclasses
+    import threading
+
+    c = Controller(controller_config(secrets, f"sqlite:///{tmp_path / 'm.db'}"))
+    c.setup()
+    sm = c.store_metrics
+    entered, release = threading.Event(), threading.Event()
+    try:
+        client = TestClient(c.app())
+        body = {
+            "node": "n1",
+            "report_id": str(uuid.uuid4()),
+            "sent_at": datetime.now(UTC).isoformat(),
+            "findings": [],
+            "metrics": {},
+        }
+        client.post("/api/v1/reports", json=body, headers=secrets.headers("n1"))
+        sm.refresh()
+        assert "babysitter_store_up 1.0" in client.get("/metrics").text
+
+        def hangs():
+            entered.set()
+            release.wait(60)
+            raise RuntimeError("the database went away")
+
+        sm._read_nodes = hangs
+        reader = threading.Thread(target=sm.refresh, daemon=True)
+        reader.start()
+        assert entered.wait(60)
+        # the last read is now older than STALE_INTERVALS intervals
+        p = sm._published
+        sm._published = dataclasses.replace(p, read_at=p.read_at - 3600)
+        text = client.get("/metrics").text
+    finally:
+        release.set()
+        reader.join(60)
+        c.close()
+    assert "babysitter_store_up 0.0" in text
+    assert not [line for line in text.splitlines() if line.startswith("babysitter_nodes{")]
+    age = [line for line in text.splitlines() if line.startswith("babysitter_store_read_age")]
+    assert age and float(age[0].split()[1]) >= 3600
+    check = subprocess.run(
+        [which("promtool"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -9,7 +9,9 @@ A store that cannot be read publishes `babysitter_store_up 0` and withdraws ever
 from it (never a healthy zero), as before. `babysitter_store_read_age_seconds` says how old the
 published values are; a snapshot older than STALE_INTERVALS intervals (the thread is stuck or
 not running, as in an app built without the controller) is read again by the scrape that
-finds it, one scrape at a time."""
+finds it, one scrape at a time. While another read holds the slot past that age (a read that
+hangs: a database host gone without a reset), a scrape sends `babysitter_store_up 0` and no
+store value: old values are never published as current."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from sqlalchemy import or_, select
 
 from babysitter.controller.api import cockpit_metrics
@@ -58,6 +60,16 @@ class StoreMetrics:
         self._reading = threading.Lock()  # one read at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # what a scrape sends while a read hangs: store_up 0 and the error count, no value
+        withdrawn = CollectorRegistry()
+        Gauge(
+            "babysitter_store_up",
+            "1 when the last read of the store-derived values could read the database; 0 when "
+            "it could not or is overdue (then no store-derived value is published).",
+            registry=withdrawn,
+        ).set(0)
+        withdrawn.register(metrics.store_errors)
+        self._withdrawn = withdrawn
 
     def refresh(self) -> Published:
         """Read the store, set the gauges, render them and publish the result."""
@@ -125,7 +137,7 @@ class StoreMetrics:
 
     def current(self) -> Published:
         """The published snapshot; read first when there is none, or when it is stale and no
-        other read is under way (then the stale one is sent, with its age)."""
+        other read is under way (while one is, store_up 0 and no store value, with the age)."""
         p = self._published
         if p is not None and time.time() - p.read_at < STALE_INTERVALS * self.interval_s:
             return p
@@ -136,7 +148,8 @@ class StoreMetrics:
                 return self._refresh()
             finally:
                 self._reading.release()
-        return p
+        # another read holds the slot past STALE_INTERVALS: it hangs; its values are not current
+        return Published(generate_latest(self._withdrawn), p.read_at, False)
 
     def exposition(self, leader: bool) -> bytes:
         """The whole of /metrics: the process's own series, then the published snapshot."""
