@@ -197,10 +197,24 @@ def test_nvl72_imex_domain_down_is_critical_and_carries_the_nvlink_domain(run, g
 
 def test_imex_garbled_answer_is_unknown(run, gpus):
     gpus.reset(4, "NVIDIA GB200")
+    for i in range(4):
+        gpus.fabric(i, fakenvml.FABRIC_COMPLETED, clique=2, cluster=CLUSTER)
     found = run(fm=None, domain="garbled", agent__hardware_profile="gb200-nvl72")
     assert [(f["code"], f["severity"]) for f in faults(found)] == [
         ("imex.domain_unknown", "warning")
     ]
+
+
+def test_no_fabric_state_on_a_configured_nvl72_tray_is_unknown_never_nothing(run, gpus):
+    """A configured NVL72 tray has an NVSwitch fabric and no Fabric Manager of its own: the GPU
+    fabric state is its only fabric evidence, so a driver answering NOT_SUPPORTED there is
+    unknown (a warning), never a silent pass."""
+    gpus.reset(4, "NVIDIA GB200")  # the fake's default fabric state: NOT_SUPPORTED
+    found = run(fm=None, agent__hardware_profile="gb200-nvl72")
+    got = {(f["component"], f["code"], f["severity"]) for f in faults(found)}
+    assert got == {(f"gpu{i}", "fabric.state_unknown", "warning") for i in range(4)}
+    v = judge.fabric_state(judge.NOT_SUPPORTED, 0, 0, 300, required=True)
+    assert v is not None and v.severity is Severity.WARNING
 
 
 def test_a_detected_gb200_never_alarms_on_imex(run, gpus):

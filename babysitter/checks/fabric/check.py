@@ -87,6 +87,7 @@ class GpuFabricCheck(Check):
         self._in_fabric = False  # a GPU reported a fabric state (the driver knows a fabric)
         self._gpus: list[Device] = []
         self._services_read = False
+        self._required = False  # a GPU's fabric state must be known (run() sets it)
 
     def settings(self) -> FabricCheckConfig:
         return self.ctx.config.checks.fabric
@@ -97,6 +98,9 @@ class GpuFabricCheck(Check):
             return []  # no NVSwitch fabric on this hardware: nothing to judge, nothing to say
         due = self.begin()
         cfg = self.settings()
+        # a configured fabric with no Fabric Manager here (an NVL72 tray): the GPUs' fabric
+        # state is its only evidence, so NOT_SUPPORTED is unknown, not "no fabric"
+        self._required = expect.source == "configured" and expect.fabric_manager is False
         if "state" in due:
             self._read_states(cfg)
         fabric_manager = expect.fabric_manager
@@ -168,7 +172,7 @@ class GpuFabricCheck(Check):
 
     def _judge(self, dev: Device, info: FabricInfo, cfg: FabricCheckConfig) -> list[Finding]:
         verdict = judge.fabric_state(
-            info.state, info.status, self._pending_s(dev, info), cfg.grace_s
+            info.state, info.status, self._pending_s(dev, info), cfg.grace_s, self._required
         )
         if verdict is None:
             return []

@@ -2,7 +2,9 @@
 command said to verdicts. No I/O here (check.py reads; tests feed these directly).
 
 Verdicts (docs/checks.md, "gpu.fabric"):
-- fabric state NOT_SUPPORTED: the GPU is in no NVSwitch fabric: nothing.
+- fabric state NOT_SUPPORTED: the GPU is in no NVSwitch fabric: nothing; except on a
+  configured profile with a fabric and no Fabric Manager on the node (an NVL72 tray), where
+  the state is the only fabric evidence: unknown (warning), never nothing.
 - NOT_STARTED / IN_PROGRESS: info while within the grace (Fabric Manager trains the fabric
   for about a minute after boot or a restart), critical past it: no multi-GPU job can run.
 - COMPLETED with a status other than SUCCESS: training failed: critical.
@@ -60,9 +62,20 @@ class Verdict(msgspec.Struct, frozen=True):
         return self.severity in (Severity.WARNING, Severity.CRITICAL)
 
 
-def fabric_state(state: int, status: int, pending_s: float, grace_s: float) -> Verdict | None:
+def fabric_state(
+    state: int, status: int, pending_s: float, grace_s: float, required: bool = False
+) -> Verdict | None:
     """One GPU's fabric training; `pending_s`: how long it has been seen not COMPLETED (the
-    smaller of the time since boot and since the check first saw it so). None: no fabric."""
+    smaller of the time since boot and since the check first saw it so). None: no fabric.
+    `required`: the node's configured profile has a fabric and this state is its only
+    evidence of it (no Fabric Manager on the node): NOT_SUPPORTED is then unknown."""
+    if state == NOT_SUPPORTED and required:
+        return Verdict(
+            Severity.WARNING,
+            "fabric.state_unknown",
+            "NVLink fabric state NOT_SUPPORTED, but this node's profile has an NVSwitch fabric",
+            Action.INSPECT,
+        )
     if state == NOT_SUPPORTED:
         return None
     name = STATE_NAMES.get(state)
