@@ -130,6 +130,47 @@ def test_the_policy_loop_takes_the_reloaded_thresholds_caps_and_sinks(tmp_path: 
         store.close()
 
 
+def test_the_policy_loop_takes_the_reloaded_ladder_validation_and_alertmanager(tmp_path: Path):
+    """Keys a reload says it applied are in effect in the objects that copied them at start:
+    the remediation ladder, validation turned on (its poll runs, else validating nodes wait
+    for ever), the validation job's time, the maintenance windows' Alertmanager."""
+    from unittest import mock
+
+    from babysitter.controller.db.store import Store
+    from babysitter.controller.loop.ladder import Rung
+    from babysitter.controller.loop.metrics import ControllerMetrics
+    from babysitter.controller.loop.remediation import RemediationEngine
+    from babysitter.finding import Action
+
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    live = parse_config({"controller": {"database_url": url}})
+    store = Store(url)
+    store.upgrade()
+    engine = RemediationEngine(live, store, ControllerMetrics(), slurm=mock.MagicMock())
+    try:
+        assert not engine.validator.enabled and engine.maintenance.am is None
+        new = parse_config(
+            {
+                "controller": {"database_url": url},
+                "remediation": {"ladder": {"xid.79": ["rma"]}},
+                "validation": {"partition": "validate", "time_limit_min": 40},
+                "alerts": {"alertmanager_url": "http://127.0.0.1:1"},
+            }
+        )
+        out = apply(live, new, CONTROLLER_RESTART, CONTROLLER_UNUSED)
+        assert out.ok and not out.needs_restart and "remediation.ladder" in out.applied
+        engine.config_reloaded(None)
+        assert engine.healer.ladder.first("xid.79", Action.REBOOT) is Rung.RMA
+        assert engine.validator.enabled
+        assert engine.healer.validation_minutes == 45
+        assert (
+            engine.maintenance.am is not None and engine.maintenance.am.base == "http://127.0.0.1:1"
+        )
+    finally:
+        engine.close()
+        store.close()
+
+
 # ---- the daemons, SIGHUP for real
 
 

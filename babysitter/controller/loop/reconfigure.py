@@ -13,6 +13,8 @@ from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.alerts.router import sinks_from_config
 from babysitter.controller.loop.blast import BlastSettings
 from babysitter.controller.loop.fabric_loop import FabricSettings
+from babysitter.controller.loop.ladder import LadderTable
+from babysitter.controller.loop.maintenance import Alertmanager
 from babysitter.controller.loop.policy import PolicySettings
 from babysitter.controller.loop.stragglers import StragglerSettings
 from babysitter.finding import Severity
@@ -36,6 +38,12 @@ def reconfigure(engine: Any) -> None:
     engine.fabric.enabled = cfg.fabric.enabled
     engine.gatherer.straggler_settings = StragglerSettings.from_config(cfg)
     engine.healer.validation_user = cfg.validation.user
+    engine.healer.validation_minutes = cfg.validation.time_limit_min + 5
+    engine.healer.ladder = LadderTable.from_config(cfg.remediation)
+    # validation turned on live: its poll must run, else validating nodes wait for ever
+    engine.validator.enabled = cfg.validation.enabled(cfg.policy)
+    am = cfg.alerts.alertmanager_url
+    engine.maintenance.am = Alertmanager(am) if am else None  # the windows' silences
     engine.sdc.user = cfg.validation.user
     engine.sdc.heartbeat_s = cfg.controller.heartbeat_timeout_s
     engine.domains.settings = FabricSettings.from_config(cfg)  # NVLink domains: the same
