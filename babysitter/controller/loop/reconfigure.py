@@ -40,6 +40,8 @@ def reconfigure(engine: Any) -> None:
     engine.healer.validation_user = cfg.validation.user
     engine.healer.validation_minutes = cfg.validation.time_limit_min + 5
     engine.healer.ladder = LadderTable.from_config(cfg.remediation)
+    engine.healer.lemon_drains = (cfg.policy.lemon_drains, cfg.policy.lemon_window_days)
+    engine.healer.fabric_rung.timeout_s = cfg.remediation.reset_timeout_s
     # validation turned on live: its poll must run, else validating nodes wait for ever
     engine.validator.enabled = cfg.validation.enabled(cfg.policy)
     am = cfg.alerts.alertmanager_url
