@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from babysitter.config import parse_config
+from babysitter.config import load_config, parse_config
 from babysitter.devcluster.receiver import Receiver
 from babysitter.reload import (
     AGENT_RESTART,
@@ -171,6 +171,30 @@ def test_the_policy_loop_takes_the_reloaded_ladder_validation_and_alertmanager(t
     finally:
         engine.close()
         store.close()
+
+
+def test_a_reloaded_loop_interval_moves_the_status_pages_stale_mark(
+    secrets: Secrets, tmp_path: Path
+):
+    """loop_interval_s is live: the status page, rebuilt once a tick, must not call a page of
+    a slower loop out of date (nor rebuild it less often than a tick of a faster one)."""
+    from babysitter.controller.runtime import Controller
+
+    port = free_port()
+    path = tmp_path / "controller.toml"
+    path.write_text(_controller_toml(secrets, tmp_path / "c.db", port, "http://127.0.0.1:1/h", 60))
+    ctl = Controller(load_config(path), path)
+    try:
+        path.write_text(
+            _controller_toml(secrets, tmp_path / "c.db", port, "http://127.0.0.1:1/h", 60).replace(
+                "loop_interval_s = 0.2", "loop_interval_s = 120"
+            )
+        )
+        out = ctl.reload_config()
+        assert out.ok and "controller.loop_interval_s" in out.applied
+        assert ctl.fleet.stale_after_s >= 4 * 120
+    finally:
+        ctl.close()
 
 
 # ---- the daemons, SIGHUP for real

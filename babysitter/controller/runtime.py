@@ -226,7 +226,11 @@ class Controller:
         level = logging.ERROR if not out.ok else logging.WARNING
         log.log(level if not out.ok or out.needs_restart else logging.INFO, "%s", out.summary())
         if out.ok:
-            self.state["heartbeat_timeout_s"] = self.cfg.controller.heartbeat_timeout_s
+            c = self.cfg.controller
+            self.state["heartbeat_timeout_s"] = c.heartbeat_timeout_s
+            # the status page's rebuild gap and stale mark follow a live loop_interval_s
+            self.fleet.min_gap_s = min(c.ui_refresh_s, 2 * c.loop_interval_s)
+            self.fleet.stale_after_s = max(60.0, 4 * c.loop_interval_s)
         if self.engine is not None:
             self.engine.config_reloaded(out.error if not out.ok else None)
         return out
