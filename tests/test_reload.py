@@ -154,6 +154,7 @@ def test_the_policy_loop_takes_the_reloaded_ladder_validation_and_alertmanager(t
                 "controller": {"database_url": url},
                 "remediation": {"ladder": {"xid.79": ["rma"]}, "reset_timeout_s": 77},
                 "policy": {"lemon_drains": 9},
+                "checks": {"sdc": {"max_slurm_rpc_per_s": 0.25}},
                 "validation": {"partition": "validate", "time_limit_min": 40},
                 "alerts": {"alertmanager_url": "http://127.0.0.1:1"},
             }
@@ -165,6 +166,7 @@ def test_the_policy_loop_takes_the_reloaded_ladder_validation_and_alertmanager(t
         assert engine.validator.enabled
         assert engine.healer.validation_minutes == 45
         assert engine.healer.lemon_drains[0] == 9 and engine.healer.fabric_rung.timeout_s == 77
+        assert engine.sdc.rpc.rate == 0.25
         assert (
             engine.maintenance.am is not None and engine.maintenance.am.base == "http://127.0.0.1:1"
         )
