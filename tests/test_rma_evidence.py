@@ -292,3 +292,24 @@ def test_an_archive_the_controller_cannot_write_is_a_failed_collection(
         firing: list = []
         step.step(rma_now(), firing, [])
         assert [(x.condition, x.severity) for x in firing] == [("rma_evidence", "warning")]
+
+
+def test_a_reloaded_max_mb_bounds_the_next_upload(tmp_path: Path, secrets: Secrets):
+    """rma.max_mb is live: the agents' reload lets bigger bug reports through, so the
+    controller's bound on an upload must follow it (else every bigger archive is a 413)."""
+    from fastapi.testclient import TestClient
+
+    cfg = controller_config(
+        secrets,
+        f"sqlite:///{tmp_path / 'c.db'}",
+        rma={"archive_dir": str(tmp_path / "rma"), "max_mb": 1},
+    )
+    with set_up(cfg) as ctl:
+        client = TestClient(ctl.app())
+        body = b"x" * (3 * 1024 * 1024)
+        order = "0" * 8 + "-0000-0000-0000-" + "0" * 12
+        url = f"/api/v1/nodes/node1/rma/{order}"
+        assert client.post(url, content=body, headers=secrets.headers("node1")).status_code == 413
+        cfg.rma.max_mb = 8  # as a reload writes it (babysitter/reload.py)
+        r = client.post(url, content=body, headers=secrets.headers("node1"))
+        assert r.status_code == 404, r.text  # read whole; no such order

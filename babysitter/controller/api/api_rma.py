@@ -35,7 +35,6 @@ def is_upload(method: str, path: str) -> bool:
 def rma_router(
     store: Store, cfg: Config, auth: Authenticator
 ) -> Callable[[Callable[[Request], Principal], Callable[[Request], Principal]], APIRouter]:
-    limit = int(cfg.rma.max_mb * 1024 * 1024) + SLACK
     base = cfg.controller.public_url
     sessions = Sessions(auth.secret, auth.admin_token, auth.read_token)
 
@@ -62,6 +61,7 @@ def rma_router(
             p = auth.identify(token, claimed_node=name) if token else None
             if p is None or p.role != "node" or p.node != name:
                 raise HTTPException(403, f"the node token of {name} required")
+            limit = int(cfg.rma.max_mb * 1024 * 1024) + SLACK  # live: a reload may move it
             length = request.headers.get("content-length", "")
             if length and (not length.isdigit() or int(length) > limit):
                 raise HTTPException(413, f"body larger than {limit} bytes")
