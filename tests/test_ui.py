@@ -422,3 +422,14 @@ def test_a_backwards_range_cannot_hide_a_huge_search_from_the_bound(ctl, secrets
     # a million names before the backwards range: refused by the bound, not expanded
     page = api.get("/ui?q=a[0-99999]b[0-9],c[0-99999]d[0-19]e[5-3]", headers=bearer(secrets.read))
     assert "more than 100000 names" in page.text and tiles(page.text) == []
+
+
+def test_a_filter_that_matches_nothing_does_not_read_as_every_node_healthy(ctl, secrets, api):
+    seed_nodes(ctl.store, healthy=["n1", "n2"], unhealthy=["n3"])
+    ctl.fleet.refresh()
+    read = bearer(secrets.read)
+    # a typo in a switch, or a reason owner that holds no node: nothing matched, not "all good"
+    for query in ("switch=no-such-switch", "owner=admin", "partition=nope", "domain=x"):
+        page = api.get(f"/ui?{query}", headers=read).text
+        assert tiles(page) == [] and "every node is healthy" not in page, query
+        assert "No node matches" in page, query
