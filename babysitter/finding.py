@@ -388,7 +388,21 @@ def job_owned(f: Finding) -> bool:
 
 # A check that crashed or timed out, or a source it could not read: it said nothing about the
 # node. Such a report is unknown, never clean (no exit 0, no step towards a resume).
-NO_VERDICT_CODES = frozenset({"check.error", "check.timeout"})
+NO_VERDICT_CODES = frozenset(
+    {
+        "check.error",
+        "check.timeout",
+        # what the fabric and recovery checks could not tell (a service systemctl gave no
+        # state for, an unparsable IMEX domain status, a fabric state, recovery action or
+        # NVLink state babysitter does not know): a warning, and no clean step either
+        "fabric_manager.unknown",
+        "imex.unknown",
+        "imex.domain_unknown",
+        "fabric.state_unknown",
+        "recovery.unknown",
+        "nvlink.state_unknown",
+    }
+)
 NO_VERDICT_SUFFIXES = (".nvml_error", ".unreadable")
 
 

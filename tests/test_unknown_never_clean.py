@@ -52,6 +52,34 @@ UNREADABLE = Finding(
     action="inspect",
 )
 
+# the fabric and recovery checks' own "could not tell" (issue 41): systemctl without an
+# answer, an IMEX domain status unparsable, a fabric state or recovery action unknown
+UNKNOWNS_41 = [
+    Finding(
+        check="gpu.fabric",
+        component="host",
+        severity="warning",
+        code=code,
+        message=f"{code}: no answer",
+        action="watch",
+    )
+    for code in ("fabric_manager.unknown", "imex.unknown", "imex.domain_unknown")
+] + [
+    Finding(
+        check=check,
+        component="gpu0",
+        severity="warning",
+        code=code,
+        message=f"GPU 0: {code}",
+        action="inspect",
+    )
+    for check, code in (
+        ("gpu.fabric", "fabric.state_unknown"),
+        ("gpu.recovery", "recovery.unknown"),
+        ("gpu.nvlink", "nvlink.state_unknown"),
+    )
+]
+
 
 def report(node: str, *findings: Finding, kind: str = "full") -> Report:
     return Report(
@@ -72,7 +100,9 @@ def test_the_one_shot_and_the_controller_ask_one_predicate():
     assert not no_verdict(DBE)
 
 
-@pytest.mark.parametrize("unknown", [CRASHED, NVML_ERROR, UNREADABLE], ids=lambda f: f.code)
+@pytest.mark.parametrize(
+    "unknown", [CRASHED, NVML_ERROR, UNREADABLE, *UNKNOWNS_41], ids=lambda f: f.code
+)
 def test_a_node_whose_checks_crash_is_never_resumed(tmp_path: Path, unknown: Finding):
     store = Store(f"sqlite:///{tmp_path / 's.db'}")
     store.upgrade()
