@@ -200,6 +200,20 @@ def test_the_packages_install_run_against_a_controller_and_purge(
         ctl.stop()
     assert (root / "var/lib/babysitter/spool.db").exists()
 
+    # an upgrade (the same packages again) keeps the directories as the admin tightened them,
+    # and a unit the admin disabled (a node out of the roll-out) disabled
+    inside(root, "chgrp", "babysitter", "/etc/babysitter")
+    assert inside(root, "systemctl", "disable", "babysitter-agent.service").returncode == 0
+    agent_wants = root / "etc/systemd/system/multi-user.target.wants/babysitter-agent.service"
+    assert not agent_wants.is_symlink()
+    (etc).chmod(0o750)
+    (root / "var/lib/babysitter").chmod(0o700)
+    r = inside(root, "dpkg", "-i", *(f"/tmp/{d}" for d in debs))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert oct(etc.stat().st_mode & 0o777) == oct(0o750)
+    assert oct((root / "var/lib/babysitter").stat().st_mode & 0o777) == oct(0o700)
+    assert not agent_wants.is_symlink()
+
     # purge: nothing left but what the admin must keep
     r = inside(root, "dpkg", "--purge", "babysitter-agent", "babysitter-controller", "babysitter")
     assert r.returncode == 0, r.stdout + r.stderr
