@@ -170,6 +170,10 @@ def test_the_policy_loop_takes_the_reloaded_ladder_validation_and_alertmanager(t
         assert (
             engine.maintenance.am is not None and engine.maintenance.am.base == "http://127.0.0.1:1"
         )
+        # turned off again: validations already submitted are still polled to their end
+        apply(live, parse_config({"controller": {"database_url": url}}), CONTROLLER_RESTART)
+        engine.config_reloaded(None)
+        assert engine.validator.enabled and not engine.settings.validate_before_resume
     finally:
         engine.close()
         store.close()

@@ -42,8 +42,9 @@ def reconfigure(engine: Any) -> None:
     engine.healer.ladder = LadderTable.from_config(cfg.remediation)
     engine.healer.lemon_drains = (cfg.policy.lemon_drains, cfg.policy.lemon_window_days)
     engine.healer.fabric_rung.timeout_s = cfg.remediation.reset_timeout_s
-    # validation turned on live: its poll must run, else validating nodes wait for ever
-    engine.validator.enabled = cfg.validation.enabled(cfg.policy)
+    # validation turned on live: its poll must run, else validating nodes wait for ever; turned
+    # off, the poll still runs (validations already submitted finish)
+    engine.validator.enabled = engine.validator.enabled or cfg.validation.enabled(cfg.policy)
     am = cfg.alerts.alertmanager_url
     engine.maintenance.am = Alertmanager(am) if am else None  # the windows' silences
     engine.sdc.user = cfg.validation.user
