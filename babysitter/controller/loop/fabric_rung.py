@@ -18,6 +18,7 @@ from datetime import datetime
 
 from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.db.store import Store
+from babysitter.controller.loop import after_rung
 from babysitter.controller.loop.admission import Act, Admission
 from babysitter.controller.loop.ledger import Ledger, Phase, Remediation
 from babysitter.hardware.recovery import RecoveryAction
@@ -87,7 +88,8 @@ class FabricRung:
                 # a refused restart never ran: no remediation for the lemon count
                 rem.evidence["refused"] = bool(got.get("refused"))
                 return False, f"agent: {message}"
-            self.ledger.move(rem, rem.state, now, message, restart_done_at=now.isoformat())
+            done = {"restart_done_at": now.isoformat(), **after_rung.mark(self.store, rem.node)}
+            self.ledger.move(rem, rem.state, now, message, **done)
             self.record(
                 ActionKind.RESTART_FABRIC, rem.node, f"restart_fabric: {rem.fault}", message, rem.id
             )

@@ -36,6 +36,7 @@ from typing import Any
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.tickstore import policy_rows
+from babysitter.controller.loop import after_rung
 from babysitter.controller.loop.admission import Act, Admission, Refusal
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.context import LoopContext
@@ -96,6 +97,7 @@ class Healer:
         self.prefix = cfg.slurm.reason_prefix
         self.validation_minutes = cfg.validation.time_limit_min + 5
         self.validation_user = cfg.validation.user
+        self.heartbeat_s = cfg.controller.heartbeat_timeout_s  # after_rung.py's bound
         self.enabled = cfg.remediation.enabled
         self.store = store
         self.slurm = slurm
@@ -535,13 +537,16 @@ class Healer:
         if rem.rung is Rung.RESTART_FABRIC:  # the same, for a fabric service restart
             got = self.fabric_rung.answer(rem, now)
             if got is not None and got[0]:
-                self._validate(rem, now, f"after a fabric service restart: {rem.fault}", firing)
+                why = f"after a fabric service restart: {rem.fault}"
+                self._validate_fresh(rem, now, why, firing, rem.evidence["restart_done_at"])
             elif got is not None:
                 self._fail(rem, now, got[1], firing)
             return
         ev = rem.evidence
-        if "reset_done_at" in ev:  # done; its validation was held: asked again
-            self._validate(rem, now, f"after GPU reset: {rem.fault}", firing)
+        if "reset_done_at" in ev:  # done; waits for a full report, or its validation was held
+            self._validate_fresh(
+                rem, now, f"after GPU reset: {rem.fault}", firing, ev["reset_done_at"]
+            )
             return
         row = self.store.node(rem.node) or {}
         got = (row.get("metrics") or {}).get(RESET_METRIC)
@@ -559,9 +564,10 @@ class Healer:
                 message,
                 reset_done_at=now.isoformat(),
                 reset_duration_s=got.get("duration_s"),
+                **after_rung.mark(self.store, rem.node),
             )
             self._record(ActionKind.RESET_GPU, rem.node, f"reset_gpu: {rem.fault}", message, rem.id)
-            self._validate(rem, now, f"after GPU reset: {rem.fault}", firing)
+            self._validate_fresh(rem, now, f"after GPU reset: {rem.fault}", firing, now.isoformat())
             return
         issued = datetime.fromisoformat(ev["issued_at"])
         if (now - issued).total_seconds() > self.cfg.reset_timeout_s:
@@ -571,6 +577,19 @@ class Healer:
                 f"the agent did not answer the reset order in {self.cfg.reset_timeout_s:g} s",
                 firing,
             )
+
+    def _validate_fresh(
+        self, rem: Remediation, now: datetime, why: str, firing: list[Alert], done_at: str
+    ) -> None:
+        """After a reset / restart: validated once the agent's full report after its answer
+        is in, never on the stale findings its event answer left open (after_rung.py)."""
+        wait = after_rung.waiting(
+            self.store, rem.node, rem.evidence, done_at, now, self.heartbeat_s
+        )
+        if wait is None:
+            self._validate(rem, now, why, firing)
+        elif wait:
+            self._fail(rem, now, wait, firing)
 
     def _validate(self, rem: Remediation, now: datetime, why: str, firing: list[Alert]) -> None:
         """The rung is done: the validation job must pass before the node returns."""
