@@ -257,3 +257,40 @@ def test_a_read_of_the_store_that_hangs_does_not_keep_publishing_store_up(secret
         timeout=60,
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_first_store_read_that_hangs_does_not_hold_every_scrape(secrets, tmp_path):
+    """Before any read was published, a scrape that finds the first read hanging answers
+    store_up 0 after a bounded wait instead of waiting with it (each waiting scrape would hold
+    one of the readers' workers, the status page's too)."""
+    import threading
+
+    from babysitter.controller.api.metrics_snapshot import StoreMetrics
+
+    c = Controller(controller_config(secrets, f"sqlite:///{tmp_path / 'm.db'}"))
+    c.setup()
+    sm = StoreMetrics(c.store, c.metrics, c.state, interval_s=0.2)
+    entered, release = threading.Event(), threading.Event()
+
+    def hangs():
+        entered.set()
+        release.wait(60)
+        raise RuntimeError("the database went away")
+
+    sm._read_nodes = hangs
+    reader = threading.Thread(target=sm.refresh, daemon=True)
+    reader.start()
+    try:
+        assert entered.wait(60)
+        answer: list[bytes] = []
+        scrape = threading.Thread(target=lambda: answer.append(sm.exposition(False)), daemon=True)
+        scrape.start()
+        scrape.join(30)  # generous; the bound is one interval
+        assert answer, "the scrape waited for the hanging read"
+        text = answer[0].decode()
+    finally:
+        release.set()
+        reader.join(60)
+        c.close()
+    assert "babysitter_store_up 0.0" in text
+    assert not [line for line in text.splitlines() if line.startswith("babysitter_nodes{")]

@@ -137,19 +137,21 @@ class StoreMetrics:
 
     def current(self) -> Published:
         """The published snapshot; read first when there is none, or when it is stale and no
-        other read is under way (while one is, store_up 0 and no store value, with the age)."""
+        other read is under way (while one is, store_up 0 and no store value, with the age;
+        with none yet, after waiting for that read at most one interval)."""
         p = self._published
         if p is not None and time.time() - p.read_at < STALE_INTERVALS * self.interval_s:
             return p
-        if p is None:
-            return self.refresh()
-        if self._reading.acquire(blocking=False):
+        # none yet: wait for the first read at most one interval (it may hang: a scrape
+        # waiting with it would hold a reader worker)
+        if self._reading.acquire(timeout=self.interval_s if p is None else 0):
             try:
                 return self._refresh()
             finally:
                 self._reading.release()
         # another read holds the slot past STALE_INTERVALS: it hangs; its values are not current
-        return Published(generate_latest(self._withdrawn), p.read_at, False)
+        at = time.time() if p is None else p.read_at
+        return Published(generate_latest(self._withdrawn), at, False)
 
     def exposition(self, leader: bool) -> bytes:
         """The whole of /metrics: the process's own series, then the published snapshot."""
