@@ -44,11 +44,12 @@ def reset_done(c: Cluster, order: str) -> Finding:
     )
 
 
-def _reset_answered_in_an_event(c: Cluster) -> str:
+def _reset_answered_in_an_event(c: Cluster) -> tuple[str, Finding]:
     """XID 48 on node1, the reset ordered, the agent's answer in an event report; the XID is
-    still among node1's open findings. Returns the order id."""
+    still among node1's open findings. Returns the order id and the XID."""
     c.tick()
-    c.report("node1", xid48())
+    fault = xid48()
+    c.report("node1", fault)
     for _ in range(2):
         c.tick()
     (row,) = c.ledger("node1")
@@ -62,7 +63,7 @@ def _reset_answered_in_an_event(c: Cluster) -> str:
     c.tick()  # the answer seen: the reset is done
     (row,) = c.ledger("node1")
     assert row.state is Phase.RESETTING and "reset_done_at" in row.evidence
-    return oid
+    return oid, fault
 
 
 def _resets(c: Cluster) -> int:
@@ -77,16 +78,20 @@ def test_a_reset_answered_in_an_event_is_not_drained_again_on_the_fault_before_i
     tmp_path: Path,
 ):
     c = Cluster(tmp_path)
-    oid = _reset_answered_in_an_event(c)
+    oid, fault = _reset_answered_in_an_event(c)
+    answer = {"order": oid, "ok": True, "message": "GPU 3 reset"}
     for _ in range(3):
         c.tick()
+    # a full report built before the agent's XID check ran again: the XID from before the reset
+    c.report("node1", fault, gpu_reset=answer)
+    c.tick()
     (row,) = c.ledger("node1")
     # not validated while node1's findings are those from before the reset
     assert row.state is Phase.RESETTING
     assert not [a for a in c.store.actions() if a.kind is ActionKind.VALIDATE]
     assert "DRAIN" in c.slurm.node("node1").flags  # still out of service
     # the agent's next full report: the reset GPU's XID is gone
-    c.report("node1", gpu_reset={"order": oid, "ok": True, "message": "GPU 3 reset"})
+    c.report("node1", gpu_reset=answer)
     c.tick()
     (row,) = c.ledger("node1")
     assert row.state is Phase.VALIDATING
@@ -100,6 +105,17 @@ def test_a_reset_answered_in_an_event_is_not_drained_again_on_the_fault_before_i
     c.close()
 
 
+def test_the_fault_seen_anew_after_the_reset_is_left_to_the_validation(tmp_path: Path):
+    c = Cluster(tmp_path)
+    oid, fault = _reset_answered_in_an_event(c)
+    c.tick()
+    again = fault.replace(observed_at=c.now)  # logged again after the reset
+    c.report("node1", again, gpu_reset={"order": oid, "ok": True, "message": "GPU 3 reset"})
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.VALIDATING
+    c.close()
+
+
 def test_no_full_report_after_the_answer_fails_the_rung_never_resumes(tmp_path: Path):
     c = Cluster(tmp_path, controller={"heartbeat_timeout_s": 300})
     _reset_answered_in_an_event(c)
@@ -107,7 +123,7 @@ def test_no_full_report_after_the_answer_fails_the_rung_never_resumes(tmp_path: 
     rows = c.ledger("node1")
     failed = next(r for r in rows if r.rung is Rung.RESET_GPU)
     assert failed.state is Phase.FAILED
-    assert "no full report from the agent within 300 s" in (failed.outcome or "")
+    assert "without the xid.48 from before its answer within 300 s" in (failed.outcome or "")
     assert rows[0].rung is Rung.REBOOT  # the next rung, as after any failed reset
     assert "DRAIN" in c.slurm.node("node1").flags or c.slurm.node("node1").flags & {
         "REBOOT_REQUESTED",

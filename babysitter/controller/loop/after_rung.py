@@ -12,7 +12,10 @@ resumed on unknown).
 
 The answer's own report marks the point: a full report counts when it was received no earlier
 and sent (on the agent's clock, like the mark) no earlier than it; an answer that came in a full
-report is its own fresh report.
+report is its own fresh report. And the fault the rung was for must not be open as observed
+before the answer (the agent's clock again): a full report built before the agent's checks ran
+again after the reset still carries the kernel log's XID from before it. Seen anew after the
+answer it is evidence, and the validation decides.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from sqlalchemy import select
 
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store, aware
+from babysitter.controller.loop.ledger import Remediation
 
 SENT = "answer_sent_at"  # evidence keys: the answer's report, on the agent's clock
 RECEIVED = "answer_received_at"  # ... and on the controller's
@@ -59,13 +63,28 @@ def fresh(store: Store, node: str, ev: dict[str, Any], done_at: str) -> bool:
         return c.execute(q.limit(1)).first() is not None
 
 
+def stale(store: Store, node: str, ev: dict[str, Any], fault_class: str) -> bool:
+    """The rung's fault is among the node's open findings as observed before the answer."""
+    if SENT not in ev:
+        return False
+    answered = datetime.fromisoformat(str(ev[SENT]))
+    row = store.node(node) or {}
+    return any(
+        f.code == fault_class and f.observed_at < answered for f in row.get("open_findings", [])
+    )
+
+
 def waiting(
-    store: Store, node: str, ev: dict[str, Any], done_at: str, now: datetime, timeout_s: float
+    store: Store, rem: Remediation, done_at: str, now: datetime, timeout_s: float
 ) -> str | None:
     """None: the node's findings are fresh, validate. "": wait for the agent's full report.
-    Else why the rung failed (no full report within `timeout_s` of the answer)."""
-    if fresh(store, node, ev, done_at):
+    Else why the rung failed (none within `timeout_s` of the answer)."""
+    ev = rem.evidence
+    if fresh(store, rem.node, ev, done_at) and not stale(store, rem.node, ev, rem.fault_class):
         return None
     if (now - datetime.fromisoformat(done_at)).total_seconds() > timeout_s:
-        return f"no full report from the agent within {timeout_s:g} s after its answer"
+        return (
+            f"no full report from the agent without the {rem.fault_class} from before its "
+            f"answer within {timeout_s:g} s"
+        )
     return ""

@@ -583,9 +583,7 @@ class Healer:
     ) -> None:
         """After a reset / restart: validated once the agent's full report after its answer
         is in, never on the stale findings its event answer left open (after_rung.py)."""
-        wait = after_rung.waiting(
-            self.store, rem.node, rem.evidence, done_at, now, self.heartbeat_s
-        )
+        wait = after_rung.waiting(self.store, rem, done_at, now, self.heartbeat_s)
         if wait is None:
             self._validate(rem, now, why, firing)
         elif wait:
