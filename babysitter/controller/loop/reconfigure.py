@@ -49,6 +49,7 @@ def reconfigure(engine: Any) -> None:
     engine.maintenance.am = Alertmanager(am) if am else None  # the windows' silences
     engine.sdc.user = cfg.validation.user
     engine.sdc.heartbeat_s = cfg.controller.heartbeat_timeout_s
+    engine.healer.heartbeat_s = cfg.controller.heartbeat_timeout_s  # after_rung.py's bound
     engine.sdc.rpc.rate = cfg.checks.sdc.max_slurm_rpc_per_s
     engine.domains.settings = FabricSettings.from_config(cfg)  # NVLink domains: the same
     engine.domains.policy = settings
