@@ -313,3 +313,18 @@ def test_a_reloaded_max_mb_bounds_the_next_upload(tmp_path: Path, secrets: Secre
         cfg.rma.max_mb = 8  # as a reload writes it (babysitter/reload.py)
         r = client.post(url, content=body, headers=secrets.headers("node1"))
         assert r.status_code == 404, r.text  # read whole; no such order
+
+
+def test_an_archive_id_no_database_can_hold_is_refused_not_a_server_error(
+    tmp_path: Path, secrets: Secrets
+):
+    """schemathesis found it: an id past SQLite's 64-bit integers was a 500."""
+    from fastapi.testclient import TestClient
+
+    cfg = controller_config(secrets, f"sqlite:///{tmp_path / 'c.db'}")
+    with set_up(cfg) as ctl:
+        client = TestClient(ctl.app())
+        admin = {"Authorization": f"Bearer {secrets.admin}"}
+        huge = client.get(f"/api/v1/rma/{2**127}/archive", headers=admin)
+        assert huge.status_code == 422, huge.text
+        assert client.get("/api/v1/rma/7/archive", headers=admin).status_code == 404

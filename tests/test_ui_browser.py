@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -97,7 +97,7 @@ def clicked(driver: WebDriver, element_id: str) -> bool:
     an element found just before a reload is stale, so find it again)."""
     try:
         driver.find_element(By.ID, element_id).click()
-    except StaleElementReferenceException:
+    except WebDriverException:  # stale, or Chromium mid-reload ("unhandled inspector error")
         return False
     return True
 

@@ -86,7 +86,11 @@ def rma_router(
             return [a.to_json(base) for a in rma.archives(store, node=name)]
 
         @router.get("/rma/{archive_id}/archive")
-        def download(archive_id: int, request: Request) -> FileResponse:
+        def download(
+            request: Request,
+            # a row id: beyond SQL's 64-bit integers is no archive (not a database error)
+            archive_id: int = Path(ge=1, le=2**63 - 1),
+        ) -> FileResponse:
             """The archive (reader token, or the status page's login cookie: its link)."""
             if not may_read(request):
                 raise HTTPException(403, "admin or read token required")
