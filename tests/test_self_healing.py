@@ -326,9 +326,14 @@ def test_gpu_reset_heals_an_idle_gpu_and_a_busy_one_escalates_to_reboot(healing:
     _one_validation_job(sim, "node2")
 
 
-def _drained_series(sim: SimCluster) -> dict[str, str]:
-    """node -> the labels of its babysitter_node_drained_seconds series on /metrics."""
-    text = httpx.get(sim.url + "/metrics", timeout=5).text
+def _drained_series(sim: SimCluster) -> dict[str, str] | None:
+    """node -> the labels of its babysitter_node_drained_seconds series on /metrics (None when
+    the readers' rate limit answered 429: a test polls faster than Prometheus scrapes)."""
+    r = httpx.get(sim.url + "/metrics", timeout=5)
+    if r.status_code == 429:
+        return None
+    r.raise_for_status()
+    text = r.text
     return {
         line.split('node="')[1].split('"')[0]: line.split("{", 1)[1].split("}")[0]
         for line in text.splitlines()
@@ -348,8 +353,15 @@ def test_admin_drain_stays_until_admin_resume(tmp_path: Path):
         wait_for(lambda: node_state(sim.info, "node1")[0] == "drain", 30, "admin drain")
         # someone drains node2 in Slurm itself: visible as a drain babysitter does not own
         slurm(sim.info, "scontrol", "update", "nodename=node2", "state=drain", "reason=cable work")
-        wait_for(lambda: "node2" in _drained_series(sim), 30, "node2's drain on /metrics")
-        series = _drained_series(sim)
+        seen: list[dict[str, str]] = []
+
+        def node2_drained() -> bool:
+            series = _drained_series(sim)
+            seen.extend([series] if series and "node2" in series else [])
+            return bool(seen)
+
+        wait_for(node2_drained, 30, "node2's drain on /metrics")
+        series = seen[0]
         assert 'owner="admin"' in series["node1"] and 'remediation="none"' in series["node1"]
         assert 'owner="other"' in series["node2"]
         # the node reports clean all along; ten reports later it is still the admin's
@@ -363,7 +375,11 @@ def test_admin_drain_stays_until_admin_resume(tmp_path: Path):
         assert state == "drain" and reason == "babysitter: [manual] swap the fan"
         _post(sim, "/api/v1/nodes/node1/resume")
         wait_for(lambda: _in_service(sim, "node1"), 30, "resumed")
-        wait_for(lambda: "node1" not in _drained_series(sim), 30, "node1 gone from /metrics")
+        wait_for(
+            lambda: (s := _drained_series(sim)) is not None and "node1" not in s,
+            30,
+            "node1 gone from /metrics",
+        )
         # the other drain is still someone else's: babysitter never resumed it
         assert node_state(sim.info, "node2") == ("drain", "cable work")
     finally:

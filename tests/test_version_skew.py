@@ -247,7 +247,16 @@ def test_previous_and_current_release_over_a_controller_upgrade(mixed: SimCluste
     assert {a["node"] for a in drains} == {"node1", "node3"}
 
     # no report refused: the current controller counted no error answer since its start ...
-    assert not _refused(httpx.get(sim.url + "/metrics", timeout=10).text)
+    pages: list[str] = []  # a 429 (the readers' rate limit) is asked again, never read as 0
+
+    def metrics_page() -> bool:
+        r = httpx.get(sim.url + "/metrics", timeout=10)
+        pages.extend([r.text] if r.status_code == 200 else [])
+        return bool(pages)
+
+    wait_for(metrics_page, 30, "the controller's /metrics page")
+    assert "babysitter_reports_refused_total" in pages[0]
+    assert not _refused(pages[0])
     # ... and each agent counts the reports a controller answered with a 4xx (it
     # drops them) in its spool and logs the first of each status
     for node in sim.nodes:
