@@ -328,3 +328,30 @@ def test_an_archive_id_no_database_can_hold_is_refused_not_a_server_error(
         huge = client.get(f"/api/v1/rma/{2**127}/archive", headers=admin)
         assert huge.status_code == 422, huge.text
         assert client.get("/api/v1/rma/7/archive", headers=admin).status_code == 404
+
+
+def _part(members: list[tuple[str, bytes]]) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_a_node_part_that_decompresses_past_its_bound_is_unreadable_not_read_whole():
+    """A node with its own token and an open order cannot make the controller inflate a gzip
+    bomb while it looks for the node's manifest (the manifest comes last in the agent's part)."""
+    from babysitter.controller.loop.rma_archive import _node_manifest
+
+    manifest = ("node-manifest.json", b'{"bug_report": "absent", "kernel_log": "3 lines"}')
+    honest = _part([("kernel.log", b"a\nb\nc\n"), manifest])
+    assert _node_manifest(honest)["kernel_log"] == "3 lines"
+    bomb = _part([("nvidia-bug-report.log.gz", bytes(8 * 1024 * 1024)), manifest])
+    assert len(bomb) < 64 * 1024  # zeros: a few KB that inflate to 8 MB
+    assert _node_manifest(bomb, slack=1024 * 1024) == {}
+    assert _node_manifest(bomb)["bug_report"] == "absent"  # within the default bound: read

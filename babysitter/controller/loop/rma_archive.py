@@ -5,6 +5,7 @@ Called by the API's upload route (controller/api/api_rma.py), never by the loop.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -44,15 +45,41 @@ def _json(data: Any) -> bytes:
     return json.dumps(data, indent=2, default=str).encode()
 
 
-def _node_manifest(part: bytes) -> dict[str, Any]:
-    """What the agent said it collected (its node-manifest.json); {} when unreadable."""
+# what reading the agent's part may decompress beyond its own size: its bug report is already
+# compressed (stored as is) and its kernel log is a bounded number of lines, so a real part
+# expands little; a gzip bomb stops here instead of costing the controller seconds of CPU
+MANIFEST_SCAN_SLACK = 64 * 1024 * 1024
+
+
+class _Capped:
+    """A read()-only stream that raises once more than `cap` bytes came through it."""
+
+    def __init__(self, raw: Any, cap: int) -> None:
+        self.raw, self.left = raw, cap
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self.raw.read(n if n >= 0 else self.left + 1)
+        self.left -= len(data)
+        if self.left < 0:
+            raise OSError("the node's part decompresses past its bound")
+        return data
+
+
+def _node_manifest(part: bytes, slack: int = MANIFEST_SCAN_SLACK) -> dict[str, Any]:
+    """What the agent said it collected (its node-manifest.json); {} when unreadable or when
+    finding it would decompress more than the part's size + `slack`."""
+    stream = _Capped(gzip.GzipFile(fileobj=io.BytesIO(part)), len(part) + slack)
     try:
-        with tarfile.open(fileobj=io.BytesIO(part), mode="r:gz") as tar:
-            f = tar.extractfile("node-manifest.json")
-            doc = json.loads(f.read(64 * 1024)) if f else {}
+        # "r|" reads the stream once, front to back: read() is all it needs (the stubs want more)
+        with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
+            for member in tar:
+                if member.name == "node-manifest.json":
+                    f = tar.extractfile(member)
+                    doc = json.loads(f.read(64 * 1024)) if f else {}
+                    return doc if isinstance(doc, dict) else {}
     except (tarfile.TarError, KeyError, ValueError, OSError, EOFError):
         return {}
-    return doc if isinstance(doc, dict) else {}
+    return {}
 
 
 def _members(store: Store, a: Archive, part: bytes, now: datetime) -> dict[str, bytes]:
