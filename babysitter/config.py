@@ -309,10 +309,12 @@ class ControllerConfig(Section):
             description="status page (/ui) requests one client address may make per second, "
             "on average (a token bucket; past it: 429 with Retry-After)",
         ),
-    ] = 2.0
+        # a reverse proxy is one address for every browser: 50 tabs at the default 5 s refresh;
+        # one client past it is still bounded, and all of them by the reader workers
+    ] = 10.0
     ui_burst: Annotated[
         int, Meta(ge=1, description="status page requests one client address may make at once")
-    ] = 20
+    ] = 50
     metrics_requests_per_s: Annotated[
         float,
         Meta(
