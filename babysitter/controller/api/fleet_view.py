@@ -416,22 +416,7 @@ def _by_group(
 def _unknown(prev: FleetSnapshot, error: str) -> FleetSnapshot:
     """The store could not be read: every node known so far is unknown, never healthy."""
     names = sorted({*prev.healthy, *(n.name for n in prev.needs_human)})
-    rows = tuple(
-        NodeRow(
-            name=name,
-            verdict="unknown",
-            drained=False,
-            maintenance=False,
-            problem="the store could not be read",
-            problems=0,
-            owner="none",
-            reason="",
-            slurm_state="",
-            last_report_at=None,
-            place=prev.places.get(name) or Place((NO_PARTITION,), None, None),
-        )
-        for name in names
-    )
+    rows = tuple(_plain_row(prev, name, "unknown", "the store could not be read") for name in names)
 
     def unknown(groups: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
         return {
@@ -609,12 +594,17 @@ def rows(snap: FleetSnapshot, items: list[NodeRow | str]) -> list[NodeRow]:
 
 
 def _healthy_row(snap: FleetSnapshot, name: str) -> NodeRow:
+    return _plain_row(snap, name, "healthy", "")
+
+
+def _plain_row(snap: FleetSnapshot, name: str, verdict: str, problem: str) -> NodeRow:
+    """A node the snapshot holds only by name: not drained, no finding, no Slurm reason."""
     return NodeRow(
         name=name,
-        verdict="healthy",
+        verdict=verdict,
         drained=False,
         maintenance=False,
-        problem="",
+        problem=problem,
         problems=0,
         owner="none",
         reason="",
