@@ -9,6 +9,7 @@ babysitter wheel is rebuilt and reinstalled on every call.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -44,13 +45,20 @@ def clean_env(**extra: str) -> dict[str, str]:
 def installed_wheel(build_dir: Path, cache: Path = VENV_CACHE) -> Path:
     """Build the wheel into `build_dir` and install it into the cached venv under `cache`;
     the venv's path (its `bin/babysitter` is the console script a site runs)."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(build_dir), str(REPO)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-        cwd=build_dir,
-    )
+    # setuptools builds in the checkout's build/: one build at a time (packaging/build.py takes
+    # the same lock; two at once under pytest-xdist failed on build/bdist.*/wheel/...)
+    lock = REPO / "build" / ".wheel.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(build_dir),
+             str(REPO)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+            cwd=build_dir,
+        )  # fmt: skip
     (wheel,) = build_dir.glob("babysitter-*.whl")
     venv = cache / deps_key()
     py = venv / "bin" / "python"

@@ -21,6 +21,7 @@ anywhere.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import re
 import shutil
@@ -52,7 +53,13 @@ def build_venv(stage: Path, work: Path) -> None:
     """The project's wheel and its dependencies in a venv at stage/opt/babysitter, relocated."""
     wheels = work / "wheel"
     wheels.mkdir()
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)])
+    # setuptools builds in the checkout's build/: one build at a time (bench/wheel.py takes the
+    # same lock; two at once under pytest-xdist failed on build/bdist.*/wheel/...)
+    lock = REPO / "build" / ".wheel.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)])
     (wheel,) = wheels.glob("babysitter-*.whl")
     venv = stage / PREFIX.lstrip("/")
     run([PYTHON, "-m", "venv", str(venv)])

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.loop.ledger import Phase
 from babysitter.controller.loop.lemons import drain_lemons
-from babysitter.slurm.client import SlurmNode, SlurmUnavailable
+from babysitter.slurm.client import SlurmNode, SlurmNodeSettling, SlurmUnavailable
 from tests.fixtures.healing import Cluster, sdc_mismatch, xid48, xid79
 
 
@@ -279,6 +280,80 @@ def test_a_held_validation_start_is_asked_again_not_a_failed_rung(tmp_path: Path
     c.tick()
     c.tick()
     assert c.ledger("node1")[0].state is Phase.PASSED
+    c.close()
+
+
+def _settling(c: Cluster, times: int) -> list[int]:
+    """Slurm refuses node1's resume into its validation `times` times, as a node back from a
+    reboot can ("Invalid node state specified"); the count of tries so far."""
+    real = c.slurm.start_validation
+    tries = [0]
+
+    def refusing(node: str, *args: Any) -> int:
+        tries[0] += 1
+        if node == "node1" and tries[0] <= times:
+            raise SlurmNodeSettling("resume node1: Invalid node state specified")
+        return real(node, *args)
+
+    c.slurm.start_validation = refusing  # type: ignore[method-assign]
+    return tries
+
+
+def test_a_reboot_whose_node_slurm_will_not_return_yet_is_validated_on_a_later_tick(
+    tmp_path: Path,
+):
+    """Back from its reboot, Slurm refused node1's resume for a while (seen in cold runs): that
+    failed the reboot rung and paged. It is not a verdict on the node: it stays drained and the
+    validation starts once Slurm lets it."""
+    c = Cluster(tmp_path, remediation={"reboot_timeout_s": 600})
+    c.tick()
+    c.report("node1", xid79())
+    for _ in range(3):
+        c.tick()
+    assert c.ledger("node1")[0].state is Phase.REBOOTING
+    c.power_cycle("node1")
+    tries = _settling(c, times=2)
+    for _ in range(2):
+        c.tick()
+        (row,) = c.ledger("node1")
+        assert row.state is Phase.REBOOTING and row.open and "not started yet" in row.outcome
+        sn = c.slurm.node("node1")
+        assert sn.down or sn.drained_or_draining  # out of service meanwhile
+    assert "node1|remediation_inspect" not in c.engine.router.firing_keys()  # no climb
+    c.tick()
+    assert tries[0] == 3
+    (row,) = c.ledger("node1")
+    assert row.state is Phase.VALIDATING and row.rung.value == "reboot"
+    c.slurm.verdict("node1")
+    c.tick()
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.PASSED
+    c.close()
+
+
+def test_a_node_slurm_never_returns_after_its_reboot_fails_the_rung_when_its_hold_ends(
+    tmp_path: Path,
+):
+    """Held for ever would leave it drained with nobody told: once the reboot's reservation
+    (reboot_timeout_s + the validation's time) is over, the rung fails and on-call is paged."""
+    c = Cluster(tmp_path, remediation={"reboot_timeout_s": 600})
+    c.tick()
+    c.report("node1", xid79())
+    for _ in range(3):
+        c.tick()
+    c.power_cycle("node1")
+    _settling(c, times=10**6)
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.REBOOTING
+    for _ in range(40):  # 40 x 120 s: past 600 s + the validation job's time limit
+        c.tick(120)
+    rows = c.ledger("node1")
+    (row,) = [r for r in rows if r.rung.value == "reboot"]
+    assert not row.open and rows[0].rung.value == "inspect", rows  # the ladder's last rung
+    assert "validation never started" in row.outcome, row
+    sn = c.slurm.node("node1")
+    assert sn.down or sn.drained_or_draining
+    assert "node1|remediation_inspect" in c.engine.router.firing_keys(), "on-call not paged"
     c.close()
 
 

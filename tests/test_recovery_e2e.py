@@ -82,10 +82,9 @@ def _wait(sim: SimCluster, cond, what: str, node: str) -> None:
         ) from None
 
 
-# Known race, not yet fixed (closing note of stop 46): in one cold run a rebooted node's
-# validation start met Slurm's "Invalid node state specified" on its resume, twice in a row, and
-# the reboot rung failed (the node stayed drained: the safe side). Two reruns, not one, until the
-# healer retries that resume instead of failing the rung.
+# Ten agents, three reboots and four resets on a loaded 2-core machine: two reruns while this
+# cluster's timing is what varies (a run in CI once met an XID 74 reset past its 400 s bound;
+# the rebooted node Slurm would not resume yet is now held and retried, not failed).
 @pytest.mark.flaky(reruns=2)
 @pytest.mark.timeout(1500)
 def test_each_recovery_action_takes_its_rung_through_slurm(cluster: SimCluster):

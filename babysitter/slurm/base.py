@@ -17,6 +17,7 @@ from babysitter.slurm.client import (
     SlurmClient,
     SlurmError,
     SlurmNode,
+    SlurmNodeSettling,
     SlurmNotFound,
     SlurmNotOwned,
     SlurmRejected,
@@ -529,13 +530,29 @@ class OwnedClient(SlurmClient):
             # back from a reboot, Slurm may have returned it already (25.11: IDLE+MAINT in the
             # reservation), and refuses to resume a node that is neither drained nor down
             if cur.drained_or_draining or cur.down:
-                self.resume(node)
+                self._resume_for_validation(node)
             return self.sc.sbatch(
                 [f"--reservation={reservation}", f"--nodelist={node}", *sbatch_args]
             )
+        except SlurmNodeSettling:
+            raise  # the reservation stays for the next try: the node is drained meanwhile
         except SlurmError:
             self.sc.delete_reservation(reservation)
             raise
+
+    def _resume_for_validation(self, node: str) -> None:
+        """Resume NODE into its reservation. Back from a reboot, its state moves under us:
+        Slurm may return it itself between the read and the resume, or refuse the resume while
+        the reboot is still settling ("Invalid node state specified", seen in cold runs)."""
+        try:
+            self.resume(node)
+        except SlurmRejected as exc:
+            now = self.node(node)
+            if not (now.drained_or_draining or now.down):
+                return  # Slurm returned it meanwhile: in the reservation, as wanted
+            raise SlurmNodeSettling(
+                f"Slurm will not return {node} yet ({now.state}): {exc}", exc.slurm_message
+            ) from exc
 
     def validation_outcome(self, job_id: int) -> tuple[str, str]:
         return self.sc.job_outcome(validate_job_id(job_id))

@@ -38,6 +38,11 @@ class SlurmRejected(SlurmError):
     """Slurm refused the operation (e.g. requeue of a --no-requeue job)."""
 
 
+class SlurmNodeSettling(SlurmRejected):
+    """Slurm refused a node's resume in a state that is still moving (back from a reboot):
+    not a verdict on the node, asked again later."""
+
+
 class SlurmBusy(SlurmRejected):
     """A hold (reservation) was refused because a job holds one of its nodes."""
 

@@ -37,7 +37,7 @@ from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.tickstore import policy_rows
 from babysitter.controller.loop import after_rung
-from babysitter.controller.loop.admission import Act, Admission, Refusal
+from babysitter.controller.loop.admission import Act, Admission, Refusal, Why
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.context import LoopContext
 from babysitter.controller.loop.fabric_rung import FabricRung
@@ -600,6 +600,10 @@ class Healer:
             )
         outcome = self.validator.start(rem.node, why, now, reserved_until=reserved)
         if isinstance(outcome, Refusal):
+            if outcome.why is Why.UNKNOWN and reserved is not None and now >= reserved:
+                # Slurm never let it start while the node was held for it: paged, stays drained
+                self._fail(rem, now, f"validation never started: {outcome.reason}", firing)
+                return
             # held by the admission step, not a failed rung: the phase stays, asked next tick
             self.ledger.move(rem, rem.state, now, f"validation {outcome}")
             return

@@ -29,13 +29,19 @@ from babysitter.config import Config
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.admission import Act, Admission, Refusal
+from babysitter.controller.loop.admission import Act, Admission, Refusal, Why
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.diag_level import LEVEL_ENV, level_for
 from babysitter.controller.loop.ledger import Ledger
 from babysitter.controller.loop.policy import Rule
 from babysitter.finding import Severity
-from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNotFound, SlurmUnavailable
+from babysitter.slurm.client import (
+    SlurmClient,
+    SlurmError,
+    SlurmNodeSettling,
+    SlurmNotFound,
+    SlurmUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +223,13 @@ class Validator:
                 self.cfg.time_limit_min + 5,
                 self._argv(node),
             )
+        except (SlurmUnavailable, SlurmNodeSettling) as exc:
+            # not a verdict on the node: it stays drained and the start is asked again
+            outcome = f"validation job not started yet: {exc}"
+            self.store.update_action(aid, status="failed", done_at=now, outcome=outcome)
+            audit.record_actions(self.store, [aid], now)
+            log.warning("%s: %s", node, outcome)
+            return Refusal(Why.UNKNOWN, outcome)
         except (SlurmError, OSError) as exc:
             outcome = f"could not start the validation job: {exc}"
             self.store.update_action(aid, status="failed", done_at=now, outcome=outcome)
