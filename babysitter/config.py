@@ -713,6 +713,14 @@ class RmaConfig(Section):
             "a failed collection (alerted, never dropped)",
         ),
     ] = 900.0
+    keep_days: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="controller: an archive's file is deleted this long after it was "
+            "collected (its row stays, state expired)",
+        ),
+    ] = 365.0
 
 
 class AlertsConfig(Section):

@@ -355,3 +355,45 @@ def test_a_node_part_that_decompresses_past_its_bound_is_unreadable_not_read_who
     assert len(bomb) < 64 * 1024  # zeros: a few KB that inflate to 8 MB
     assert _node_manifest(bomb, slack=1024 * 1024) == {}
     assert _node_manifest(bomb)["bug_report"] == "absent"  # within the default bound: read
+
+
+def test_an_archive_past_keep_days_is_deleted_and_its_row_says_so(tmp_path: Path):
+    """A year of 50 MB bug reports would fill the controller's disk: after [rma] keep_days the
+    file goes, the row stays (when, why, sha256) as `expired`, with no download link."""
+    from babysitter.controller.db import models as m
+    from babysitter.controller.db.retention import Retention
+
+    archive_dir = tmp_path / "rma"
+    archive_dir.mkdir()
+    c = Cluster(tmp_path, rma={"archive_dir": str(archive_dir), "keep_days": 30})
+    made = datetime(2026, 1, 1, tzinfo=UTC)
+    ids = {}
+    for name, created in (("old", made), ("new", made + timedelta(days=29))):
+        (archive_dir / f"rma-node1-{name}.tar.gz").write_bytes(b"evidence")
+        with c.store.engine.begin() as conn:
+            ids[name] = conn.execute(
+                m.rma_archives.insert().values(
+                    node="node1",
+                    trigger="lemon: test",
+                    order_id=f"order-{name}",
+                    state="collected",
+                    outcome="bug report collected",
+                    path=f"rma-node1-{name}.tar.gz",
+                    size=8,
+                    sha256="0" * 64,
+                    alerted=True,
+                    created_at=created,
+                    updated_at=created,
+                )
+            ).inserted_primary_key[0]
+    retention = Retention(c.store, c.cfg.controller, rma=c.cfg.rma)
+    retention.run_once(now=made + timedelta(days=31))
+
+    old, new = rma.archive(c.store, ids["old"]), rma.archive(c.store, ids["new"])
+    assert old is not None and new is not None
+    assert not (archive_dir / "rma-node1-old.tar.gz").exists()
+    assert old.state == "expired" and old.path is None and old.sha256 == "0" * 64
+    assert "keep_days" in (old.outcome or "") and old.to_json()["url"] is None
+    assert (archive_dir / "rma-node1-new.tar.gz").exists() and new.state == "collected"
+    assert retention.rma_expired == 1
+    c.close()

@@ -196,6 +196,7 @@ class Controller:
                 bool(self.state["leader"])
                 or not (self.leadership.compete or self.leadership.is_postgres)
             ),
+            rma=self.cfg.rma,
         )
         self.retention.start()
 

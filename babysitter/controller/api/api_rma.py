@@ -82,7 +82,8 @@ def rma_router(
         def list_archives(
             name: str = Path(pattern=NODE_NAME), _: Principal = Depends(reader)
         ) -> list[dict[str, Any]]:
-            """The node's RMA evidence archives, newest first (ordered, collected, failed)."""
+            """The node's RMA evidence archives, newest first (ordered, collected, failed,
+            expired)."""
             return [a.to_json(base) for a in rma.archives(store, node=name)]
 
         @router.get("/rma/{archive_id}/archive")

@@ -24,9 +24,10 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, select
 
-from babysitter.config import ControllerConfig
+from babysitter.config import ControllerConfig, RmaConfig
 from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
+from babysitter.controller.db.rma_retention import expire_archives
 from babysitter.controller.db.store import Store
 from babysitter.finding import Severity
 
@@ -39,6 +40,7 @@ PAUSE_S = 0.05  # between batches: the ingest writer gets the database in betwee
 BATCH_TARGET_S = 0.01
 # ...but never below this: with the pauses, 200 per batch still deletes > 3,000 reports/s
 MIN_BATCH = 200
+RMA_BATCH = 100  # RMA archives expired per transaction round (a few a day at most)
 
 
 def prune_batch(
@@ -67,9 +69,12 @@ class Retention:
         store: Store,
         cfg: ControllerConfig,
         active: Callable[[], bool] = lambda: True,
+        rma: RmaConfig | None = None,
     ) -> None:
         self.store = store
         self.cfg = cfg
+        self.rma = rma  # None: RMA archives are not this process's to prune
+        self.rma_expired = 0
         self.active = active  # only the leader prunes (two would only race for the same rows)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -99,6 +104,13 @@ class Retention:
                 self._stop.wait(PAUSE_S)
         self.deleted += total
         self.audit_deleted += self._prune_audit(now)
+        if self.rma is not None:
+            cutoff = now - timedelta(days=self.rma.keep_days)
+            while not self._stop.is_set():
+                n = expire_archives(self.store, self.rma.archive_dir, cutoff, RMA_BATCH)
+                self.rma_expired += n
+                if n < RMA_BATCH:
+                    break
         return total
 
     def _prune_audit(self, now: datetime) -> int:
