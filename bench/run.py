@@ -39,8 +39,8 @@ BENCHMARKS: list[tuple[str, int]] = [
     ("bench.self_heal", 900),
     # the same at the shipped intervals (~3 min): the loop time ETTR's self-healing arm uses
     ("bench.self_heal_defaults", 900),
-    # simulated fleet with benign noise at defaults: the false-drain rate (a few minutes)
-    ("bench.soak", 900),
+    # simulated fleets with benign noise at defaults: the false-drain rate (45 min budget)
+    ("bench.soak", 3000),
     # NHC 1.4.3 beside babysitter on one devcluster: ~4 rounds at 60 s, 2 at 300 s (~20 min)
     ("bench.nhc", 2400),
     # last: it reads the latencies fault_drain and the false-drain bound soak just measured

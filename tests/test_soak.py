@@ -189,3 +189,121 @@ def test_nhc_runs_skipped_while_no_port_is_down_change_nothing(tmp_path: Path):
         for k in ("false_drains", "drain_minutes_p50", "drain_minutes_max", "drains_open_at_end"):
             assert a[k] == pytest.approx(b[k]), (iv, k)
     assert skip["nhc"]["60"]["false_drains"] >= 1  # the comparison saw drains
+
+
+# Every kind of benign noise at rates that keep some nodes busy and leave others quiet long
+# enough to fold, flaps long enough to drain and requeue jobs, agents restarted past the
+# heartbeat timeout and controller failovers: what the shortcuts must not change.
+EQUIVALENCE = """
+[ecc_sbe]
+per_node_day = 20.0
+count = [1, 5]
+[app_xid]
+per_node_day = 10.0
+xids = [13, 31, 43, 45]
+[thermal]
+per_node_day = 20.0
+seconds = [30, 120]
+[power]
+per_node_day = 20.0
+seconds = [10, 60]
+[ib_symbol]
+per_node_day = 20.0
+count = [1, 3]
+[ib_flap]
+per_node_day = 6.0
+seconds = [2, 150]
+[nccl_user_timeout]
+per_node_day = 5.0
+[slurmd_restart]
+per_node_day = 5.0
+seconds = [2, 20]
+[agent_restart]
+per_node_day = 5.0
+seconds = [1, 200]
+[controller_failover]
+per_fleet_day = 20.0
+seconds = [10, 60]
+"""
+
+
+def _decisions(doc: dict, log_dir: Path) -> list[list]:
+    rows = []
+    for p in sorted(log_dir.glob("shard-*.jsonl")):
+        rows += [json.loads(line) for line in p.read_text().splitlines()]
+    assert doc["details"]["decisions"]  # the log is the run's: as many as it counted
+    assert len(rows) == sum(doc["details"]["decisions"].values())
+    return rows
+
+
+def _outcomes(d: dict) -> dict:
+    """What the soak reports, less the shortcuts' own counters and the wall times."""
+    keep = (
+        "nodes",
+        "node_days",
+        "injected",
+        "decisions",
+        "drains",
+        "interruptions",
+        "drained_node_hours",
+        "drain_minutes_p50",
+        "drain_minutes_p99",
+        "drain_minutes_max",
+        "drains_resumed",
+        "drains_open_at_end",
+        "nhc",
+        "ticks",
+        "ticks_skipped",
+        "check_runs",
+        "reports",
+    )
+    return {k: d[k] for k in keep}
+
+
+def test_folding_quiet_reports_and_repeated_job_scans_changes_no_decision(tmp_path: Path):
+    """The quiet-node shortcut (a quiet node's repeated report folded into its node row, not
+    ingested) and the skipped repeat job scans are shown equivalent: the same seed run with
+    and without them makes every decision at the same virtual time, about the same node, of
+    the same kind, rule and reason, and the same drains (times, reasons, lengths), job
+    interruptions, NHC results and injected noise. Two shards (distinct seeds) each way."""
+    args = ("--shard-nodes", "5", "--workers", "2")
+    runs = {}
+    for mode, extra in (("fold", ()), ("every", ("--no-fold",))):
+        log = tmp_path / mode / "decisions"
+        doc = run_soak(
+            tmp_path / mode,
+            EQUIVALENCE,
+            nodes=10,
+            days=0.25,
+            extra=(*args, "--decision-log", str(log), *extra),
+        )
+        runs[mode] = (doc, _decisions(doc, log))
+    (fold, fold_log), (every, every_log) = runs["fold"], runs["every"]
+    f, e = fold["details"], every["details"]
+    # the shortcuts did their work (else the comparison shows nothing)
+    assert f["reports_folded"] > f["reports_ingested"] / 4, f["reports_folded"]
+    assert f["job_scans_skipped"] > 0 and e["reports_folded"] == e["job_scans_skipped"] == 0
+    assert f["reports_ingested"] + f["reports_folded"] == f["reports"] == e["reports"]
+    # and what they must not change
+    assert fold_log == every_log
+    assert _outcomes(f) == _outcomes(e)
+    # the comparison saw the decisions that matter
+    assert f["false_drains"] >= 1 and f["drains_resumed"] >= 1 and f["false_interruptions"] >= 1
+    assert f["decisions"].get("alert:heartbeat_missing", 0) >= 1
+    assert f["injected"].get("controller_failover", 0) >= 1
+    assert f["injected"].get("agent_restart", 0) >= 1
+    # two independent shards: their own seeds, node names and counts summed
+    shards = f["shards"]
+    assert [s["nodes"] for s in shards] == [5, 5]
+    assert len({s["seed"] for s in shards}) == 2
+    assert {s["first_node"] for s in shards} == {"gpu0000", "gpu0005"}
+    assert f["node_days"] == pytest.approx(10 * 0.25, rel=0.01)
+
+
+def test_shard_seeds_are_distinct_and_the_nodes_are_split():
+    specs = soak.shard_specs(100, 32, 7, 30.0, 0.0, 0.0)
+    assert [s.nodes for s in specs] == [32, 32, 32, 4]
+    assert [s.first for s in specs] == [0, 32, 64, 96]
+    assert len({s.seed for s in specs}) == 4
+    assert specs == soak.shard_specs(100, 32, 7, 30.0, 0.0, 0.0)  # the same seed, the same
+    assert {s.seed for s in specs}.isdisjoint(s.seed for s in soak.shard_specs(100, 32, 8, 1, 0, 0))
