@@ -87,6 +87,7 @@ import tomllib
 import types
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -501,7 +502,7 @@ class Soak:
         if self.engine is None:
             self.spooled.append(report)
             return
-        self._flush_folded()
+        self._flush_folded((report.node,))  # the ingest reads the rows of its reports' nodes
         self.writer.write([report])
         self.reports_ingested += 1
         self.wake = True
@@ -511,28 +512,35 @@ class Soak:
         if self.engine is None:
             self.spooled += reports
             return
-        self._flush_folded()
         if reports:
+            self._flush_folded({r.node for r in reports})
             self.writer.write(reports)
             self.reports_ingested += len(reports)
 
-    def _flush_folded(self) -> None:
+    def _flush_folded(self, names: Iterable[str] | None = None) -> None:
         """The node rows as the folded reports would have left them (see _round): liveness
         and sending time of the newest, the clean streak counted on by one per report (reset
-        when they were not clean), in one statement for every node with folded reports."""
-        if not self.folded:
+        when they were not clean), in one statement for every node with folded reports (of
+        `names` only: before an ingest, which reads its own reports' nodes; all of them before
+        a tick, which reads every row)."""
+        if names is None:
+            todo, self.folded = self.folded, {}
+        else:
+            todo = {n: x for n in names if (x := self.folded.pop(n, None)) is not None}
+        if not todo:
             return
+        rid = str(uuid.uuid4())  # names no stored report, like each folded report's own id
+        at: dict[float, datetime] = {}
         rows = [
             {
                 "b_name": name,
-                "at": datetime.fromtimestamp(t, UTC),
-                "rid": str(uuid.uuid4()),
+                "at": at.get(t) or at.setdefault(t, datetime.fromtimestamp(t, UTC)),
+                "rid": rid,
                 "k": k,
                 "clean": int(clean),
             }
-            for name, (t, k, clean) in sorted(self.folded.items())
+            for name, (t, k, clean) in sorted(todo.items())
         ]
-        self.folded = {}
         self.fold_flushes += 1
         with self.store.engine.begin() as c:
             c.execute(FOLD_UPDATE, rows)
