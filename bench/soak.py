@@ -52,7 +52,12 @@ simulated days, two at a time on two cores, until --budget-s wall seconds have p
 included); the counts are summed. Per-fleet rates (controller failover) apply per shard. A
 larger fleet ticks after nearly every report round, a smaller one spends more per node-day on
 its rounds: 32 to 128 nodes per shard measured about alike on the 2-core machine; 64 (the
-default) also gives the policy's per-partition drain guard a fleet-sized partition.
+default) also gives the policy's per-partition drain guard a fleet-sized partition. A fleet
+gets slower as it ages: application XIDs stay open findings until a reboot (none is simulated),
+so more and more nodes carry a warning every tick decides on (a 64-node fleet's half-day took
+7 s of wall time on its first day, 22 s on its fifth). The default 7 simulated days per shard
+(a week-old fleet at most) weighs node-days against fleet age: --days 30 covers month-old
+fleets, in fewer node-days.
 
 Every drain is a false drain and every requeue a false interruption here (nothing injected is
 a fault); the report names the rule, the reason and the benign events the node had in the 15
@@ -104,6 +109,7 @@ from babysitter.checks.xid.check import EVENT_XID, NvmlEvents
 from babysitter.config import Config, parse_config
 from babysitter.controller.api.ingest import MAX_OPEN_FINDINGS, ReportWriter
 from babysitter.controller.db import models as m
+from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.jobs import babysit_spec
 from babysitter.controller.loop.ledger import Ledger
@@ -126,7 +132,7 @@ NOISE = BENCH_DIR / "data" / "soak_noise.toml"
 # the default layout (measured on a 2-core machine, see the module doc): fleets of
 # DEFAULT_SHARD_NODES for DEFAULT_DAYS each, more of them than the default budget can run
 DEFAULT_SHARD_NODES = 64
-DEFAULT_DAYS = 30.0
+DEFAULT_DAYS = 7.0
 DEFAULT_NODES = 64 * DEFAULT_SHARD_NODES
 GPUS = 8
 IB_PORTS = 8
@@ -409,9 +415,9 @@ class Soak:
             if node not in self.job_of and not reasons.get(node):
                 self._place_job(node)
 
-    def _schedule_pending(self) -> None:
+    def _schedule_pending(self, pending: list[Recorded]) -> None:
         """A tick when the next pending action is due (the 1 s loop would run it then)."""
-        due = [a.next_attempt_at for a in self.store.pending_actions() if a.next_attempt_at]
+        due = [a.next_attempt_at for a in pending if a.next_attempt_at]
         if not due:
             return
         t = max(min(due).timestamp(), self.clock.t + LOOP_S)
@@ -566,17 +572,18 @@ class Soak:
                 self.drain_lengths.append(length)
         self.engine.sender.flush()
         self._jobs_after_tick()
-        self._schedule_pending()
-        self._protect()
+        pending = self.store.pending_actions()
+        self._schedule_pending(pending)
+        self._protect(pending)
 
-    def _protect(self) -> None:
+    def _protect(self, pending: list[Recorded]) -> None:
         """After a tick (the only step that drains, resumes, records actions or opens
         remediations): the nodes whose reports the shortcut must not fold."""
         drained = {n.name for n in self.slurm.nodes() if n.reason}
         self.any_drained = bool(drained)
-        pending = {a.node for a in self.store.pending_actions() if a.node}
+        acting = {a.node for a in pending if a.node}
         open_rem = {r.node for r in Ledger(self.store).open_rows()}
-        self.protected = drained | pending | open_rem
+        self.protected = drained | acting | open_rem
 
     def controller_up(self) -> None:
         """A controller (the first, or the standby taking over) starts on the store."""
