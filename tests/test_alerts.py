@@ -24,8 +24,8 @@ class MemoryState:
     def upsert_alert(self, key: str, **values: Any) -> None:
         self.rows.setdefault(key, {"key": key}).update(values)
 
-    def alerts(self) -> list[dict[str, Any]]:
-        return list(self.rows.values())
+    def firing_alerts(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows.values() if r.get("state") == "firing"]
 
 
 def unhealthy(node: str, when: datetime = NOW) -> Alert:
@@ -151,3 +151,38 @@ def test_a_delivery_whose_record_cannot_be_written_is_counted_and_logged(receive
     assert counted == [1] and r.record_errors == 1
     assert "node2|node_unhealthy" in r.last_record_error
     assert "could not record the delivery of alert node2|node_unhealthy" in caplog.text
+
+
+def test_a_long_resolved_alert_is_pruned_and_a_firing_one_kept(tmp_path):
+    """Job alerts add a key per job: resolved rows older than retention_days go, so the
+    alert table (read by every tick) does not grow for ever; firing rows always stay."""
+    from babysitter.controller.db.retention import Retention
+    from babysitter.controller.db.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'a.db'}")
+    store.upgrade()
+    old = NOW - timedelta(days=40)
+    for key, state, resolved in (
+        ("node1|node_unhealthy", "firing", None),
+        ("job:7|nccl_timeout", "resolved", old),
+        ("node2|node_unhealthy", "resolved", NOW - timedelta(days=1)),
+    ):
+        store.upsert_alert(
+            key,
+            node=key.split("|")[0],
+            condition=key.split("|")[1],
+            severity=Severity.WARNING,
+            state=state,
+            summary="s",
+            started_at=old,
+            last_sent_at=old,
+            resolved_at=resolved,
+            sink_results={},
+        )
+    cfg = parse_config({"controller": {"retention_days": 30}}).controller
+    Retention(store, cfg).run_once(now=NOW)
+    assert sorted(a["key"] for a in store.alerts()) == [
+        "node1|node_unhealthy",
+        "node2|node_unhealthy",
+    ]
+    assert [a["key"] for a in store.firing_alerts()] == ["node1|node_unhealthy"]

@@ -63,6 +63,16 @@ def prune_batch(
     return len(rows)
 
 
+def prune_resolved_alerts(store: Store, cutoff: datetime) -> int:
+    """Alerts resolved before `cutoff`: a row per node|condition and per job key ever seen
+    would otherwise grow for ever; the loop and the pages read only firing rows, and a
+    condition that fires again starts a new row."""
+    a = m.alerts
+    with store.engine.begin() as c:
+        n = c.execute(delete(a).where(a.c.state == "resolved", a.c.resolved_at < cutoff))
+    return int(n.rowcount or 0)
+
+
 class Retention:
     def __init__(
         self,
@@ -75,6 +85,7 @@ class Retention:
         self.cfg = cfg
         self.rma = rma  # None: RMA archives are not this process's to prune
         self.rma_expired = 0
+        self.alerts_deleted = 0
         self.active = active  # only the leader prunes (two would only race for the same rows)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -104,6 +115,9 @@ class Retention:
                 self._stop.wait(PAUSE_S)
         self.deleted += total
         self.audit_deleted += self._prune_audit(now)
+        self.alerts_deleted += prune_resolved_alerts(
+            self.store, now - timedelta(days=self.cfg.retention_days)
+        )
         if self.rma is not None:
             cutoff = now - timedelta(days=self.rma.keep_days)
             while not self._stop.is_set():

@@ -228,8 +228,8 @@ class RmaEvidence:
         over (one read of the alerts a tick; the nodes only while one fires)."""
         nodes = {
             a["node"]
-            for a in self.store.alerts()
-            if a["condition"] == CONDITION and a["state"] == "firing" and a["node"]
+            for a in self.store.firing_alerts()
+            if a["condition"] == CONDITION and a["node"]
         }
         if not nodes:
             return []

@@ -44,7 +44,7 @@ class NodePage:
 
 def _firing(store: Store) -> list[dict[str, Any]]:
     """Firing alerts, the most severe first."""
-    firing = sorted((a for a in store.alerts() if a["state"] == "firing"), key=lambda a: a["key"])
+    firing = sorted(store.firing_alerts(), key=lambda a: a["key"])
     return sorted(firing, key=lambda a: a["severity"], reverse=True)
 
 

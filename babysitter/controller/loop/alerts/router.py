@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 class AlertState(Protocol):
     def upsert_alert(self, key: str, **values: Any) -> None: ...
-    def alerts(self) -> list[dict[str, Any]]: ...
+    def firing_alerts(self) -> list[dict[str, Any]]: ...
 
 
 def sinks_from_config(cfg: Any) -> list[tuple[Sink, Severity]]:
@@ -132,7 +132,9 @@ class AlertRouter:
         """One round: `firing` alerts that hold now, `clearing` (node, condition) pairs that no
         longer hold. Returns what was sent."""
         now = now or datetime.now(UTC)
-        known = {row["key"]: row for row in self.state.alerts()}  # one read per round
+        # one read per round; only firing rows matter (a resolved one neither refreshes nor
+        # resolves again)
+        known = {row["key"]: row for row in self.state.firing_alerts()}
         fresh = [a for a in firing if not self._refresh(a, known.get(a.key), now)]
         by_cond: dict[str, list[Alert]] = defaultdict(list)
         for a in fresh:
@@ -229,7 +231,7 @@ class AlertRouter:
         return r
 
     def firing_keys(self) -> set[str]:
-        return {row["key"] for row in self.state.alerts() if row["state"] == "firing"}
+        return {row["key"] for row in self.state.firing_alerts()}
 
     def _record(self, a: Alert, now: datetime, results: dict[str, str]) -> None:
         self._refreshed[a.key] = now
