@@ -156,3 +156,37 @@ def test_held_requeue_decision(facts, kind, why):
 )
 def test_job_phase_of_slurm_states(states, phase):
     assert job_phase(states) == phase
+
+
+def test_an_unchanged_babysat_job_is_not_rewritten_every_scan(tmp_path):
+    """Thousands of babysat jobs were each rewritten (one transaction) every job_scan_s: an
+    unchanged job is written once; a change Slurm shows, and a requeue's own write, are
+    still written (the table always says what Slurm says)."""
+    from dataclasses import replace
+
+    from babysitter.slurm.client import SlurmJob
+    from tests.fixtures.healing import Cluster
+
+    c = Cluster(tmp_path, slurm={"job_scan_s": 0})
+    job = SlurmJob(41, name="train", states=("RUNNING",), nodes=("node1",), comment="babysit")
+    c.slurm.add_job(job)
+    writes: list[int] = []
+    real = c.store.upsert_job
+
+    def counted(job_id: int, **values: object) -> None:
+        writes.append(job_id)
+        real(job_id, **values)
+
+    c.store.upsert_job = counted  # type: ignore[method-assign]
+    for _ in range(5):
+        c.tick()
+    assert writes == [41]
+    (row,) = c.store.jobs()
+    assert row["state"] == "RUNNING" and row["nodes"] == ["node1"]
+    c.slurm.remove_job(41)
+    c.slurm.add_job(replace(job, states=("RUNNING",), restart_count=1))
+    c.tick()
+    c.tick()
+    assert writes == [41, 41]
+    assert c.store.jobs()[0]["restart_count"] == 1
+    c.close()

@@ -143,6 +143,9 @@ class JobTracker:
         self.item_timeout_s = item_timeout_s
         self._last_scan = 0.0
         self._hb_read: dict[int, float] = {}  # job -> monotonic time of its last heartbeat read
+        # job -> what the scan last wrote of it: an unchanged job is not rewritten every scan
+        # (thousands of babysat jobs, one transaction each, every job_scan_s)
+        self._scanned: dict[int, dict[str, object]] = {}
 
     # -- recording history and errors on the job
     def _history(self, job_id: int) -> list[HistoryEntry]:
@@ -155,6 +158,7 @@ class JobTracker:
     def _append(self, job_id: int, entry: HistoryEntry, **values: object) -> None:
         history = self._history(job_id)
         history.append(entry)
+        self._scanned.pop(job_id, None)  # the row moved: the next scan writes it again
         self.store.upsert_job(job_id, history=history[-HISTORY_MAX:], **values)
 
     def record_error(self, job_id: int, what: str, exc: BaseException, now: datetime) -> None:
@@ -197,9 +201,11 @@ class JobTracker:
         live = {j.job_id for j in jobs}
         for gone in self._hb_read.keys() - live:
             del self._hb_read[gone]
+        for gone in self._scanned.keys() - live:
+            del self._scanned[gone]
 
     def _scan_one(self, j: SlurmJob, down: set[str], now: datetime) -> None:
-        seen = {
+        seen: dict[str, object] = {
             "name": _clamp(j.name, 255),
             "user": _clamp(j.user, 64),
             "nodes": list(j.nodes),
@@ -211,7 +217,7 @@ class JobTracker:
         except Exception as exc:
             # a babysit spec this parser chokes on: the job opted in, so show why it is not
             # babysat rather than dropping it silently
-            self.store.upsert_job(j.job_id, **seen)
+            self._write_scan(j.job_id, seen)
             given = next(
                 (t for t in f"{j.admin_comment} {j.comment}".split() if t.startswith("babysit")),
                 "",
@@ -219,13 +225,19 @@ class JobTracker:
             raise ValueError(f"babysit spec {given[:100]!r} refused: {exc}") from exc
         if spec is None:
             return
-        self.store.upsert_job(j.job_id, babysit=spec, **seen)
+        self._write_scan(j.job_id, {"babysit": spec, **seen})
         max_requeues(spec)  # a bad limit is this job's error, found before any fault
         bad = sorted(down & set(j.nodes))
         if j.running and bad:
             self.record_requeue(j.job_id, bad, f"node {', '.join(bad)} is DOWN", now=now)
         elif j.running and spec.get("hang_timeout") and spec.get("ckpt"):
             self._check_hang(j, spec, now)
+
+    def _write_scan(self, job_id: int, values: dict[str, object]) -> None:
+        if self._scanned.get(job_id) == values:
+            return
+        self.store.upsert_job(job_id, **values)
+        self._scanned[job_id] = values
 
     def babysat_on(self, node: str, jobs: list[SlurmJob] | None = None) -> list[int]:
         """Babysat jobs running on `node` (SlurmError when Slurm cannot be asked). `jobs`: a
@@ -467,6 +479,7 @@ class JobTracker:
                 "checkpoint": explanation[:500],
             }
         )
+        self._scanned.pop(j.job_id, None)  # the row moved: the next scan writes it again
         self.store.upsert_job(
             j.job_id,
             requeues=int(row.get("requeues") or 0) + 1,
