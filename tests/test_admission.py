@@ -22,6 +22,7 @@ from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import pending_drain_nodes
 from babysitter.controller.loop.admission import Act, Limits, Why, World, decide_admission
 from babysitter.controller.loop.blast import BlastSettings, Cap
+from babysitter.controller.loop.ledger import Ledger
 from babysitter.controller.loop.policy import MANUAL_MARK, Rule
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding
@@ -424,6 +425,70 @@ def test_a_failed_maintenance_read_admits_no_new_drain(tmp_path):
         site.close()
 
 
+def untrained(domain: str) -> Finding:
+    """An untrained NVLink fabric, naming the node's NVLink domain (as gpu.fabric does)."""
+    return Finding(
+        check="gpu.fabric",
+        component="gpu2",
+        severity="critical",
+        code="fabric.not_trained",
+        message="GPU 2: NVLink fabric NOT_STARTED for 400 s",
+        action="drain",
+        details={"nvlink_domain": domain},
+    )
+
+
+def test_a_domain_incident_over_a_node_of_an_episode_keeps_that_nodes_place(tmp_path):
+    """Found by tests/test_invariants.py: n3's Fabric Manager restart was out when an admin
+    resumed it (its episode still counts it in every cap), and n2 filled the partition's
+    cap 2 with it. An NVLink domain incident over n1 and n3 left n3 out of the count as a
+    node of its own batch: n1 took n3's place, n3 was held, and the agent's refusal that
+    followed drained n3 again (its episode's place): 3 of a cap of 2. n3's place is its own:
+    n3 goes, n1 is held."""
+    d1, d2 = "6f1c2a7e-0b3d-4c55-9a10-1d2e3f4a5b6c/1", "6f1c2a7e-0b3d-4c55-9a10-1d2e3f4a5b6c/2"
+    site = Site(
+        tmp_path,
+        dict.fromkeys(["n1", "n2", "n3", "n4"], "a"),
+        blast_radius={"partition_count": 2, "domain_fraction": 1.0},
+        remediation={"enabled": True},
+        fabric={"hold_s": 10},
+    )
+    try:
+        site.tick()
+        site.report({"n3": (untrained(d1),)})  # alone in its domain: n3's own fault
+        for _ in range(2):
+            site.tick()
+        site.report({n: (untrained(d2),) for n in ("n2", "n4")})  # d2's incident
+        for _ in range(2):
+            site.tick()
+        assert site.drained() == ["n2", "n3"]  # n4 held at the partition's cap
+        [rem] = [r for r in Ledger(site.store).open_rows() if r.node == "n3"]  # its restart
+        site.store.record_action(
+            ActionKind.RESUME, node="n3", rule=Rule.MANUAL, requested_by="admin"
+        )
+        site.tick()
+        site.report({n: (untrained(d1),) for n in ("n1", "n3")})  # d1's incident
+        for _ in range(2):
+            site.tick()
+        refused = {"order": rem.evidence["order_id"], "ok": False, "refused": True}
+        ReportWriter(site.store).write(
+            [
+                Report(
+                    node="n3",
+                    report_id=str(uuid.uuid4()),
+                    sent_at=site.now,
+                    findings=[untrained(d1)],
+                    metrics={"fabric_restart": {**refused, "message": "1 process(es)"}},
+                )
+            ]
+        )
+        site.tick()
+        assert site.drained() == ["n2", "n3"]
+        assert site.refusals(Why.CAP_PARTITION) >= 1
+    finally:
+        site.close()
+
+
 # ---- the pure core
 NODES = {
     n: SlurmNode(n, "IDLE", partitions=("a" if n in ("n1", "n2") else "b",))
@@ -457,6 +522,20 @@ def test_a_batch_cannot_squeeze_past_a_cap_and_pending_drains_count():
     # n2 pending ahead (Slurm has not drained it yet): n1 is held
     got = decide_admission(Act.DRAIN, ["n1"], world(held={"n2"}), lim)
     assert got["n1"] is not None and got["n1"].why is Why.CAP_PARTITION
+
+
+def test_a_node_of_the_batch_whose_place_is_counted_keeps_it():
+    """n2's place is its own (an episode's: it is counted whatever becomes of this drain of
+    it): asked together with n1, n2 goes and n1 is held, never n1 in n2's place. A drain
+    only pending has no place of its own: it is asked like any other node of the batch."""
+    lim = Limits(BlastSettings(partition=Cap(count=1)))
+    for incident in (True, False):
+        w = world(held={"n2"}, placed={"n2"})
+        got = decide_admission(Act.DRAIN, ["n1", "n2"], w, lim, switch_incident=incident)
+        assert got["n2"] is None
+        assert got["n1"] is not None and got["n1"].why is Why.CAP_PARTITION
+    got = decide_admission(Act.DRAIN, ["n1", "n2"], world(held={"n2"}), lim)
+    assert got["n1"] is None and got["n2"] is not None
 
 
 def test_automatic_actions_on_an_admins_drain_are_refused_the_admins_own_are_not():

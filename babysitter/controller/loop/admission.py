@@ -118,6 +118,9 @@ class World:
 
     nodes: Mapping[str, SlurmNode] | None  # Slurm's nodes (a listing of this tick)
     held: Collection[str]  # nodes counted drained by babysitter: Slurm's + pending ahead
+    # of those, the ones whose place is theirs whatever becomes of a drain asked for them now
+    # (babysitter's in Slurm, in an episode or a validation): not a pending drain alone
+    placed: Collection[str] = ()
     # of those, the ones a switch incident drained: not the node policy's partition share
     switch_held: Collection[str] = ()
     topology: Topology | None = field(default_factory=Topology)
@@ -251,7 +254,10 @@ def decide_admission(
     if w.nodes is None:
         return dict.fromkeys(nodes, Refusal(Why.UNKNOWN, "count unknown: slurm snapshot stale"))
     listing = w.nodes
-    c = _counts(w, listing, exclude=nodes) if act is Act.DRAIN else _Counts()
+    # a node of the batch is counted only where its place is its own already (an episode's):
+    # it keeps it whether or not this drain of it is admitted, and draining it adds none
+    placed = set(w.placed)
+    c = _counts(w, listing, exclude=set(nodes) - placed) if act is Act.DRAIN else _Counts()
     rate = w.drains_last_hour
     rebooting = set(w.rebooting) - set(nodes)
     switch_cap = lim.blast.switch.active and not switch_incident
@@ -285,11 +291,13 @@ def decide_admission(
         if rate + 1 > lim.max_drains_per_hour:
             out[n] = Refusal(Why.CAP_RATE, f"cap rate {rate}/{lim.max_drains_per_hour} per hour")
             continue
-        if (cap := _cap_refusal(n, sn, w, lim, c, switch_incident)) is not None:
+        if n not in placed and (cap := _cap_refusal(n, sn, w, lim, c, switch_incident)):
             out[n] = cap
             continue
         out[n] = None
         rate += 1
+        if n in placed:
+            continue
         c.add(_scopes(n, sn, w.topology or Topology(), switch_cap=True, domain=w.domains.get(n)))
         if not switch_incident:
             c.add([("guard", p) for p in _parts(sn)])
@@ -354,6 +362,7 @@ class Admission:
         nodes = snap.nodes if snap.ok else None
         held: set[str] = set()
         switch_held: set[str] = set()
+        placed: set[str] = set()
         if nodes is not None:
             # down with our reason counts too: back from a reboot, not yet returned
             held = {
@@ -364,6 +373,7 @@ class Admission:
             switch_held = {
                 n for n in held if SWITCH_REASON.match(nodes[n].reason[len(self.prefix) :].strip())
             }
+            placed = set(held)
         # counted in the database: every pending drain, not only the newest 1,000 actions
         held |= pending_drain_nodes(self.store, before_action)
         try:
@@ -376,15 +386,17 @@ class Admission:
         # a node in a remediation episode or a validation job is babysitter's even while Slurm
         # shows it back (inside its reservation, or down after the reboot): a failed verdict
         # drains it again, so it keeps its place in every cap
-        held |= {r.node for r in episodes if r.state in ACTIVE}
-        held |= {
+        placed |= {r.node for r in episodes if r.state in ACTIVE}
+        placed |= {
             a.node
             for a in self.store.actions(status=ActionStatus.RUNNING)
             if a.kind is ActionKind.VALIDATE and a.node
         }
+        held |= placed
         return World(
             nodes=nodes,
             held=held,
+            placed=placed,
             switch_held=switch_held,
             topology=snap.topology if self.topology_known() else None,
             domains=self.domains(),
