@@ -443,8 +443,11 @@ def test_a_domain_incident_over_a_node_of_an_episode_keeps_that_nodes_place(tmp_
     resumed it (its episode still counts it in every cap), and n2 filled the partition's
     cap 2 with it. An NVLink domain incident over n1 and n3 left n3 out of the count as a
     node of its own batch: n1 took n3's place, n3 was held, and the agent's refusal that
-    followed drained n3 again (its episode's place): 3 of a cap of 2. n3's place is its own:
-    n3 goes, n1 is held."""
+    followed drained n3 again (its episode's place): 3 of a cap of 2. Now the admin's resume
+    ends n3's episode (healer: the restart order is withdrawn), n4, held at the cap, takes
+    the place n3 gave up, the d1 incident is held at the cap for n1 and n3, and n3's late
+    refusal changes nothing: 2 of 2. (The pure core's `placed` rule, for nodes whose episode
+    does go on, is tested below.)"""
     d1, d2 = "6f1c2a7e-0b3d-4c55-9a10-1d2e3f4a5b6c/1", "6f1c2a7e-0b3d-4c55-9a10-1d2e3f4a5b6c/2"
     site = Site(
         tmp_path,
@@ -483,7 +486,7 @@ def test_a_domain_incident_over_a_node_of_an_episode_keeps_that_nodes_place(tmp_
             ]
         )
         site.tick()
-        assert site.drained() == ["n2", "n3"]
+        assert site.drained() == ["n2", "n4"]
         assert site.refusals(Why.CAP_PARTITION) >= 1
     finally:
         site.close()

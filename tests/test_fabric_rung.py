@@ -15,6 +15,7 @@ from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
 from babysitter.controller.loop.ledger import Phase
+from babysitter.controller.loop.policy import Rule
 from babysitter.finding import Action, Finding
 from tests.fixtures.healing import Cluster
 
@@ -265,3 +266,40 @@ def test_in_a_devcluster_the_agent_restarts_fabric_manager_and_the_node_returns(
         assert node_state(sim.info, "node2") == ("idle", "none")
     finally:
         sim.down()
+
+
+def _admin_resume(c: Cluster, node: str) -> None:
+    """`babysitter resume NODE`: what the API records for the loop."""
+    c.store.record_action(
+        ActionKind.RESUME, node=node, reason="fixed by hand", rule=Rule.MANUAL, requested_by="admin"
+    )
+
+
+@pytest.mark.parametrize("answer", ["refused", "failed", "none"])
+def test_an_admin_resume_mid_restart_ends_the_episode_and_its_late_answer_changes_nothing(
+    tmp_path, answer
+):
+    """An admin returned node1 while its Fabric Manager restart was out: the episode ends
+    there. The agent's late refusal / failure / silence used to fail the rung, drain the node
+    in Slurm behind the admission step (no drain recorded, no cap counted) and reboot it
+    (found by the safety invariants)."""
+    c = Cluster(tmp_path, remediation={"reset_timeout_s": 60})
+    c.tick()
+    ev = _ordered(c, not_trained())
+    _admin_resume(c, "node1")
+    c.tick()
+    assert not c.slurm.node("node1").reason  # back in service
+    [row] = c.ledger("node1")
+    assert not row.open and "returned to service by an admin" in (row.outcome or "")
+    mark = len(c.slurm.calls)
+    if answer != "none":
+        late = {"order": ev["order_id"], "ok": False, "message": "nvidia-fabricmanager: no"}
+        c.report("node1", fabric_restart={**late, "refused": answer == "refused"})
+    else:
+        c.report("node1")
+    for _ in range(3):
+        c.tick(61)
+    assert c.calls_after(mark, "node1") == []
+    assert not c.slurm.node("node1").reason
+    assert len(c.ledger("node1")) == 1
+    c.close()

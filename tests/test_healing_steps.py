@@ -11,6 +11,7 @@ from typing import Any
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.loop.ledger import Phase
 from babysitter.controller.loop.lemons import drain_lemons
+from babysitter.controller.loop.policy import Rule
 from babysitter.slurm.client import SlurmNode, SlurmNodeSettling, SlurmUnavailable
 from tests.fixtures.healing import Cluster, sdc_mismatch, xid48, xid79
 
@@ -488,4 +489,31 @@ def test_a_validation_behind_hundreds_of_actions_still_ends_its_episode(tmp_path
     c.tick()
     c.tick()
     assert c.slurm.node("node1").drained_or_draining
+    c.close()
+
+
+def test_an_admin_resume_mid_gpu_reset_ends_the_episode_and_its_late_refusal_is_ignored(
+    tmp_path: Path,
+):
+    """The GPU reset's twin of the fabric restart case (tests/test_fabric_rung.py): node1
+    returned by an admin while its reset was out; the agent's refusal afterwards drained and
+    rebooted a node in service."""
+    c = Cluster(tmp_path)
+    c.tick()
+    c.report("node1", xid48())
+    for _ in range(2):
+        c.tick()
+    row = c.ledger("node1")[0]
+    assert row.state is Phase.RESETTING
+    c.store.record_action(
+        ActionKind.RESUME, node="node1", reason="by hand", rule=Rule.MANUAL, requested_by="admin"
+    )
+    c.tick()
+    assert not c.ledger("node1")[0].open and not c.slurm.node("node1").reason
+    mark = len(c.slurm.calls)
+    refused = {"order": row.evidence["order_id"], "ok": False, "refused": True, "message": "no"}
+    c.report("node1", gpu_reset=refused)
+    for _ in range(3):
+        c.tick()
+    assert c.calls_after(mark, "node1") == [] and not c.slurm.node("node1").reason
     c.close()

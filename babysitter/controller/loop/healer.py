@@ -628,18 +628,18 @@ class Healer:
         clearing: list[tuple[str | None, str]],
     ) -> None:
         sn = self.snapshot.nodes.get(rem.node)
+        in_service = sn is not None and not (sn.drained_or_draining or sn.down)
         if rem.state is Phase.REBOOTING:
             self._rebooting(rem, sn, now, firing)
-        elif rem.state is Phase.RESETTING:
+        elif rem.state is Phase.RESETTING and not in_service:
             self._resetting(rem, now, firing)
         elif rem.state is Phase.VALIDATING:
             self._validating(rem, now, firing, clearing)
-        elif (
-            rem.state is not Phase.WAITING
-            and sn is not None
-            and not (sn.drained_or_draining or sn.down)
-        ):
-            # someone returned the node (`babysitter resume`): the episode is over
+        elif rem.state is not Phase.WAITING and in_service:
+            # someone returned the node (`babysitter resume`): the episode is over. A reset or
+            # fabric restart still ordered is withdrawn with it (the order is this open row);
+            # its late answer must not fail the rung and drain a node in service behind the
+            # admission step (found by the safety invariants)
             self.ledger.close(rem, now, f"{rem.outcome}; node returned to service by an admin")
             self.open.pop(rem.node, None)
             clearing.append((rem.node, LEMON_CONDITION))
