@@ -177,12 +177,7 @@ def test_a_validation_with_no_verdict_by_its_deadline_fails_the_rung(tmp_path: P
     node, and the episode stayed `validating` for good with no page. No verdict by the
     reservation's end + the job's time limit + grace is a failed validation: the job is
     cancelled, the node stays drained, the rung fails and the ladder climbs, paged."""
-    c = Cluster(tmp_path, remediation={"reboot_timeout_s": 600})
-    c.tick()
-    c.report("node1", xid79())
-    for _ in range(3):
-        c.tick()
-    c.power_cycle("node1")
+    c = _back_from_reboot(tmp_path)
     c.tick()
     started = c.now
     assert c.ledger("node1")[0].state is Phase.VALIDATING
@@ -246,10 +241,8 @@ def test_a_validation_an_older_version_left_waiting_for_ever_gets_a_deadline(tmp
     c.close()
 
 
-def test_a_held_validation_start_is_asked_again_not_a_failed_rung(tmp_path: Path):
-    """The admission step holds the validation after the reboot (node1's state could not be
-    read from Slurm right then): that came back as "held: ..." and failed the rung, climbed
-    the ladder and paged. Held is not failed: the validation starts on a later tick."""
+def _back_from_reboot(tmp_path: Path) -> Cluster:
+    """XID 79 on node1: drained, rebooted through Slurm, and back (a new boot, clean)."""
     c = Cluster(tmp_path, remediation={"reboot_timeout_s": 600})
     c.tick()
     c.report("node1", xid79())
@@ -257,6 +250,14 @@ def test_a_held_validation_start_is_asked_again_not_a_failed_rung(tmp_path: Path
         c.tick()
     assert c.ledger("node1")[0].state is Phase.REBOOTING
     c.power_cycle("node1")
+    return c
+
+
+def test_a_held_validation_start_is_asked_again_not_a_failed_rung(tmp_path: Path):
+    """The admission step holds the validation after the reboot (node1's state could not be
+    read from Slurm right then): that came back as "held: ..." and failed the rung, climbed
+    the ladder and paged. Held is not failed: the validation starts on a later tick."""
+    c = _back_from_reboot(tmp_path)
     real = c.slurm.node
 
     def unreadable(name: str) -> SlurmNode:
@@ -306,13 +307,7 @@ def test_a_reboot_whose_node_slurm_will_not_return_yet_is_validated_on_a_later_t
     """Back from its reboot, Slurm refused node1's resume for a while (seen in cold runs): that
     failed the reboot rung and paged. It is not a verdict on the node: it stays drained and the
     validation starts once Slurm lets it."""
-    c = Cluster(tmp_path, remediation={"reboot_timeout_s": 600})
-    c.tick()
-    c.report("node1", xid79())
-    for _ in range(3):
-        c.tick()
-    assert c.ledger("node1")[0].state is Phase.REBOOTING
-    c.power_cycle("node1")
+    c = _back_from_reboot(tmp_path)
     tries = _settling(c, times=2)
     for _ in range(2):
         c.tick()
@@ -337,12 +332,7 @@ def test_a_node_slurm_never_returns_after_its_reboot_fails_the_rung_when_its_hol
 ):
     """Held for ever would leave it drained with nobody told: once the reboot's reservation
     (reboot_timeout_s + the validation's time) is over, the rung fails and on-call is paged."""
-    c = Cluster(tmp_path, remediation={"reboot_timeout_s": 600})
-    c.tick()
-    c.report("node1", xid79())
-    for _ in range(3):
-        c.tick()
-    c.power_cycle("node1")
+    c = _back_from_reboot(tmp_path)
     _settling(c, times=10**6)
     c.tick()
     assert c.ledger("node1")[0].state is Phase.REBOOTING
