@@ -223,8 +223,11 @@ class Validator:
                 self.cfg.time_limit_min + 5,
                 self._argv(node),
             )
-        except (SlurmUnavailable, SlurmNodeSettling) as exc:
-            # not a verdict on the node: it stays drained and the start is asked again
+        except SlurmNodeSettling as exc:
+            # not a verdict on the node: it stays drained (its resume was refused) and the
+            # start is asked again. Not an unreachable slurmctld: the resume may have gone
+            # through before the sbatch failed, and a node in service must not wait unvalidated
+            # (that fails the rung, which drains it again)
             outcome = f"validation job not started yet: {exc}"
             self.store.update_action(aid, status="failed", done_at=now, outcome=outcome)
             audit.record_actions(self.store, [aid], now)
