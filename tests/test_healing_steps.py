@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.controller.db.actions import ActionKind, ActionStatus
-from babysitter.controller.loop.ledger import Phase
+from babysitter.controller.loop.ledger import Phase, Remediation
 from babysitter.controller.loop.lemons import drain_lemons
 from babysitter.controller.loop.policy import Rule
 from babysitter.slurm.client import SlurmNode, SlurmNodeSettling, SlurmUnavailable
@@ -348,16 +348,22 @@ def test_a_node_slurm_never_returns_after_its_reboot_fails_the_rung_when_its_hol
     c.close()
 
 
-def test_a_held_validation_after_a_gpu_reset_is_asked_again_once_reset(tmp_path: Path):
-    """The same after a GPU reset: the validation is asked again on the next tick, and the
-    agent's answer is recorded once (not once per held tick)."""
-    c = Cluster(tmp_path)
+def _reset_ordered(c: Cluster) -> Remediation:
+    """XID 48 on node1: drained, its GPU reset ordered from the agent (no answer yet)."""
     c.tick()
     c.report("node1", xid48())
     for _ in range(2):
         c.tick()
     row = c.ledger("node1")[0]
     assert row.state is Phase.RESETTING
+    return row
+
+
+def test_a_held_validation_after_a_gpu_reset_is_asked_again_once_reset(tmp_path: Path):
+    """The same after a GPU reset: the validation is asked again on the next tick, and the
+    agent's answer is recorded once (not once per held tick)."""
+    c = Cluster(tmp_path)
+    row = _reset_ordered(c)
     done = {"order": row.evidence["order_id"], "ok": True, "message": "GPU 3 reset"}
     c.report("node1", gpu_reset=done)
     real = c.slurm.node
@@ -489,12 +495,7 @@ def test_an_admin_resume_mid_gpu_reset_ends_the_episode_and_its_late_refusal_is_
     returned by an admin while its reset was out; the agent's refusal afterwards drained and
     rebooted a node in service."""
     c = Cluster(tmp_path)
-    c.tick()
-    c.report("node1", xid48())
-    for _ in range(2):
-        c.tick()
-    row = c.ledger("node1")[0]
-    assert row.state is Phase.RESETTING
+    row = _reset_ordered(c)
     c.store.record_action(
         ActionKind.RESUME, node="node1", reason="by hand", rule=Rule.MANUAL, requested_by="admin"
     )
