@@ -348,6 +348,34 @@ def test_a_node_slurm_never_returns_after_its_reboot_fails_the_rung_when_its_hol
     c.close()
 
 
+def test_a_reset_node_slurm_never_returns_to_its_validation_fails_the_rung_in_time(
+    tmp_path: Path,
+):
+    """After a GPU reset no reservation bounds the hold: Slurm refusing the node's return into
+    its validation for ever left it drained with nobody told. Held past the validation's time
+    (its time limit + 5 min) from the reset's answer, the rung fails and the ladder climbs."""
+    c = Cluster(tmp_path)
+    row = _reset_ordered(c)
+    _settling(c, times=10**6)
+    done = {"order": row.evidence["order_id"], "ok": True, "message": "GPU 3 reset"}
+    c.report("node1", gpu_reset=done)
+    c.tick()
+    c.report("node1")  # the full report after the reset's answer
+    c.tick()
+    (row,) = c.ledger("node1")
+    assert row.state is Phase.RESETTING and row.open and "not started yet" in row.outcome
+    for _ in range(40):  # 40 x 120 s: past the validation job's time limit + 5 min
+        c.tick(120)
+        c.report("node1")
+    rows = c.ledger("node1")
+    (reset,) = [r for r in rows if r.rung.value == "reset_gpu"]
+    assert not reset.open and "validation never started" in reset.outcome, rows
+    assert rows[0].rung.value != "reset_gpu", rows  # the ladder went on
+    sn = c.slurm.node("node1")
+    assert sn.down or sn.drained_or_draining
+    c.close()
+
+
 def _reset_ordered(c: Cluster) -> Remediation:
     """XID 48 on node1: drained, its GPU reset ordered from the agent (no answer yet)."""
     c.tick()

@@ -585,12 +585,25 @@ class Healer:
         is in, never on the stale findings its event answer left open (after_rung.py)."""
         wait = after_rung.waiting(self.store, rem, done_at, now, self.heartbeat_s)
         if wait is None:
-            self._validate(rem, now, why, firing)
+            # no reservation holds the node yet: a start held this long is given up (paged)
+            held_until = datetime.fromisoformat(done_at) + timedelta(
+                minutes=self.validation_minutes
+            )
+            self._validate(rem, now, why, firing, held_until)
         elif wait:
             self._fail(rem, now, wait, firing)
 
-    def _validate(self, rem: Remediation, now: datetime, why: str, firing: list[Alert]) -> None:
-        """The rung is done: the validation job must pass before the node returns."""
+    def _validate(
+        self,
+        rem: Remediation,
+        now: datetime,
+        why: str,
+        firing: list[Alert],
+        held_until: datetime | None = None,
+    ) -> None:
+        """The rung is done: the validation job must pass before the node returns.
+        `held_until`: when a start still held (unknown, e.g. Slurm will not return the node
+        yet) fails the rung instead; a reboot's is the end of its reservation."""
         reserved = None
         if rem.rung is Rung.REBOOT and "issued_at" in rem.evidence:
             # the reservation _issue made with the reboot, not one for the job alone
@@ -598,9 +611,10 @@ class Healer:
             reserved = datetime.fromisoformat(rem.evidence["issued_at"]) + timedelta(
                 minutes=minutes
             )
+            held_until = reserved
         outcome = self.validator.start(rem.node, why, now, reserved_until=reserved)
         if isinstance(outcome, Refusal):
-            if outcome.why is Why.UNKNOWN and reserved is not None and now >= reserved:
+            if outcome.why is Why.UNKNOWN and held_until is not None and now >= held_until:
                 # Slurm never let it start while the node was held for it: paged, stays drained
                 self._fail(rem, now, f"validation never started: {outcome.reason}", firing)
                 return
