@@ -17,32 +17,9 @@ from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
 from babysitter.controller.loop.ledger import Phase
 from babysitter.controller.loop.policy import Rule
 from babysitter.finding import Action, Finding
-from tests.fixtures.healing import Cluster
+from tests.fixtures.healing import Cluster, imex_down, not_trained
 
 STANDIN = Path(__file__).parent / "fixtures" / "standin_fabric"
-
-
-def not_trained(gpu: int = 0) -> Finding:
-    return Finding(
-        check="gpu.fabric",
-        component=f"gpu{gpu}",
-        severity="critical",
-        code="fabric.not_trained",
-        message=f"GPU {gpu}: NVLink fabric NOT_STARTED for 400 s (Fabric Manager down or "
-        "failed?): multi-GPU jobs cannot run",
-        action="drain",
-    )
-
-
-def imex_down() -> Finding:
-    return Finding(
-        check="gpu.fabric",
-        component="host",
-        severity="critical",
-        code="imex.domain_down",
-        message="IMEX domain DOWN: multi-node NVLink jobs cannot run",
-        action="drain",
-    )
 
 
 # ---- the ladder

@@ -73,6 +73,7 @@ from babysitter.controller.loop.policy import Rule, job_owned
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding
 from babysitter.report import Report
+from tests.fixtures.healing import imex_down, not_trained
 from tests.fixtures.invariants import PREFIX, InvariantSlurm, automatic, someone_elses
 from tests.summary_lines import SUMMARY
 
@@ -181,28 +182,9 @@ def finding(kind: str, node: str) -> Finding:
         ),
         # the node's NVSwitch fabric not trained (Fabric Manager down): a domain's evidence,
         # healed first by the restart_fabric rung (controller/loop/ladder.py FABRIC_RESTART)
-        "fabric": lambda: Finding(
-            check="gpu.fabric",
-            component="gpu2",
-            severity="critical",
-            code="fabric.not_trained",
-            message="GPU 2: NVLink fabric NOT_STARTED for 400 s (Fabric Manager down or "
-            "failed?): multi-GPU jobs cannot run",
-            action="drain",
-            details={DOMAIN_METRIC: DOMAIN_OF[node]},
-            observed_at=at,
-        ),
+        "fabric": lambda: not_trained(2, details={DOMAIN_METRIC: DOMAIN_OF[node]}, observed_at=at),
         # the rack's IMEX domain down: the same, the restart is nvidia-imex's
-        "imex": lambda: Finding(
-            check="gpu.fabric",
-            component="host",
-            severity="critical",
-            code="imex.domain_down",
-            message="IMEX domain DOWN: multi-node NVLink jobs cannot run",
-            action="drain",
-            details={DOMAIN_METRIC: DOMAIN_OF[node]},
-            observed_at=at,
-        ),
+        "imex": lambda: imex_down(details={DOMAIN_METRIC: DOMAIN_OF[node]}, observed_at=at),
         # a job's log line naming NVLink (and the domain): anyone can print it
         "job_nvlink": lambda: Finding(
             check="nccl.logs",
