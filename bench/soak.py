@@ -104,7 +104,8 @@ from sqlalchemy import Integer, bindparam, update
 
 from babysitter.agent.daemon import Agent
 from babysitter.checks.infiniband.check import STICKY_S, InfinibandCheck
-from babysitter.checks.nccl.check import NcclLogCheck, job_id_of
+from babysitter.checks.nccl.check import NcclLogCheck
+from babysitter.checks.nccl.local_jobs import GRACE_S as NCCL_GRACE_S
 from babysitter.checks.xid.check import EVENT_XID, NvmlEvents
 from babysitter.config import Config, parse_config
 from babysitter.controller.api.ingest import MAX_OPEN_FINDINGS, ReportWriter
@@ -272,6 +273,8 @@ class Node:
     critical: bool = True
     row_problems: list[dict[str, Any]] | None = None
     history: list[tuple[float, str, str]] = field(default_factory=list)  # (t, kind, detail)
+    # the user jobs running on it, as its slurmd would list them (the NCCL check's local_jobs)
+    user_jobs: set[str] = field(default_factory=set)
 
     @property
     def sysfs(self) -> Path:
@@ -472,11 +475,11 @@ class Soak:
             if isinstance(c, InfinibandCheck):
                 c.clock = self.clock
             if isinstance(c, NcclLogCheck):
-                # the node's slurmd, simulated: the jobs whose logs are in its own directory
-                # run there (the real check asks `scontrol listpids`)
-                c.local_jobs = lambda d=node.dir / "jobs": frozenset(  # type: ignore[misc]
-                    j for p in d.glob("slurm-*.out") if (j := job_id_of(p))
-                )
+                # the node's slurmd, simulated: the user jobs running there (the real check
+                # asks `scontrol listpids`); an ended job's log is read for its grace, on the
+                # virtual clock
+                c.local_jobs = lambda n=node: frozenset(n.user_jobs)  # type: ignore[misc]
+                c.recent.clock = self.clock
         node.agent = agent
         # as Agent.run starts: every check once, then a full report
         self._read(node)
@@ -708,6 +711,8 @@ class Soak:
         if kind in ("agent_restart",):
             return  # the new agent reads everything when it starts
         self.reads_around(node, kind, t, t + d if d else None)
+        if kind == "nccl_user_timeout" and d:  # the ended job's log read for the last time
+            self.reads_around(node, kind, t + d + NCCL_GRACE_S + 1)
         if kind == "ib_flap":  # the sticky window's end
             self.reads_around(node, kind, t + d + STICKY_S)
             # NHC's runs that can see it: those while the port is down and the next one after
@@ -774,8 +779,12 @@ class Soak:
                 simib.set_port(node.sysfs, dev, 1, active=False)
                 simib.bump_counter(node.sysfs, dev, 1, "link_downed")
                 simib.bump_counter(node.sysfs, dev, 1, "link_error_recovery")
+        elif base == "nccl_user_timeout" and end:
+            node.user_jobs.discard(p["job"])  # the aborted job's processes exited: it ended
         elif base == "nccl_user_timeout":
             job = 1000 + self.injected[base]
+            p["job"] = str(job)
+            node.user_jobs.add(p["job"])
             (node.dir / "jobs" / f"slurm-{job}.out").write_text(
                 "step 1200 loss 2.31\n"
                 "[rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective "
@@ -788,6 +797,12 @@ class Soak:
             self._busy()
             if end:
                 self._start_agent(node)
+                # checks that remember what they read (job log and kernel log offsets, IB
+                # counter baselines) answer differently on their runs after the first: the
+                # real agent runs them on its schedule, so must the soak (a job's old log line
+                # found again by the new agent's first read stayed open to the end without)
+                for again in ("nccl_user_timeout", "app_xid", "ib_symbol"):
+                    self.reads_around(node.name, again, self.clock.t)
             else:
                 node.agent = None  # stopped: no reads, no reports
 
@@ -880,6 +895,9 @@ class Soak:
                 check_runs=self.check_runs,
                 ticks=self.ticks,
                 ticks_skipped=self.ticks_skipped,
+            ),
+            open_at_end=Counter(
+                f["check"] for n in self.nodes.values() if n.agent is not None for f in n.problems
             ),
             nhc=dict(self.nhc),
         )
@@ -1098,6 +1116,9 @@ def summarise(o: Outcome, wall_s: float) -> dict[str, Any]:
         "check_runs": o.counts["check_runs"],
         "ticks": o.counts["ticks"],
         "ticks_skipped": o.counts["ticks_skipped"],
+        # the findings above INFO the fleet's nodes reported last, by check: what stays open
+        # (events kept until a reboot: application XIDs; counters: SBEs), not drains
+        "open_findings_at_end": dict(sorted(o.open_at_end.items())),
         # NHC's arm on the same nodes and noise (bench/nhc_model.py): false drains and lengths
         "nhc": {f"{iv:g}": arm.summary(node_days) for iv, arm in sorted(o.nhc.items())},
     }

@@ -82,6 +82,7 @@ class Outcome:
     injected: Counter[str] = field(default_factory=Counter)
     decisions: Counter[str] = field(default_factory=Counter)
     counts: Counter[str] = field(default_factory=Counter)  # reports, folded, ticks, ...
+    open_at_end: Counter[str] = field(default_factory=Counter)  # open findings by check
     nhc: dict[float, NhcArm] = field(default_factory=dict)
 
     def add(self, o: Outcome) -> None:
@@ -96,6 +97,7 @@ class Outcome:
         self.injected.update(o.injected)
         self.decisions.update(o.decisions)
         self.counts.update(o.counts)
+        self.open_at_end.update(o.open_at_end)
         for iv, arm in o.nhc.items():
             mine = self.nhc.setdefault(iv, NhcArm(iv, {}))
             mine.drains += arm.drains

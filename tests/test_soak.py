@@ -112,6 +112,35 @@ def test_two_sided_interval_is_garwoods():
     assert soak.poisson_interval(18, 2.0) == pytest.approx((5.334, 14.224), abs=1e-3)
 
 
+USER_TIMEOUTS = """
+[nccl_user_timeout]
+per_node_day = 20.0
+seconds = [5, 120]
+[agent_restart]
+per_node_day = 20.0
+seconds = [1, 10]
+"""
+
+
+def test_a_job_the_nccl_watchdog_aborted_stops_being_the_nodes_evidence_once_it_ended(
+    tmp_path: Path,
+):
+    """The aborted job ends (its ranks exit) and its log is read for the NCCL check's grace
+    only; a restarted agent's checks run again after their first read, as the real agent's do.
+    Simulated as running for ever and read once after an agent restart, old jobs' watchdog
+    lines were found again and stayed open critical findings to the end (re-alerted every
+    tick), so week-old fleets piled them up."""
+    doc = run_soak(tmp_path, USER_TIMEOUTS, nodes=2, days=0.3)
+    d = doc["details"]
+    injected = d["injected"]["nccl_user_timeout"]
+    assert injected >= 6
+    assert d["injected"]["agent_restart"] >= 6
+    assert d["decisions"]["alert:job_owned_finding"] >= injected  # each was seen
+    # only a job that ended in the run's last ~12 minutes may still be read
+    assert d["open_findings_at_end"].get("nccl.logs", 0) <= 1, d["open_findings_at_end"]
+    assert d["false_drains"] == 0 and d["false_interruptions"] == 0
+
+
 FLAPS = """
 [ib_flap]
 per_node_day = 20.0
@@ -215,6 +244,7 @@ per_node_day = 6.0
 seconds = [2, 150]
 [nccl_user_timeout]
 per_node_day = 5.0
+seconds = [5, 120]
 [slurmd_restart]
 per_node_day = 5.0
 seconds = [2, 20]

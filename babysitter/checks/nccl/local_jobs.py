@@ -69,11 +69,15 @@ def jobs_on_node(
     return parse_listpids(r.stdout)
 
 
+# how long an ended job's log is still read: its last lines (the error it died of) land late
+GRACE_S = 600.0
+
+
 class RecentJobs:
     """The jobs listpids showed on this node within `grace_s` (bounded: older ones are
     forgotten)."""
 
-    def __init__(self, grace_s: float = 600.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, grace_s: float = GRACE_S, clock: Callable[[], float] = time.monotonic):
         self.grace_s = grace_s
         self.clock = clock
         self._seen: dict[str, float] = {}
