@@ -51,11 +51,13 @@ each with its own seed derived from the run's, its own controller and Slurm, for
 simulated days, two at a time on two cores, until --budget-s wall seconds have passed (setup
 included); the counts are summed. Per-fleet rates (controller failover) apply per shard. A
 larger fleet ticks after nearly every report round, a smaller one spends more per node-day on
-its rounds: 32 to 128 nodes per shard measured about alike on the 2-core machine; 64 (the
-default) also gives the policy's per-partition drain guard a fleet-sized partition. A fleet
-gets slower as it ages: application XIDs stay open findings until a reboot (none is simulated),
-so more and more nodes carry a warning every tick decides on (a 64-node fleet's half-day took
-7 s of wall time on its first day, 22 s on its fifth). The default 7 simulated days per shard
+its rounds: 32 to 128 nodes per shard measured about alike on the 2-core machine, 256 and 512
+slower (one core, 128 node-days each: 64 nodes 4.4 node-days per wall second, 256 nodes 3.7,
+512 nodes 3.5); 64 (the default) also gives the policy's per-partition drain guard a
+fleet-sized partition. A fleet gets somewhat slower as it ages: application XIDs stay open
+findings until a reboot (none is simulated), so more and more nodes carry a warning every tick
+reads and decides on (a 64-node fleet: 2 days in 29 s, 7 days in 115-127 s on one core). The
+default 7 simulated days per shard
 (a week-old fleet at most) weighs node-days against fleet age: --days 30 covers month-old
 fleets, in fewer node-days.
 
