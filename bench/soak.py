@@ -129,7 +129,15 @@ from bench.common import BENCH_DIR, RESULTS_DIR, figure, write_result
 from bench.nhc_model import NhcArm, ib_verdict
 from bench.poisson import poisson_interval, poisson_upper, quantile
 from bench.slurm_standin import InMemorySlurm
-from bench.soak_shards import MIN_SHARD_S, Outcome, ShardSpec, left_s, run_shards, shard_specs
+from bench.soak_shards import (
+    MIN_SHARD_S,
+    Outcome,
+    ShardSpec,
+    WallSplit,
+    left_s,
+    run_shards,
+    shard_specs,
+)
 
 NOISE = BENCH_DIR / "data" / "soak_noise.toml"
 # the default layout (measured on a 2-core machine, see the module doc): fleets of
@@ -337,6 +345,12 @@ class Soak:
         self.store = Store(f"sqlite:///{work / 'controller.db'}")
         self.store.upgrade()
         self.writer = ReportWriter(self.store)
+        # where the wall time goes (the summary's bound on node-days per wall second)
+        self.wall = WallSplit()
+        self.writer.write = self.wall.timed("ingest", self.writer.write)  # type: ignore[method-assign]
+        self._read = self.wall.timed("agent checks", self._read)  # type: ignore[method-assign]
+        self._tick = self.wall.timed("controller tick", self._tick)  # type: ignore[method-assign]
+        self._flush_folded = self.wall.timed("folded reports", self._flush_folded)  # type: ignore[method-assign]
         self.ctl_cfg = parse_config({})  # the controller at its defaults
         self.engine: RemediationEngine | None = None
         self.spooled: list[Report] = []
@@ -898,6 +912,7 @@ class Soak:
                 ticks=self.ticks,
                 ticks_skipped=self.ticks_skipped,
             ),
+            wall_parts=Counter(self.wall.seconds),
             open_at_end=Counter(
                 f["check"] for n in self.nodes.values() if n.agent is not None for f in n.problems
             ),
@@ -1118,6 +1133,9 @@ def summarise(o: Outcome, wall_s: float) -> dict[str, Any]:
         "check_runs": o.counts["check_runs"],
         "ticks": o.counts["ticks"],
         "ticks_skipped": o.counts["ticks_skipped"],
+        # wall seconds of all shards by part (each counted once; the rest: report rounds'
+        # gathering and folding, scheduling, NHC's model), summed over the workers' cores
+        "wall_parts_s": {k: round(v, 1) for k, v in sorted(o.wall_parts.items())},
         # the findings above INFO the fleet's nodes reported last, by check: what stays open
         # (events kept until a reboot: application XIDs; counters: SBEs), not drains
         "open_findings_at_end": dict(sorted(o.open_at_end.items())),
@@ -1252,8 +1270,30 @@ def render_md(s: dict[str, Any], noise: dict[str, dict[str, Any]], settings: dic
         f"rounds that could decide nothing; {s['job_scans_skipped']:,} job scans skipped that "
         "would have scanned the same jobs again).",
         "",
+        _wall_text(s),
+        "",
     ]
     return "\n".join(lines)
+
+
+def _wall_text(s: dict[str, Any]) -> str:
+    """Where the wall time went: what bounds the node-days per wall second."""
+    parts = dict(s.get("wall_parts_s") or {})
+    total = sum(x.get("wall_s", 0.0) for x in s["shards"])  # the shards' runs, all workers
+    if not parts or total <= 0:
+        return ""
+    parts["the rest (report rounds' gathering and folding, schedule, NHC's model)"] = max(
+        0.0, total - sum(parts.values())
+    )
+    shares = ", ".join(
+        f"{k} {v / total:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+    )
+    per_tick = 1000.0 * parts.get("controller tick", 0.0) / max(s["ticks"], 1)
+    return (
+        f"Where the shards' wall time went ({total:,.0f} s of runs over the workers, each "
+        f"second counted once): {shares}. A controller tick took {per_tick:.1f} ms on average, "
+        f"{s['ticks'] / max(s['node_days'], 1e-9):.1f} ticks per node-day."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,8 @@ import hashlib
 import multiprocessing
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,39 @@ def shard_specs(
     return specs
 
 
+class WallSplit:
+    """Wall seconds by part of the simulation, each second counted once: a part running inside
+    another (an agent's event report ingested during its check run) is its own, not the outer
+    one's. What the soak's node-days per wall second are bounded by."""
+
+    def __init__(self) -> None:
+        self.seconds: Counter[str] = Counter()
+        self._stack: list[list[Any]] = []  # [part, since]
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        now = time.perf_counter()
+        if self._stack:
+            outer = self._stack[-1]
+            self.seconds[outer[0]] += now - outer[1]
+        self._stack.append([name, now])
+        try:
+            yield
+        finally:
+            end = time.perf_counter()
+            part, since = self._stack.pop()
+            self.seconds[part] += end - since
+            if self._stack:
+                self._stack[-1][1] = end
+
+    def timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def inner(*a: Any, **kw: Any) -> Any:
+            with self.part(name):
+                return fn(*a, **kw)
+
+        return inner
+
+
 @dataclass
 class Outcome:
     """What one shard counted, or several merged (sums and concatenations)."""
@@ -83,6 +117,7 @@ class Outcome:
     decisions: Counter[str] = field(default_factory=Counter)
     counts: Counter[str] = field(default_factory=Counter)  # reports, folded, ticks, ...
     open_at_end: Counter[str] = field(default_factory=Counter)  # open findings by check
+    wall_parts: Counter[str] = field(default_factory=Counter)  # WallSplit's seconds
     nhc: dict[float, NhcArm] = field(default_factory=dict)
 
     def add(self, o: Outcome) -> None:
@@ -98,6 +133,7 @@ class Outcome:
         self.decisions.update(o.decisions)
         self.counts.update(o.counts)
         self.open_at_end.update(o.open_at_end)
+        self.wall_parts.update(o.wall_parts)
         for iv, arm in o.nhc.items():
             mine = self.nhc.setdefault(iv, NhcArm(iv, {}))
             mine.drains += arm.drains

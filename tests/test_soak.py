@@ -82,6 +82,10 @@ def test_benign_noise_drains_nothing(tmp_path: Path):
     # the noise was seen, not missed: job logs and XIDs reached the controller as alerts
     assert d["decisions"].get("alert:job_owned_finding", 0) >= 1
     assert doc["settings"]["nodes"] == 3 and doc["commit"]
+    # what bounds node-days per wall second is reported: each part's seconds counted once
+    parts = d["wall_parts_s"]
+    assert {"controller tick", "agent checks", "ingest"} <= set(parts), parts
+    assert sum(parts.values()) <= sum(x["wall_s"] for x in d["shards"]) + 0.5
 
 
 def test_a_real_fault_is_counted_attributed_and_bounded(tmp_path: Path):
