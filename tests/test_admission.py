@@ -31,6 +31,7 @@ from babysitter.slurm import base
 from babysitter.slurm.base import OwnedClient
 from babysitter.slurm.client import SlurmNode, SlurmNotOwned
 from babysitter.slurm.topology import tree
+from tests.fixtures.healing import not_trained
 from tests.fixtures.invariants import InvariantSlurm
 
 
@@ -427,15 +428,7 @@ def test_a_failed_maintenance_read_admits_no_new_drain(tmp_path):
 
 def untrained(domain: str) -> Finding:
     """An untrained NVLink fabric, naming the node's NVLink domain (as gpu.fabric does)."""
-    return Finding(
-        check="gpu.fabric",
-        component="gpu2",
-        severity="critical",
-        code="fabric.not_trained",
-        message="GPU 2: NVLink fabric NOT_STARTED for 400 s",
-        action="drain",
-        details={"nvlink_domain": domain},
-    )
+    return not_trained(2, details={"nvlink_domain": domain})
 
 
 def test_a_domain_incident_over_a_node_of_an_episode_keeps_that_nodes_place(tmp_path):

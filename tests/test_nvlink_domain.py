@@ -30,6 +30,7 @@ from babysitter.finding import Finding
 from babysitter.report import Report
 from babysitter.slurm.topology import Switch, Topology
 from bench.slurm_standin import InMemorySlurm
+from tests.fixtures.healing import not_trained as fabric_not_trained
 
 RACK_A = "5f0c1e2a-7b3d-4c8e-9a10-1234567890ab/1"
 RACK_B = "0d15ea5e-0000-4000-8000-00000000000b/1"
@@ -40,16 +41,7 @@ T0 = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 
 
 def not_trained(node: str, gpu: int = 0) -> Finding:
-    return Finding(
-        check="gpu.fabric",
-        component=f"gpu{gpu}",
-        severity="critical",
-        code="fabric.not_trained",
-        message=f"GPU {gpu}: NVLink fabric NOT_STARTED for 400 s (Fabric Manager down or "
-        "failed?): multi-GPU jobs cannot run",
-        action="drain",
-        details={"nvlink_domain": DOMAIN_OF[node], "clique_id": 1},
-    )
+    return fabric_not_trained(gpu, details={"nvlink_domain": DOMAIN_OF[node], "clique_id": 1})
 
 
 # ---- the policy, pure

@@ -21,6 +21,7 @@ from babysitter.devcluster.receiver import Receiver
 from babysitter.finding import Finding
 from babysitter.report import Report
 from babysitter.slurm.cli import CliSlurmClient
+from tests.fixtures.healing import not_trained as fabric_not_trained
 from tests.fixtures.slurm import reset_cluster, running, slurm, wait_for
 
 RACK_A = "5f0c1e2a-7b3d-4c8e-9a10-1234567890ab/1"
@@ -31,16 +32,7 @@ DOMAIN_OF = {**dict.fromkeys(A, RACK_A), **dict.fromkeys(B, RACK_B)}
 
 
 def not_trained(node: str) -> Finding:
-    return Finding(
-        check="gpu.fabric",
-        component="gpu0",
-        severity="critical",
-        code="fabric.not_trained",
-        message="GPU 0: NVLink fabric NOT_STARTED for 400 s (Fabric Manager down or failed?): "
-        "multi-GPU jobs cannot run",
-        action="drain",
-        details={"nvlink_domain": DOMAIN_OF[node], "clique_id": 1},
-    )
+    return fabric_not_trained(0, details={"nvlink_domain": DOMAIN_OF[node], "clique_id": 1})
 
 
 def node_state(info: ClusterInfo, node: str) -> tuple[str, str]:
