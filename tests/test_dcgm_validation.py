@@ -8,6 +8,7 @@ the validation job under sbatch."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -105,6 +106,95 @@ def test_an_unknown_shape_is_never_a_pass(text: str):
 def test_a_hung_dcgmi_is_killed_at_its_timeout_and_fails():
     res = _run_standin("hang", timeout_s=1)
     assert not res.ok and "no result within 1 s (killed)" in res.failures[0]
+
+
+# ---- DCGM versions, and a DCGM that cannot run the diag, named (tests/data/world/dcgm)
+
+
+def test_dcgm_3x_json_is_read_not_failed_for_its_top_level_name():
+    res = _run_standin("corpus:dcgm3-issue139-memory-fail")
+    assert res.shape == "2.x/3.x" and not res.ok
+    assert res.failures == ["dcgmi diag -r 2: GPU Memory failed"]
+
+
+def test_a_down_host_engine_is_named_as_the_cause():
+    res = _run_standin("corpus:hostengine-down-dcgm-issue57")
+    assert not res.ok
+    assert res.failures == [
+        "dcgmi diag -r 2: DCGM host engine (nv-hostengine) not running: Error: unable to "
+        "establish a connection to the specified host: localhost"
+    ]
+
+
+def test_a_lost_host_engine_in_a_runtime_error_is_named():
+    # the shape of Diag.cpp RunDiagOnce + HelperDisplayFailureMessage (v3.3.9)
+    why = (
+        "Error: Unable to complete diagnostic for group 0. Return: (-21) : "
+        "Host engine connection invalid/disconnected\n"
+    )
+    text = json.dumps({"DCGM GPU Diagnostic": {"runtime_error": why, "version": "3.3.9"}})
+    res = diag.judge(1, text, 235, 60)
+    assert not res.ok and res.version == "3.3.9"
+    assert res.failures[0].startswith("dcgmi diag -r 1: DCGM host engine (nv-hostengine) not ")
+
+
+def test_dcgmi_not_installed_is_named():
+    res = diag.diagnose("/nonexistent/dcgmi", 2, 60)
+    assert res.failures == ["dcgmi diag -r 2: dcgmi not installed: /nonexistent/dcgmi"]
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        # DCGM 1.x still printed "DCGM GPU Diagnostic" with a version (nvvs/JsonOutput.cpp)
+        (
+            '{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Deployment", "tests": '
+            '[{"name": "Blacklist", "results": [{"status": "Pass"}]}]}]}, "version": "1.7.2"}',
+            "DCGM too old: DCGM 1.7.2",
+        ),
+        # dcgmi newer than nv-hostengine: DCGM_ST_VER_MISMATCH in the runtime_error
+        (
+            '{"DCGM Diagnostic": {"runtime_error": "Error: Unable to complete diagnostic. '
+            'Return: (-12) : API version mismatch\\n", "version": "4.2.3"}}',
+            "DCGM too old or mismatched: dcgmi and nv-hostengine are of different DCGM versions",
+        ),
+    ],
+)
+def test_a_dcgm_too_old_is_named(text: str, why: str):
+    res = diag.judge(2, text, 0, 60)
+    assert not res.ok and res.failures[0].startswith(f"dcgmi diag -r 2: {why}"), res.failures
+
+
+def test_2x_connection_error_before_an_embedded_run_still_reads_the_json():
+    # 2.x Command.cpp prints this, then StartDiag runs the diag in an embedded host engine
+    doc = (STANDIN.parents[1] / "data/world/dcgm/dcgm3-issue139-pcie-pass.json").read_text()
+    text = "Error: unable to establish a connection to the specified host: localhost\n" + doc
+    res = diag.judge(3, text, 0, 60)
+    assert res.ok and {t.name: t.status for t in res.tests}["PCIe"] == "pass"
+
+
+def test_a_4x_test_printed_by_name_alone_did_not_run():
+    # Diag.cpp HelperJsonBuildOutput (4.x) leaves out NOT_RUN results and summaries
+    text = json.dumps(
+        {
+            "DCGM Diagnostic": {
+                "test_categories": [
+                    {
+                        "category": "Hardware",
+                        "tests": [
+                            {"name": "memory", "results": [{"entity_id": 0, "status": "Pass"}]},
+                            {"name": "pulse_test"},
+                        ],
+                    }
+                ]
+            }
+        }
+    )
+    res = diag.judge(3, text, 0, 60)
+    assert res.ok and {t.name: t.status for t in res.tests} == {
+        "memory": "pass",
+        "pulse_test": "skip",
+    }
 
 
 # ---- which level
@@ -217,6 +307,35 @@ def test_without_dcgmi_the_matmul_validates_and_says_so(tmp_path: Path):
     _, action, calls, _ = _validate(tmp_path, None, Rung.REBOOT, "xid.79")
     assert calls == []
     assert action.status == "done" and "matmul (no DCGM)" in (action.outcome or "")
+
+
+def test_a_real_dcgm_3x_healthy_document_returns_the_node(tmp_path: Path):
+    _, action, calls, _ = _validate(
+        tmp_path, "corpus:dcgm3-issue139-pcie-pass", Rung.RESET_GPU, "xid.79"
+    )
+    assert calls == ["diag -r 2 -j"]
+    # passed: the Validator returns the node (the drain is lifted by the resume path)
+    assert action.status == "done" and (action.outcome or "").startswith("passed")
+    assert "[dcgmi diag -r 2: PCIe pass, GPU Memory skip," in (action.outcome or "")
+
+
+def test_a_real_dcgm_4x_failing_document_names_the_failed_test(tmp_path: Path):
+    node, action, _, firing = _validate(
+        tmp_path, "corpus:dcgm4-issue215-diagnostic-fail", Rung.REBOOT, "xid.79"
+    )
+    assert action.status == "failed" and "DRAIN" in node.flags
+    assert "validation failed: dcgmi diag -r 3: diagnostic failed" in node.reason
+    assert "[dcgmi diag -r 3: diagnostic fail]" in (action.outcome or "")
+    assert any(a.condition == "validation_failed" and "diagnostic" in a.summary for a in firing)
+
+
+def test_a_down_host_engine_is_named_in_the_validation_record(tmp_path: Path):
+    node, action, _, _ = _validate(
+        tmp_path, "corpus:hostengine-down-dcgm-issue57", Rung.RESET_GPU, "xid.79"
+    )
+    assert action.status == "failed" and "DRAIN" in node.flags
+    assert "dcgmi diag -r 2: DCGM host engine (nv-hostengine) not running" in node.reason
+    assert "DCGM host engine (nv-hostengine) not running" in (action.outcome or "")
 
 
 def test_garbage_from_dcgmi_fails_closed(tmp_path: Path):
