@@ -390,6 +390,19 @@ class c_nvmlGpuFabricInfo_v2_t(Structure):
 
 
 c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfo_v2_t
+nvmlGpuFabricInfo_v3 = 0x03000028
+
+
+class c_nvmlGpuFabricInfo_v3_t(Structure):
+    """v2 plus the driver's health summary (NVML_GPU_FABRIC_HEALTH_SUMMARY_*)."""
+
+    _fields_ = [
+        *c_nvmlGpuFabricInfo_v2_t._fields_,
+        ("healthSummary", c_uint8),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(version=nvmlGpuFabricInfo_v3)
 
 
 def nvmlDeviceGetGpuFabricInfo(handle: c_void_p, info: Any) -> int:

@@ -1,8 +1,8 @@
 """`gpu.fabric`: the NVSwitch fabric of a node whose hardware profile has one (HGX
-H100/H200/B200/A100, GB200/GB300 NVL72): each GPU's fabric training state, status and health
-mask (NVML), the `nvidia-fabricmanager` service where the node runs it, and `nvidia-imex` with
-its domain where the node needs it. A profile without NVSwitch reads nothing. What each reading
-means is judge.py's; this module only reads.
+H100/H200/B200/A100, GB200/GB300 NVL72): each GPU's fabric training state, status, health
+mask and health summary (NVML), the `nvidia-fabricmanager` service where the node runs it, and
+`nvidia-imex` with its domain where the node needs it. A profile without NVSwitch reads
+nothing. What each reading means is judge.py's; this module only reads.
 
 Every GPU in a fabric ships its NVLink domain (the fabric's cluster UUID and clique id) with
 the report (metric `nvlink_domain`) and in its findings' details: the controller groups nodes
@@ -37,18 +37,22 @@ def _uptime_s() -> float | None:
 
 
 class FabricInfo:
-    """One GPU's fabric info (V struct where the driver has it: with the health mask)."""
+    """One GPU's fabric info (the V struct where the driver has it: with the health mask, and
+    from v3 on the health summary; None where the struct has no summary)."""
 
-    __slots__ = ("clique", "cluster", "mask", "state", "status")
+    __slots__ = ("clique", "cluster", "mask", "state", "status", "summary")
 
-    def __init__(self, state: int, status: int, clique: int, cluster: str | None, mask: int):
-        self.state, self.status, self.clique, self.cluster, self.mask = (
-            state,
-            status,
-            clique,
-            cluster,
-            mask,
-        )
+    def __init__(
+        self,
+        state: int,
+        status: int,
+        clique: int,
+        cluster: str | None,
+        mask: int,
+        summary: int | None = None,
+    ):
+        self.state, self.status, self.clique, self.cluster = state, status, clique, cluster
+        self.mask, self.summary = mask, summary
 
     @property
     def domain(self) -> str | None:
@@ -56,20 +60,34 @@ class FabricInfo:
         return f"{self.cluster}/{self.clique}" if self.cluster else None
 
 
+def _read_v(dev: Device) -> tuple[Any, Any, int | None]:
+    """The V call with the newest struct the driver takes: v3 (with the health summary), else
+    v2 (a driver that answers ArgumentVersionMismatch to v3). (info, NVML's answer, summary)"""
+    v3 = getattr(nv, "c_nvmlGpuFabricInfo_v3_t", None)  # an older nvidia-ml-py has none
+    if v3 is not None:
+        try:
+            info: Any = v3()
+            got = call(nv.nvmlDeviceGetGpuFabricInfoV, dev.handle, nv.byref(info))
+            return info, got, int(info.healthSummary)
+        except nv.NVMLError_ArgumentVersionMismatch:
+            pass
+    info = nv.c_nvmlGpuFabricInfo_v2_t()
+    return info, call(nv.nvmlDeviceGetGpuFabricInfoV, dev.handle, nv.byref(info)), None
+
+
 def read_fabric(dev: Device) -> FabricInfo:
     """NVML's fabric info of one GPU; NOT_SUPPORTED state where the driver has none."""
     try:
-        info: Any = nv.c_nvmlGpuFabricInfo_v2_t()
-        got = call(nv.nvmlDeviceGetGpuFabricInfoV, dev.handle, nv.byref(info))
+        info, got, summary = _read_v(dev)
         mask = int(info.healthMask)
     except (nv.NVMLError_FunctionNotFound, nv.NVMLError_ArgumentVersionMismatch):
         info = nv.c_nvmlGpuFabricInfo_t()  # a driver before the V call (< r550): no mask
         got = call(nv.nvmlDeviceGetGpuFabricInfo, dev.handle, nv.byref(info))
-        mask = 0
+        mask, summary = 0, None
     if got is NOT_SUPPORTED:
         return FabricInfo(judge.NOT_SUPPORTED, 0, 0, None, 0)
     cluster = judge.cluster_uuid(bytes(info.clusterUuid))
-    return FabricInfo(int(info.state), int(info.status), int(info.cliqueId), cluster, mask)
+    return FabricInfo(int(info.state), int(info.status), int(info.cliqueId), cluster, mask, summary)
 
 
 class GpuFabricCheck(Check):
@@ -171,11 +189,10 @@ class GpuFabricCheck(Check):
         return now - since
 
     def _judge(self, dev: Device, info: FabricInfo, cfg: FabricCheckConfig) -> list[Finding]:
-        verdict = judge.fabric_state(
-            info.state, info.status, self._pending_s(dev, info), cfg.grace_s, self._required
+        pending = self._pending_s(dev, info)
+        verdicts = judge.gpu_fabric(
+            info.state, info.status, info.mask, info.summary, pending, cfg.grace_s, self._required
         )
-        if verdict is None:
-            return []
         details: dict[str, Any] = {
             "fabric_state": judge.STATE_NAMES.get(info.state, str(info.state)),
             "clique_id": info.clique,
@@ -185,12 +202,10 @@ class GpuFabricCheck(Check):
             details["nvlink_domain"] = info.domain
         if info.status:
             details["fabric_status"] = info.status
-        verdicts = [verdict]
-        if info.state == judge.COMPLETED:
-            faults = judge.health_mask(info.mask)
-            if faults:
-                details["health_mask"] = hex(info.mask)
-                verdicts = faults if verdict.severity is Severity.OK else [verdict, *faults]
+        if info.state == judge.COMPLETED and any(v.fault for v in verdicts):
+            details["health_mask"] = hex(info.mask)
+            if info.summary is not None:
+                details["health_summary"] = info.summary
         out = []
         for v in verdicts:
             if v.severity is Severity.OK:

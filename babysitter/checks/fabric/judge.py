@@ -12,16 +12,22 @@ Verdicts (docs/checks.md, "gpu.fabric"):
   (NVLink traffic cannot reach its peers); degraded bandwidth, route recovery or access-timeout
   recovery in progress: warning (jobs run, slower, and the fabric may recover by itself).
   A sub-field the driver does not support (0) says nothing.
+- health summary (v3 struct, r570+; nvidia-smi's `Health/Summary`): the driver's own rating,
+  read beside the mask because it can say Unhealthy while every mask bit is clean (seen on
+  GB200 with Status Success). Unhealthy: critical; Limited Capacity: warning; Healthy or not
+  supported: nothing of its own; any other value: unknown (warning), never healthy.
 - a service (`systemctl is-active`): active is ok; activating/reloading is a warning (it is
   starting); inactive/failed/deactivating is critical; anything else, or systemctl failing, is
   unknown: a warning, never ok.
-- the IMEX domain (`nvidia-imex-ctl -N -j`, top-level "status"): UP ok, DEGRADED warning, DOWN
-  critical; no answer or output without a status: unknown (warning).
+- the IMEX domain (`nvidia-imex-ctl -N -j`, top-level "status"; a text answer's
+  `Domain State:` line where the tool printed text): UP ok, DEGRADED warning, DOWN critical; no
+  answer or output without a status: unknown (warning).
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import msgspec
 
@@ -30,6 +36,9 @@ from babysitter.finding import Action, Severity
 # nvmlGpuFabricState_t (nvml.h)
 NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED = 0, 1, 2, 3
 STATE_NAMES = {0: "NOT_SUPPORTED", 1: "NOT_STARTED", 2: "IN_PROGRESS", 3: "COMPLETED"}
+
+# nvmlGpuFabricHealthSummary (NVML_GPU_FABRIC_HEALTH_SUMMARY_*)
+SUMMARY_NOT_SUPPORTED, SUMMARY_HEALTHY, SUMMARY_UNHEALTHY, SUMMARY_LIMITED_CAPACITY = 0, 1, 2, 3
 
 # health mask sub-fields: (name, shift, the "true" value, severity when true, what it means)
 _TRUE = 1
@@ -131,6 +140,55 @@ def health_mask(mask: int) -> list[Verdict]:
     return out
 
 
+def health_summary(summary: int | None) -> Verdict | None:
+    """The driver's health summary (None: the driver gave none, a v1/v2 struct)."""
+    if summary in (None, SUMMARY_NOT_SUPPORTED, SUMMARY_HEALTHY):
+        return None  # nothing of its own: the mask's faults still count
+    if summary == SUMMARY_UNHEALTHY:
+        return Verdict(
+            Severity.CRITICAL,
+            "fabric.unhealthy",
+            "NVLink fabric health summary Unhealthy",
+            Action.DRAIN,
+        )
+    if summary == SUMMARY_LIMITED_CAPACITY:
+        return Verdict(
+            Severity.WARNING,
+            "fabric.limited_capacity",
+            "NVLink fabric health summary Limited Capacity",
+            Action.WATCH,
+        )
+    return Verdict(
+        Severity.WARNING,
+        "fabric.summary_unknown",
+        f"NVLink fabric health summary {summary} unknown to babysitter",
+        Action.INSPECT,
+    )
+
+
+def gpu_fabric(
+    state: int,
+    status: int,
+    mask: int,
+    summary: int | None,
+    pending_s: float,
+    grace_s: float,
+    required: bool = False,
+) -> list[Verdict]:
+    """Everything one GPU's fabric info says, worst first; [] where it has no fabric. A trained
+    fabric adds its health summary's and health mask's faults to the training verdict."""
+    verdict = fabric_state(state, status, pending_s, grace_s, required)
+    if verdict is None:
+        return []
+    if state != COMPLETED:
+        return [verdict]
+    rated = health_summary(summary)
+    faults = ([rated] if rated else []) + health_mask(mask)
+    if not faults:
+        return [verdict]
+    return faults if verdict.severity is Severity.OK else [verdict, *faults]
+
+
 _UP = {"active"}
 _STARTING = {"activating", "reloading", "refreshing"}
 _DOWN = {"inactive", "failed", "deactivating"}
@@ -162,6 +220,9 @@ def service(unit: str, output: str | None, code: str) -> Verdict:
     )
 
 
+_DOMAIN_STATE = re.compile(r"^Domain State:\s*(\S+)", re.MULTILINE)
+
+
 def imex_domain(output: str | None) -> Verdict:
     """`nvidia-imex-ctl -N -j`'s top-level "status" (None: the command failed)."""
     status = None
@@ -172,6 +233,9 @@ def imex_domain(output: str | None) -> Verdict:
             doc = None
         if isinstance(doc, dict) and isinstance(doc.get("status"), str):
             status = doc["status"].upper()
+        elif doc is None:  # the text table (`-N` without `-j`): its `Domain State:` line
+            m = _DOMAIN_STATE.search(output)
+            status = m.group(1).upper() if m else None
     if status == "UP":
         return Verdict(Severity.OK, "imex.domain_up", "IMEX domain UP")
     if status == "DEGRADED":
