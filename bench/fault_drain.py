@@ -1,7 +1,8 @@
 """Fault -> drain latency on a real devcluster with agents on simulated GPUs/IB, at the DEFAULT
 configuration (no interval overrides: agent, checks and controller loop as shipped; only the
 blast-radius guard is opened so that 20 drains in a row are allowed), for XID 79, GPU lost
-without an XID, DBE (with its NVML event, as a GPU sends it, and without one, as on a board
+without an XID, a GPU that fell off the bus reported only by the driver's device-print line in
+the kernel log, DBE (with its NVML event, as a GPU sends it, and without one, as on a board
 that does not support ECC events), row-remap failure, NVLink down, IB port down and a PCIe
 width drop (a warning: fault -> the finding at the controller) — >= 20 injections each, beside
 the raw Slurm drain latency measured in the same run. A fast-tier fault is injected at a random
@@ -51,6 +52,7 @@ NO_LADDER = {"remediation": {"enabled": False}}
 FAST_FAULTS = (
     "xid79",
     "gpu_lost",
+    "off_bus_devprint",
     "dbe",
     "dbe_polled",
     "row_remap_failure",
@@ -106,9 +108,16 @@ def run(base: Path, defaults: bool, injections: int, jobs: bool) -> dict[str, li
             sim.nodes[n].gpus.set(2, dbe_volatile=1)
             sim.nodes[n].gpus.event(2, EVENT_DBE)
 
+        def off_bus_devprint(n: str) -> None:
+            # the driver's NV_DEV_PRINTF line alone (osHandleGpuLost), no Xid line beside it;
+            # GPU 5 is PCI ab:00 on a simulated node
+            with sim.nodes[n].kmsg.open("a") as f:
+                f.write("NVRM: GPU 0000:ab:00.0: GPU has fallen off the bus.\n")
+
         faults: dict[str, Callable[[str], object]] = {
             "xid79": lambda n: sim.inject_xid(n, 3, 79),
             "gpu_lost": lambda n: sim.nodes[n].gpus.lose(5),
+            "off_bus_devprint": off_bus_devprint,
             "dbe": dbe_with_event,
             "dbe_polled": lambda n: sim.nodes[n].gpus.set(2, dbe_volatile=1),
             "row_remap_failure": lambda n: sim.nodes[n].gpus.set(6, remap_failure=1),

@@ -207,7 +207,7 @@ def test_every_nvml_symbol_the_checks_use_is_exported(fakenvml_lib):
     from pathlib import Path
 
     used: set[str] = set()
-    for mod in ("gpu/check.py", "nvml.py", "xid/check.py"):
+    for mod in ("gpu/check.py", "nvml.py", "xid/check.py", "xid/events.py"):
         src = (Path(__file__).resolve().parents[1] / "babysitter" / "checks" / mod).read_text()
         used |= set(re.findall(r"\bnv\.(nvml[A-Za-z_0-9]+)\b", src))
     funcs = {u for u in used if u[4].isupper() and not u.startswith("nvmlEventType")}

@@ -18,6 +18,7 @@ from babysitter.agent import fabric_restart, reset, rma
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
 from babysitter.agent.sticky import StickyFindings, read_boot_id
+from babysitter.checks import unparsed
 from babysitter.checks.all import compose
 from babysitter.checks.base import (
     TIER_STATS,
@@ -155,6 +156,7 @@ class Agent:
             self.metrics.update(findings, dict(self.durations), m["spool_size"], m["spool_dropped"])
             self.metrics.refused.set(m["reports_refused"])
             self.metrics.update_tiers(m["tiers"])
+            self.metrics.update_unparsed(unparsed.REGISTRY.counts())
         return report
 
     # ---- checks

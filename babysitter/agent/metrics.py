@@ -13,6 +13,20 @@ from babysitter.finding import Finding
 TIERS = ("fast", "slow")  # the polling tiers (checks/base.py TierStats)
 
 
+def _unparsed_counter(r: CollectorRegistry) -> Counter:
+    """Lines that named a fault in a wording no pattern knows (checks/unparsed.py)."""
+    counter = Counter(
+        "babysitter_unparsed_lines",
+        "Log lines that named a fault (an XID, a bus loss, an NCCL failure) but matched no "
+        "pattern, by source: a format babysitter has not learnt yet.",
+        ["source"],
+        registry=r,
+    )
+    for source in ("kmsg", "job_log"):
+        counter.labels(source)  # at 0 from the start: increase() sees the first line
+    return counter
+
+
 class AgentMetrics:
     def __init__(self, listen: str) -> None:
         self.registry = CollectorRegistry()
@@ -84,6 +98,7 @@ class AgentMetrics:
             registry=r,
         )
         self.config_last_reload_ok.set(1)
+        self.unparsed = _unparsed_counter(r)
         self._seen: dict[tuple[str, str], float] = {}
         host, _, port = listen.rpartition(":")
         start_http_server(int(port), addr=host or "127.0.0.1", registry=r)
@@ -115,3 +130,11 @@ class AgentMetrics:
                 if total > prev:
                     counter.labels(tier).inc(total - prev)
                     self._seen[(kind, tier)] = float(total)
+
+    def update_unparsed(self, counts: dict[str, int]) -> None:
+        """Feed the cumulative per-source totals (unparsed.REGISTRY.counts()) into the counter."""
+        for source, total in counts.items():
+            prev = self._seen.get(("unparsed", source), 0.0)
+            if total > prev:
+                self.unparsed.labels(source).inc(total - prev)
+                self._seen[("unparsed", source)] = float(total)
