@@ -108,7 +108,7 @@ from babysitter.agent.daemon import Agent
 from babysitter.checks.infiniband.check import STICKY_S, InfinibandCheck
 from babysitter.checks.nccl.check import NcclLogCheck
 from babysitter.checks.nccl.local_jobs import GRACE_S as NCCL_GRACE_S
-from babysitter.checks.xid.check import EVENT_XID, NvmlEvents
+from babysitter.checks.xid.check import EVENT_XID, KmsgXidCheck, NvmlEvents
 from babysitter.config import Config, parse_config
 from babysitter.controller.api.ingest import MAX_OPEN_FINDINGS, ReportWriter
 from babysitter.controller.db import models as m
@@ -496,6 +496,9 @@ class Soak:
                 # virtual clock
                 c.local_jobs = lambda n=node: frozenset(n.user_jobs)  # type: ignore[misc]
                 c.recent.clock = self.clock
+            if isinstance(c, KmsgXidCheck):
+                # a job-attributable XID ends with its job: the same simulated slurmd
+                c.local_jobs = lambda n=node: frozenset(n.user_jobs)  # type: ignore[misc]
         node.agent = agent
         # as Agent.run starts: every check once, then a full report
         self._read(node)

@@ -226,3 +226,36 @@ def test_the_agent_exports_the_unparsed_counter() -> None:
     m.update_unparsed(unparsed.REGISTRY.counts())  # the same totals again: no double count
     text = generate_latest(m.registry).decode()
     assert 'babysitter_unparsed_lines_total{source="kmsg"} 2.0' in text
+
+
+def test_a_job_attributable_xid_ends_with_its_job_not_at_the_next_reboot(tmp_path: Path) -> None:
+    """XID 45 alone (the catalog's job-attributable 'preemptive cleanup') is a warning while its
+    job runs; once the job is gone from this node it is no longer open. Before, it stayed open
+    until a reboot (a week-old fleet showed a warning on every node)."""
+    proc = tmp_path / "proc"
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_77/step_0\n")
+    check = _check(tmp_path, XID45.format(t=5.0).replace("1818990", "4242"), proc)
+    running: frozenset[str] | None = frozenset({"77"})
+    check.local_jobs = lambda: running
+    [open_45] = check.run()
+    assert (open_45.code, open_45.severity, open_45.details["job_id"]) == (
+        "xid.45",
+        "warning",
+        "77",
+    )
+    running = None  # slurmd could not be asked: nothing ends on an unknown
+    assert [f.code for f in check.run()] == ["xid.45"]
+    running = frozenset({"78"})  # job 77 ended; another job runs
+    assert [f.code for f in check.run()] == ["xid.none"]
+
+
+def test_a_job_attributable_xid_without_a_job_ends_when_the_node_runs_none(
+    tmp_path: Path,
+) -> None:
+    check = _check(tmp_path, XID45.format(t=5.0), tmp_path / "no-proc")
+    running = frozenset({"5"})
+    check.local_jobs = lambda: running
+    assert [f.code for f in check.run()] == ["xid.45"]  # some job still runs: it may be its
+    running = frozenset()
+    assert [f.code for f in check.run()] == ["xid.none"]

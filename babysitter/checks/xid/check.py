@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from babysitter.checks import nvml, unparsed
 from babysitter.checks.base import Check
+from babysitter.checks.nccl.local_jobs import jobs_on_node
 from babysitter.checks.xid.events import (
     EVENT_FINDINGS,
     EVENT_RECOVERY_ACTION,
@@ -101,6 +103,14 @@ class KmsgXidCheck(Check):
         self._reader = KmsgReader()
         # per component: the last XID that was not a follow-on one, and when (kernel seconds)
         self._last_xid: dict[str, tuple[int, float]] = {}
+        # the ids of the jobs running on this node (None: unknown); asked only while a
+        # job-attributable XID is open (tests and simulations replace it)
+        sl = self.ctx.config.slurm
+        scontrol = str(sl.bin_dir / "scontrol") if sl.bin_dir else "scontrol"
+        conf = str(sl.slurm_conf) if sl.slurm_conf else None
+        self.local_jobs: Callable[[], frozenset[str] | None] = lambda: jobs_on_node(
+            self.ctx.node_name, scontrol, conf
+        )
 
     def _pci_to_gpu(self) -> dict[str, nvml.Device]:
         try:
@@ -157,7 +167,7 @@ class KmsgXidCheck(Check):
         v = classify(line.xid, overrides, line.text)
         extra: dict[str, Any] = {"mig": line.mig} if line.mig else {}
         if v.job_attributable:
-            extra.update(self._job_details(line))
+            extra.update(self._job_details(line), job_attributable=True)
         follows = self._follows(comp, line, now) if v.follows_other else None
         if not v.follows_other:
             self._last_xid[comp] = (line.xid, now)
@@ -244,9 +254,32 @@ class KmsgXidCheck(Check):
         seen = unparsed.REGISTRY.snapshot()
         if seen:
             self.metrics["unparsed_lines"] = seen
+        self._end_with_their_jobs()
         with self._open_lock:
             still = list(self._open.values())
         return still or [self.finding("host", Severity.OK, "xid.none", "no XIDs in the kernel log")]
+
+    def _end_with_their_jobs(self) -> None:
+        """A job-attributable XID (the application's fault, NVIDIA's RESTART_APP) is evidence
+        about its job: it ends when that job no longer runs here, or, when the line named no
+        job this node could map, when the node runs no job at all. Otherwise it would stay
+        open until a reboot and, after a week, every node would show a warning. The job list
+        unknown: nothing ends (an error never reads as the job having ended)."""
+        with self._open_lock:
+            blamed = [k for k, f in self._open.items() if f.details.get("job_attributable")]
+        if not blamed:
+            return
+        running = self.local_jobs()
+        if running is None:
+            return
+        with self._open_lock:
+            for key in blamed:
+                f = self._open.get(key)
+                if f is None:
+                    continue
+                job = f.details.get("job_id")
+                if (str(job) not in running) if job is not None else not running:
+                    del self._open[key]
 
 
 _read_devkmsg = read_devkmsg  # the older name
