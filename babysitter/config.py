@@ -473,7 +473,8 @@ class ValidationConfig(Section):
     output_dir: Annotated[
         Path,
         Meta(
-            description="job output files (shared with the nodes, or the verdict is the exit code)"
+            description="job output files: must be shared with the nodes (the controller reads "
+            "each job's verdict there; no readable verdict is a failed validation)"
         ),
     ] = Path("/var/lib/babysitter/validation")
     max_attempts: Annotated[
@@ -733,6 +734,14 @@ class AlertsConfig(Section):
         "https://events.pagerduty.com/v2/enqueue"
     )
     webhook_url: Annotated[str | None, Meta(description="generic JSON webhook")] = None
+    job_slack_webhook_url: Annotated[
+        str | None,
+        Meta(
+            description="Slack webhook of the channel for job alerts (job_log_*: a job's own "
+            "log); they never go to on-call's Slack or PagerDuty, and reach Alertmanager and the "
+            "webhook labelled route=job"
+        ),
+    ] = None
     timeout_s: Annotated[float, Meta(gt=0, description="timeout of every alert delivery")] = 5.0
     route_alertmanager: Annotated[Severity, Meta(description="lowest severity sent there")] = (
         Severity.WARNING

@@ -106,6 +106,7 @@ from sqlalchemy import Integer, bindparam, update
 
 from babysitter.agent.daemon import Agent
 from babysitter.checks.infiniband.check import STICKY_S, InfinibandCheck
+from babysitter.checks.infiniband.settings import NCCL_IB_RETRY_BUDGET_S as IB_HOLD_S
 from babysitter.checks.nccl.check import NcclLogCheck
 from babysitter.checks.nccl.local_jobs import GRACE_S as NCCL_GRACE_S
 from babysitter.checks.xid.check import EVENT_XID, KmsgXidCheck, NvmlEvents
@@ -734,6 +735,12 @@ class Soak:
             self.reads_around(node, kind, t + d + NCCL_GRACE_S + 1)
         if kind == "ib_flap":  # the sticky window's end
             self.reads_around(node, kind, t + d + STICKY_S)
+            if d > IB_HOLD_S:  # down past the hold, counted from the read that saw it go down
+                self.at(
+                    math.ceil(t + 1e-9) + math.ceil(IB_HOLD_S),
+                    READ,
+                    ("read", node, READERS[kind][0]),
+                )
             # NHC's runs that can see it: those while the port is down and the next one after
             # (the others read the same all-up tree as before and pass, changing nothing)
             for arm in self.nhc.values():

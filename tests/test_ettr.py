@@ -312,7 +312,9 @@ def test_what_ifs_cover_false_interruption_rates_and_xid_coverage(inputs, model)
 def test_fault_drain_figures_at_defaults_are_used_as_measured(inputs, tmp_path: Path):
     """fault_drain at default settings already includes the wait for the next poll: its
     samples become the arm's latency with nothing added on top."""
-    details = {"samples_defaults": {"xid79": [0.1, 0.2], "dbe": [0.3], "ib_port_down": [0.7]}}
+    details = {
+        "samples_defaults": {"xid79": [0.1, 0.2], "dbe": [0.3], "ib_port_down_for_good": [0.7]}
+    }
     (tmp_path / "fault_drain.json").write_text(json.dumps({"details": details}))
     arms, notes = ettr.build_arms(inputs, results_dir=tmp_path)
     bs = next(a for a in arms if a.name == "babysitter")

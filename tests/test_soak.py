@@ -157,22 +157,19 @@ seconds = [90, 120]
 """
 
 
-def test_survivable_ib_flaps_drain_but_interrupt_no_job(tmp_path: Path):
-    """A flap within NCCL's retry budget: the node is drained at once (node-time), the babysat
-    job on it is never requeued (the link grace), so no false interruption."""
+def test_survivable_ib_flaps_drain_nothing_and_interrupt_no_job(tmp_path: Path):
+    """A flap within NCCL's retry budget (the IB check's hold window, 30 s at defaults): a
+    warning while it lasts, no drain, and the babysat job on the node is never touched. NHC
+    drains the same flaps."""
     d = run_soak(tmp_path, FLAPS)["details"]
     assert d["injected"]["ib_flap"] >= 1
-    assert d["false_drains"] >= 1 and d["drained_node_hours"] > 0
+    assert d["false_drains"] == 0, d["drains"]
     assert d["false_interruptions"] == 0, d["interruptions"]
     assert d["interruptions_upper_bound_per_node_day"] == pytest.approx(
         -math.log(0.05) / d["node_days"]
     )
-    assert d["decisions"].get("resume:fault_cleared", 0) >= 1
-    # every drain has a length: the resumed ones theirs, the open ones their length so far
-    assert d["drains_resumed"] + d["drains_open_at_end"] == d["false_drains"]
-    assert 0 < d["drain_minutes_p50"] <= d["drain_minutes_p99"] <= d["drain_minutes_max"]
     lo, hi = d["false_drains_ci95_per_node_day"]
-    assert lo < d["false_drains_per_node_day"] < hi
+    assert lo == 0 < hi
     # NHC's arm met the same flaps: each run that saw a port down drained, the next resumed
     assert set(d["nhc"]) == {"60", "300"}
     for x in d["nhc"].values():
@@ -185,6 +182,14 @@ def test_a_port_down_past_the_grace_interrupts_the_job_and_is_counted(tmp_path: 
     """Positive control: a port down for minutes is a fault the job dies of; its requeue is
     counted as an interruption, with its reason."""
     d = run_soak(tmp_path, LONG_DOWN)["details"]
+    assert d["false_drains"] >= 1 and d["drained_node_hours"] > 0
+    assert all("ib.ports" in x["reason"] for x in d["drains"])
+    assert d["decisions"].get("resume:fault_cleared", 0) >= 1
+    # every drain has a length: the resumed ones theirs, the open ones their length so far
+    assert d["drains_resumed"] + d["drains_open_at_end"] == d["false_drains"]
+    assert 0 < d["drain_minutes_p50"] <= d["drain_minutes_p99"] <= d["drain_minutes_max"]
+    lo, hi = d["false_drains_ci95_per_node_day"]
+    assert lo < d["false_drains_per_node_day"] < hi
     assert d["false_interruptions"] >= 1
     assert all("ib.ports" in i["reason"] for i in d["interruptions"])
     assert d["interruptions_upper_bound_per_node_day"] > d["false_interruptions_per_node_day"]

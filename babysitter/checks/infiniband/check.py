@@ -1,15 +1,22 @@
 """InfiniBand ports from sysfs: expected ports up at the expected rate, error counters as
 deltas (fatal-on-increase and per-time rates), link drops and flaps with a sticky window.
 
-Thresholds (domain notes: gpud, NVSentinel): link_downed, excessive_buffer_overrun_errors and
+Thresholds (domain notes: gpud, NVSentinel): excessive_buffer_overrun_errors and
 local_link_integrity_errors are fatal on any increase; symbol_error > 120/h,
-link_error_recovery > 5/min, port_rcv_errors > 10/s, port_xmit_discards > 100/s. A flap is a
-port going down then back; 3 within the window make the port unhealthy, sticky for 10 min
+link_error_recovery > 5/min, port_rcv_errors > 10/s, port_xmit_discards > 100/s.
+
+A port that is not ACTIVE is held for `port_down_hold_s` (NCCL's IB retry budget at its
+defaults, settings.py): back within it, it was a flap a running job's NCCL rode out, and the
+finding is a warning; still down when it ends, `ib.port_down` is critical and drains. A
+`link_downed` increase is a flap too (the link retrained, perhaps between two state reads):
+the flap the state reads saw already, or one more. `flap_count` flaps within `flap_window_s`
+make the port `ib.port_flapping` (critical, naming the port and its cable), sticky for 10 min
 (unless the opt-in recovery window says it has been stable long enough).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -25,7 +32,6 @@ from babysitter.checks.infiniband.tiers import SIGNALS
 from babysitter.finding import Action, Finding, Severity
 
 FATAL_ON_INCREASE = (
-    "link_downed",
     "excessive_buffer_overrun_errors",
     "local_link_integrity_errors",
 )
@@ -35,8 +41,7 @@ RATE_LIMITS: dict[str, float] = {  # counter -> max increase per second
     "port_rcv_errors": 10.0,
     "port_xmit_discards": 100.0,
 }
-FLAP_COUNT = 3
-FLAP_WINDOW_S = 600.0
+FLAP_COUNTER = "link_downed"  # one more each time the link went down (a flap)
 STICKY_S = 600.0
 
 
@@ -109,6 +114,9 @@ class PortState(msgspec.Struct):
     flaps: list[float] = msgspec.field(default_factory=list)
     unhealthy_until: float = 0.0
     last_change: float = 0.0
+    seen: bool = False  # the state was read once: a port down then has a known start
+    down_since: float = 0.0
+    downs: int = 0  # down transitions the state reads saw since the last counter read
 
 
 class InfinibandCheck(Check):
@@ -202,45 +210,85 @@ class InfinibandCheck(Check):
         base = str(p)
         state = parse_state(_read_small(base + "/state"))
         up = state == "ACTIVE"
+        hold = self.cfg.port_down_hold_s
+        if not st.seen:
+            # down at the first read: since when is unknown (an agent restarted under a dead
+            # port), so no flap to wait for
+            st.seen, st.up, st.down_since = True, up, -math.inf
+            st.downs += not up
         if up != st.up:
             st.last_change = now
-            if up:  # back after being down: a flap
-                st.flaps = [t for t in st.flaps if now - t <= FLAP_WINDOW_S] + [now]
-                if len(st.flaps) >= FLAP_COUNT:
-                    st.unhealthy_until = now + STICKY_S
+            if not up:
+                st.down_since = now
+                st.downs += 1
+            elif now - st.down_since < hold:  # back within the hold: a flap
+                self._flapped(st, now, 1)
             st.up = up
         if not up:
             # phys_state only explains a port that is down: read it only then (this runs for
             # every port every second)
             phys = parse_state(_read_small(base + "/phys_state"))
-            out.append(
-                self.finding(
-                    comp,
-                    Severity.CRITICAL,
-                    "ib.port_down",
-                    f"{comp} is {state} (physical {phys})",
-                    Action.DRAIN,
-                    state=state,
-                    phys_state=phys,
-                    **fabric_address(base),
-                )
-            )
+            out.append(self._down(comp, base, state, phys, now - st.down_since))
         recovery = self.cfg.flap_recovery_s
         if st.unhealthy_until > now and recovery and up and now - st.last_change >= recovery:
             st.unhealthy_until = 0.0  # opt-in: stable long enough, forgive the flaps
         if st.unhealthy_until > now:
-            out.append(
-                self.finding(
-                    comp,
-                    Severity.CRITICAL,
-                    "ib.port_flapping",
-                    f"{comp} flapped {len(st.flaps)} times in {FLAP_WINDOW_S / 60:.0f} min",
-                    Action.DRAIN,
-                    flaps=len(st.flaps),
-                    sticky_for_s=round(st.unhealthy_until - now),
-                )
-            )
+            out.append(self._flapping(comp, base, st, now))
         return out
+
+    def _flapped(self, st: PortState, now: float, n: int) -> None:
+        """`n` flaps now: flap_count of them within flap_window_s make the port unhealthy."""
+        window = self.cfg.flap_window_s
+        st.flaps = [t for t in st.flaps if now - t <= window] + [now] * n
+        if len(st.flaps) >= self.cfg.flap_count:
+            st.unhealthy_until = now + STICKY_S
+
+    def _down(self, comp: str, base: str, state: str, phys: str, for_s: float) -> Finding:
+        hold = self.cfg.port_down_hold_s
+        where = fabric_address(base)
+        if for_s >= hold:
+            return self.finding(
+                comp,
+                Severity.CRITICAL,
+                "ib.port_down",
+                f"{comp} is {state} (physical {phys})",
+                Action.DRAIN,
+                state=state,
+                phys_state=phys,
+                **where,
+            )
+        # within NCCL's retry budget: a running job still rides it out. The message stays the
+        # same while it lasts (no new finding each second)
+        return self.finding(
+            comp,
+            Severity.WARNING,
+            "ib.port_down",
+            f"{comp} is {state} (physical {phys}): a flap if back within {hold:g} s "
+            "(NCCL's IB retry budget), drained after",
+            Action.WATCH,
+            state=state,
+            phys_state=phys,
+            hold_s=hold,
+            **where,
+        )
+
+    def _flapping(self, comp: str, base: str, st: PortState, now: float) -> Finding:
+        where = fabric_address(base) | cable(base)
+        dev, _, port = comp.removeprefix("ib:").partition("/")
+        at = ", ".join(f"{k} {v}" for k, v in where.items())
+        window = self.cfg.flap_window_s
+        return self.finding(
+            comp,
+            Severity.CRITICAL,
+            "ib.port_flapping",
+            f"{comp} flapped {len(st.flaps)} times in {window / 60:g} min: check the cable "
+            f"at {dev} port {port}" + (f" ({at})" if at else ""),
+            Action.DRAIN,
+            flaps=len(st.flaps),
+            window_s=window,
+            sticky_for_s=round(st.unhealthy_until - now),
+            **where,
+        )
 
     def _slow(
         self,
@@ -270,13 +318,14 @@ class InfinibandCheck(Check):
 
     def _counters(self, comp: str, cdir: Path, st: PortState, now: float) -> list[Finding]:
         out: list[Finding] = []
-        names = list(FATAL_ON_INCREASE) + list(RATE_LIMITS)
+        names = [FLAP_COUNTER, *FATAL_ON_INCREASE, *RATE_LIMITS]
         current: dict[str, int] = {}
         for n in names:
             v = parse_counter(_read(cdir / n))
             if v is not None:
                 current[n] = v
         dt = max(now - st.at, 1e-6)
+        seen, st.downs = st.downs, 0
         if st.counters:
             for n, v in current.items():
                 prev = st.counters.get(n)
@@ -285,7 +334,9 @@ class InfinibandCheck(Check):
                 delta = v - prev if v >= prev else v  # reset or wrap: count from zero
                 if delta <= 0:
                     continue
-                if n in FATAL_ON_INCREASE:
+                if n == FLAP_COUNTER:
+                    out.append(self._link_downed(comp, st, delta, seen, now))
+                elif n in FATAL_ON_INCREASE:
                     out.append(
                         self.finding(
                             comp,
@@ -313,3 +364,37 @@ class InfinibandCheck(Check):
         st.counters = current
         st.at = now
         return out
+
+    def _link_downed(self, comp: str, st: PortState, delta: int, seen: int, now: float) -> Finding:
+        """The link went down `delta` times since the last counter read: the state reads saw
+        `seen` of those go down (their flap, or their drain, is theirs); the rest were too short
+        for them and are flaps of their own. A warning: the flap rule drains, not one retrain."""
+        if delta > seen:
+            self._flapped(st, now, delta - seen)
+        return self.finding(
+            comp,
+            Severity.WARNING,
+            f"ib.{FLAP_COUNTER}",
+            f"{comp} {FLAP_COUNTER} increased by {delta} (the link retrained: a flap)",
+            Action.WATCH,
+            counter=FLAP_COUNTER,
+            delta=delta,
+        )
+
+
+def cable(port_dir: str) -> dict[str, str]:
+    """Where the port's cable starts, for the technician: the HCA's PCI address (the card's
+    slot; with the device and port, the cable is the one in that port). The switch end is the
+    subnet manager's to tell (ibnetdiscover), from the port GUID."""
+    out: dict[str, str] = {}
+    dev = os.path.dirname(os.path.dirname(port_dir))
+    try:
+        out["pci"] = os.path.basename(os.path.realpath(dev + "/device"))[:32]
+    except OSError:
+        pass
+    if not _PCI.match(out.get("pci", "")):
+        out.pop("pci", None)
+    return out
+
+
+_PCI = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")

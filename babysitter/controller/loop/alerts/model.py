@@ -51,6 +51,12 @@ RUNBOOK: dict[str, str] = {
 }
 DEFAULT_RUNBOOK = "Look at `babysitter findings <node>` and the node's kernel log."
 
+# Who an alert is for. "oncall": the cluster's operators (their chat, their pager). "job": the
+# job's owner, or a channel the site names for job alerts: a line a user's job printed into its
+# own log (policy.JOB_ALERT_PREFIX) is about that job, never a page (docs/operations.md#routes)
+ONCALL, JOB = "oncall", "job"
+JOB_CONDITION_PREFIX = "job_log_"
+
 
 def runbook(condition: str) -> str:
     if condition.startswith("switch_suspected_"):
@@ -83,6 +89,15 @@ class Alert:
         # a severity given as text is read as the enum (a misspelled one raises here, where it
         # was made, not as a silently unrouted alert)
         self.severity = Severity(self.severity)
+
+    @property
+    def route(self) -> str:
+        return JOB if self.condition.startswith(JOB_CONDITION_PREFIX) else ONCALL
+
+    @property
+    def job_id(self) -> str | None:
+        """The job a job-route alert is about (its condition names it)."""
+        return self.condition.removeprefix(JOB_CONDITION_PREFIX) if self.route == JOB else None
 
     @property
     def key(self) -> str:

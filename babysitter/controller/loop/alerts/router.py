@@ -16,6 +16,7 @@ from babysitter.controller.loop.alerts.model import Alert
 from babysitter.controller.loop.alerts.sender import AlertSender, Delivery
 from babysitter.controller.loop.alerts.sinks import (
     AlertmanagerSink,
+    JobSlackSink,
     PagerDutySink,
     Sink,
     SlackSink,
@@ -50,6 +51,8 @@ def sinks_from_config(cfg: Any) -> list[tuple[Sink, Severity]]:
         )
     if a.webhook_url:
         out.append((WebhookSink(a.webhook_url, timeout_s=t), a.route_webhook))
+    if a.job_slack_webhook_url:  # the channel for job alerts (never on-call's)
+        out.append((JobSlackSink(a.job_slack_webhook_url, timeout_s=t), Severity.WARNING))
     return out
 
 
@@ -82,7 +85,9 @@ class AlertRouter:
         return [
             sink
             for sink, min_sev in self.sinks
-            if (sinks is None or sink in sinks) and (alert.resolved or alert.severity >= min_sev)
+            if (sinks is None or sink in sinks)
+            and alert.route in sink.routes  # a job's alert never reaches on-call's pager
+            and (alert.resolved or alert.severity >= min_sev)
         ]
 
     def _deliver(

@@ -18,7 +18,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from babysitter.controller.loop.alerts.model import Alert
+from babysitter.controller.loop.alerts.model import JOB, ONCALL, Alert
 from babysitter.finding import Severity
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,10 @@ class Sink:
     # re-sent (refresh) and want one alert per node (they group themselves)
     refresh = False
     groups = True
+    # the alert routes (model.py) this sink takes: on-call's own sinks only on-call's alerts;
+    # a sink that labels each alert with its route (Alertmanager, the webhook) takes both and
+    # leaves the routing to its receiver
+    routes: frozenset[str] = frozenset({ONCALL})
 
     def __init__(self, url: str, timeout_s: float = 5.0, retries: int = 2) -> None:
         self.url = url
@@ -85,6 +89,7 @@ class AlertmanagerSink(Sink):
     name = "alertmanager"
     refresh = True
     groups = False
+    routes = frozenset({ONCALL, JOB})
 
     def __init__(self, base_url: str, resend_s: float = 60.0, **kw: Any) -> None:
         super().__init__(base_url.rstrip("/") + "/api/v2/alerts", **kw)
@@ -97,7 +102,12 @@ class AlertmanagerSink(Sink):
             "severity": alert.severity,
             "node": alert.node or "cluster",
             "service": "babysitter",
+            # who it is for: the shipped Alertmanager example (deploy/alertmanager) sends
+            # route="job" to the job receiver, never to the pager
+            "route": alert.route,
         }
+        if alert.job_id is not None:
+            labels["job_id"] = alert.job_id
         body: dict[str, Any] = {
             "labels": labels,
             "annotations": {
@@ -120,6 +130,13 @@ class SlackSink(Sink):
 
     def payload(self, alert: Alert) -> Any:
         return {"text": alert.text()}
+
+
+class JobSlackSink(SlackSink):
+    """The channel a site names for job alerts (alerts.job_slack_webhook_url)."""
+
+    name = "slack_jobs"
+    routes = frozenset({JOB})
 
 
 class PagerDutySink(Sink):
@@ -155,9 +172,12 @@ class PagerDutySink(Sink):
 
 class WebhookSink(Sink):
     name = "webhook"
+    routes = frozenset({ONCALL, JOB})
 
     def payload(self, alert: Alert) -> Any:
         return {
+            "route": alert.route,
+            "job_id": alert.job_id,
             "node": alert.node,
             "nodes": alert.nodes,
             "condition": alert.condition,
