@@ -380,10 +380,25 @@ JOB_OWNED_CHECKS = frozenset({"nccl.logs"})
 NODE_CODES_OF_JOB_CHECKS = frozenset({"nccl.logs_skipped"})
 
 
-def job_owned(f: Finding) -> bool:
-    if f.component.startswith("job:"):
+def job_owned(f: Finding | Mapping[str, Any]) -> bool:
+    """THE predicate of job-owned evidence (invariant 3: it never drains a node on its own),
+    for a finding or its stored form (the ingest's fold): a `job:<id>` component (the ingest's
+    summary of folded job-owned findings included), or a job-log check's reading."""
+    if isinstance(f, Finding):
+        check, component, code = f.check, f.component, f.code
+    else:
+        check, component, code = str(f.get("check")), str(f.get("component")), str(f.get("code"))
+    if component.startswith("job:"):
         return True
-    return f.check in JOB_OWNED_CHECKS and f.code not in NODE_CODES_OF_JOB_CHECKS
+    return check in JOB_OWNED_CHECKS and code not in NODE_CODES_OF_JOB_CHECKS
+
+
+def job_of(f: Finding | Mapping[str, Any]) -> str:
+    """The job a job-owned finding speaks of, as a component-safe id ("unknown": none said)."""
+    details = f.details if isinstance(f, Finding) else f.get("details") or {}
+    component = f.component if isinstance(f, Finding) else str(f.get("component", ""))
+    job = str(details.get("job_id") or component.removeprefix("job:"))
+    return "".join(c for c in job if c.isascii() and c.isalnum())[:32] or "unknown"
 
 
 # A check that crashed or timed out, or a source it could not read: it said nothing about the

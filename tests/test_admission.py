@@ -23,13 +23,13 @@ from babysitter.controller.db.tickstore import pending_drain_nodes
 from babysitter.controller.loop.admission import Act, Limits, Why, World, decide_admission
 from babysitter.controller.loop.blast import BlastSettings, Cap
 from babysitter.controller.loop.ledger import Ledger
-from babysitter.controller.loop.policy import MANUAL_MARK, Rule
+from babysitter.controller.loop.policy import Rule
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding
 from babysitter.report import Report
-from babysitter.slurm import base
 from babysitter.slurm.base import OwnedClient
 from babysitter.slurm.client import SlurmNode, SlurmNotOwned
+from babysitter.slurm.ownership import MANUAL_MARK
 from babysitter.slurm.topology import tree
 from tests.fixtures.healing import not_trained
 from tests.fixtures.invariants import InvariantSlurm
@@ -575,4 +575,3 @@ def test_the_slurm_client_keeps_an_admins_manual_drain_from_automation():
     assert c.drain_many(["n1"], f"{MANUAL_MARK} still cabling")["n1"] is None  # the admin's
     assert c.resume_many(["n1"], manual=True)["n1"] is None
     assert c.done == [f"drain babysitter: {MANUAL_MARK} still cabling", "resume"]
-    assert base.MANUAL_MARK == MANUAL_MARK

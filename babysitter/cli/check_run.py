@@ -177,31 +177,32 @@ def _slurm_drain(cfg: Config, node: str, findings: list[Finding], unknown: bool)
     """Drain on critical, resume this mode's own drain when every check gave a verdict and none
     is critical. False when Slurm could not be updated (logged to syslog: Slurm discards this
     program's stderr)."""
-    # the policy module only for its mark; the Slurm client only when asked to drain
+    # the Slurm client only when asked to drain
     from babysitter.cli.hclog import healthcheck_log
-    from babysitter.controller.loop.policy import HEALTHCHECK_MARK
     from babysitter.slurm.client import SlurmError, SlurmNotOwned
     from babysitter.slurm.factory import make_client
+    from babysitter.slurm.ownership import HEALTHCHECK_MARK, ReasonOwner, reason_owner
 
     log = healthcheck_log(cfg.agent.syslog_socket)
-    mine = f"{cfg.slurm.reason_prefix} {HEALTHCHECK_MARK}"
     try:
         client = make_client(cfg)
+        client.acting_as = ReasonOwner.HEALTHCHECK  # it changes only this mode's own drains
         current = client.node(node)
         held = current.drained_or_draining or current.down
+        owner = reason_owner(current.reason, cfg.slurm.reason_prefix)
+        mine = owner is ReasonOwner.HEALTHCHECK
         if worst(findings) is Severity.CRITICAL:
-            controllers = current.reason.startswith(cfg.slurm.reason_prefix)
-            if held and controllers and not current.reason.startswith(mine):
+            if held and owner in (ReasonOwner.AUTOMATIC, ReasonOwner.MANUAL):
                 # the controller's drain stays the controller's (never rewritten as ours)
                 log.info("left %s alone: drained by the babysitter controller", node)
                 return True
             client.drain(node, f"{HEALTHCHECK_MARK} {drain_summary(findings)}")
             log.warning("drained %s: %s", node, drain_summary(findings))
-        elif held and current.reason.startswith(mine) and unknown:
+        elif held and mine and unknown:
             # a check that crashed or hung said nothing about the node: not a clean run
             failed = sorted({f.check for f in findings if no_verdict(f)})
             log.warning("kept %s drained: no verdict from %s", node, ", ".join(failed) or "a check")
-        elif held and current.reason.startswith(mine):
+        elif held and mine:
             client.resume(node)
             log.info("resumed %s", node)
         elif held and current.reason:

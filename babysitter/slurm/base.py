@@ -9,9 +9,11 @@ import re
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
+from babysitter.slurm import expedite
 from babysitter.slurm.client import (
     SlurmBusy,
     SlurmClient,
@@ -24,6 +26,7 @@ from babysitter.slurm.client import (
     SlurmUnavailable,
 )
 from babysitter.slurm.hostlist import expand
+from babysitter.slurm.ownership import ReasonOwner, mark_owner, may_change, reason_owner
 from babysitter.slurm.topology import NO_TOPOLOGY, Topology, parse_topology
 
 log = logging.getLogger(__name__)
@@ -33,10 +36,6 @@ _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_REASON = 200  # Slurm keeps longer reasons, but sinfo/squeue columns and humans do not
 # nodes per `scontrol update NodeName=a,b,c`: one RPC each; keeps argv far below ARG_MAX
 BATCH = 500
-# an admin's drain through babysitter (`babysitter drain NODE`): reason `<prefix> [manual] ...`
-# (the same mark as controller/loop/policy.py MANUAL_MARK). It is the admin's, not babysitter's
-# automation's: only the admin's own resume (manual=True) takes it back
-MANUAL_MARK = "[manual]"
 
 _UNAVAILABLE = (
     "unable to contact slurm controller",
@@ -348,6 +347,11 @@ class OwnedClient(SlurmClient):
             raise SlurmNotFound(f"unknown node {name}")
         return got
 
+    @cached_property
+    def controller_version(self) -> tuple[int, int]:
+        """slurmctld's version (read once: what it can do decides how babysitter requeues)."""
+        return expedite.controller_version(self)
+
     def topology(self) -> Topology:
         """`scontrol show topology`: the same text on every supported version and backend
         (slurmrestd has no topology endpoint before v0.0.42)."""
@@ -359,13 +363,12 @@ class OwnedClient(SlurmClient):
             raise
         return parse_topology(text)
 
-    def owns(self, node: SlurmNode, manual: bool = False) -> bool:
-        """The node's reason is babysitter's to change: its automatic one, or with `manual`
-        (an admin's request through babysitter) also an admin's `[manual]` drain."""
-        if not node.reason.startswith(self.reason_prefix):
-            return False
-        rest = node.reason[len(self.reason_prefix) :].lstrip()
-        return manual or not rest.startswith(MANUAL_MARK)
+    def owns(self, node: SlurmNode, manual: bool = False, actor: ReasonOwner | None = None) -> bool:
+        """The node's reason is this client's to change (slurm/ownership.py): the reason its
+        own mode wrote (`acting_as`: the controller's automation, or the HealthCheckProgram's),
+        or with `manual` (an admin's request through babysitter) any reason babysitter wrote."""
+        who = actor or (ReasonOwner.MANUAL if manual else self.acting_as)
+        return may_change(reason_owner(node.reason, self.reason_prefix), who)
 
     def full_reason(self, reason: str) -> str:
         text = f"{self.reason_prefix} {clean_reason(reason)}"
@@ -423,12 +426,13 @@ class OwnedClient(SlurmClient):
 
     def drain_many(self, nodes: Sequence[str], reason: str) -> dict[str, SlurmError | None]:
         full = self.full_reason(reason)
-        # an admin's drain (marked) may re-reason an admin's drain; an automatic one may not
-        manual = clean_reason(reason).startswith(MANUAL_MARK)
+        # a marked drain is its mark's (an admin's may re-reason an admin's drain, the check's
+        # the check's); an automatic one re-reasons only babysitter's automatic reasons
+        actor = mark_owner(clean_reason(reason)) or self.acting_as
         out: dict[str, SlurmError | None] = {}
         todo = []
         for name, cur in self._current(nodes, out).items():
-            if cur.reason and not self.owns(cur, manual):
+            if cur.reason and not self.owns(cur, actor=actor):
                 out[name] = SlurmNotOwned(
                     f"{name} already has a reason that is not babysitter's "
                     f"({cur.reason!r}); leaving it alone",
@@ -462,7 +466,10 @@ class OwnedClient(SlurmClient):
         jid = validate_job_id(job_id)
         exclude = [validate_node(n) for n in exclude or []]
         before = self.job(jid)
-        self._set_requeue(jid, hold)
+        # off nodes it drained for a fault, a job submitted with --requeue=expedite gets Slurm
+        # 25.11's expedited requeue (slurm/expedite.py); everything else the plain one
+        if hold or not expedite.requeue_expedited(self, before, exclude):
+            self._set_requeue(jid, hold)
         if exclude:
             merged = sorted(set(before.excluded_nodes) | set(exclude))
             # ExcNodeList can only change while the job is pending; right after a requeue the
@@ -473,6 +480,10 @@ class OwnedClient(SlurmClient):
                     self._set_exclude(jid, merged)
                     return
                 except SlurmRejected as exc:
+                    # 25.11+ may start it again at once (expedited, or any requeue of a job
+                    # submitted with --requeue=expedite): fine while off the faulty nodes
+                    if expedite.restarted_elsewhere(self, jid, exclude):
+                        return
                     if time.monotonic() > deadline or "pending" not in exc.slurm_message.lower():
                         raise
                     time.sleep(0.3)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from babysitter.errors import BabysitterError
+from babysitter.slurm.ownership import ReasonOwner
 from babysitter.slurm.topology import Topology
 
 
@@ -126,6 +127,9 @@ class SlurmClient:
     """Abstract interface. Every method has a bounded run time (config slurm.timeout_s)."""
 
     reason_prefix: str
+    # whose automatic changes this client makes (slurm/ownership.py): the controller's
+    # automation, or the HealthCheckProgram (`check --slurm-drain`), which changes only its own
+    acting_as: ReasonOwner = ReasonOwner.AUTOMATIC
 
     def nodes(self) -> list[SlurmNode]:
         raise NotImplementedError
@@ -156,7 +160,7 @@ class SlurmClient:
         self, nodes: Sequence[str], manual: bool = False
     ) -> dict[str, SlurmError | None]:
         """Resume several of our drains: per node None (done or nothing to do) or its error.
-        `manual`: an admin's resume, which may also take back an admin's `[manual]` drain."""
+        `manual`: an admin's resume, which may also take back any drain babysitter wrote."""
         return each(nodes, lambda n: self.resume(n, manual))
 
     def jobs_on(self, nodes: Collection[str]) -> list[SlurmJob]:
@@ -166,12 +170,15 @@ class SlurmClient:
         return [j for j in self.jobs() if wanted.intersection(j.nodes)]
 
     def resume(self, node: str, manual: bool = False) -> None:
-        """Resume only our own automatic drains (with `manual`, an admin's resume: also an
-        admin's `[manual]` drain); SlurmNotOwned otherwise."""
+        """Resume only the drains this client's mode wrote (`acting_as`; with `manual`, an
+        admin's resume: any drain babysitter wrote); SlurmNotOwned otherwise."""
         raise NotImplementedError
 
     def requeue(self, job_id: int, exclude: list[str] | None = None, hold: bool = False) -> None:
-        """Requeue; then add `exclude` to ExcNodeList while it is pending."""
+        """Requeue; then add `exclude` (the faulty nodes) to ExcNodeList while it is pending.
+        On Slurm 25.11+ a job submitted with `--requeue=expedite`, off nodes babysitter drained
+        for a fault with nothing else on them, gets Slurm's expedited requeue instead (first in
+        the queue, its old nodes kept for it: slurm/expedite.py)."""
         raise NotImplementedError
 
     def hold(self, job_id: int) -> None:

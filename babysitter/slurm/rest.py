@@ -1,10 +1,10 @@
 """`rest` backend: slurmrestd over a unix socket (rest_auth/local) or TCP with a JWT.
 
-Discovers the newest OpenAPI version the server answers, reads nodes/jobs over REST, and does
-changes over REST where that version has them (node update and job ExcNodeList from v0.0.40,
-i.e. Slurm 24.11; requeue from v0.0.45, 26.05). Everything else falls back to scontrol (22.05's
-v0.0.38 has no node update at all). `.errors` is always read: 22.05 answers 200 with
-`Disabled key` errors.
+Discovers the newest OpenAPI version the server answers (probing newest first: v0.0.44 on
+25.11, v0.0.45 on 26.05), reads nodes/jobs over REST, and does changes over REST where that
+version has them (node update and job ExcNodeList from v0.0.40, i.e. Slurm 24.11; requeue, held
+or not, from v0.0.45, 26.05). Everything else falls back to scontrol (22.05's v0.0.38 has no
+node update at all). `.errors` is always read: 22.05 answers 200 with `Disabled key` errors.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import httpx
 import msgspec
 
 from babysitter.slurm import parse
-from babysitter.slurm.base import OwnedClient, parsed, validate_job_id
+from babysitter.slurm.base import OwnedClient, classify, parsed, validate_job_id
 from babysitter.slurm.cli import LOOKUP_BATCH, node_line
 from babysitter.slurm.client import (
     SlurmError,
@@ -238,12 +238,19 @@ class RestSlurmClient(OwnedClient):
             super()._set_resume(nodes[0])
 
     def _set_requeue(self, job_id: int, hold: bool) -> None:
-        if self.has_requeue and not hold:
-            self._request(
-                "POST", f"/slurm/{self.api_version}/jobs/requeue", {"jobs": [str(job_id)]}
-            )
-        else:
+        """v0.0.45 (26.05): POST jobs/requeue, `flags: ["Hold"]` for a held one. Its answer
+        reports each job's outcome in `status` (error_code, error), not only in `.errors`."""
+        if not self.has_requeue:
             super()._set_requeue(job_id, hold)
+            return
+        body: dict[str, Any] = {"jobs": [str(job_id)]}
+        if hold:
+            body["flags"] = ["Hold"]
+        doc = self._request("POST", f"/slurm/{self.api_version}/jobs/requeue", body)
+        for entry in _entries(doc.get("status")):
+            if entry.get("error_code"):
+                msg = str(entry.get("error") or entry.get("why") or entry["error_code"])
+                raise classify(msg, f"requeue {job_id}")
 
     def _set_exclude(self, job_id: int, nodes: list[str]) -> None:
         if self.has_node_update:
@@ -252,6 +259,16 @@ class RestSlurmClient(OwnedClient):
             )
         else:
             super()._set_exclude(job_id, nodes)
+
+
+def _entries(status: Any) -> list[dict[str, Any]]:
+    """The per-job results of a v0.0.45 requeue: a list of lists of entries."""
+    out: list[dict[str, Any]] = []
+    for item in status if isinstance(status, list) else []:
+        for e in item if isinstance(item, list) else [item]:
+            if isinstance(e, dict):
+                out.append(e)
+    return out
 
 
 def read_jwt(path: Path | None) -> str | None:

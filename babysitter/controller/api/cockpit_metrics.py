@@ -15,7 +15,7 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store, aware
 from babysitter.controller.loop.guard import GUARD_KEY
 from babysitter.controller.loop.metrics import ControllerMetrics
-from babysitter.controller.loop.policy import MANUAL_MARK
+from babysitter.slurm.ownership import ReasonOwner, mark_owner, reason_owner
 
 
 def refresh(
@@ -86,10 +86,10 @@ def owner(babysitter_drained: bool, drain_reason: str, slurm_reason: str, prefix
     Slurm's reason decides when the leader has written it (it carries the prefix); before
     that, what babysitter recorded when it drained (its reason, without the prefix)."""
     if slurm_reason:
-        if not slurm_reason.startswith(prefix):
+        who = reason_owner(slurm_reason, prefix)
+        if who is ReasonOwner.FOREIGN:
             return "other"
-        rest = slurm_reason[len(prefix) :].lstrip()
-        return "admin" if rest.startswith(MANUAL_MARK) else "babysitter"
-    if drain_reason.removeprefix(prefix).lstrip().startswith(MANUAL_MARK):
+        return "admin" if who is ReasonOwner.MANUAL else "babysitter"
+    if mark_owner(drain_reason.removeprefix(prefix).lstrip()) is ReasonOwner.MANUAL:
         return "admin"
     return "babysitter" if babysitter_drained else "other"

@@ -31,7 +31,8 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db.store import JobRow, Store, aware, now, stored_finding
 from babysitter.controller.loop import maintenance
 from babysitter.controller.loop.guard import guard_view
-from babysitter.controller.loop.policy import HEALTHCHECK_MARK, MANUAL_MARK
+from babysitter.slurm import ownership
+from babysitter.slurm.ownership import ReasonOwner
 
 log = logging.getLogger(__name__)
 
@@ -177,14 +178,12 @@ def empty_snapshot(error: str | None = None) -> FleetSnapshot:
 def reason_owner(reason: str, babysitter_drained: bool, prefix: str) -> str:
     """Whose Slurm reason holds the node: babysitter's automation, an admin (a manual drain
     through babysitter too), the HealthCheckProgram, or nobody."""
-    if not reason:
+    who = ownership.reason_owner(reason, prefix)
+    if who is ReasonOwner.NONE:
         return "babysitter" if babysitter_drained else "none"
-    if not reason.startswith(prefix):
-        return "admin"
-    rest = reason[len(prefix) :].lstrip()
-    if rest.startswith(HEALTHCHECK_MARK):
+    if who is ReasonOwner.HEALTHCHECK:
         return "healthcheck"
-    return "admin" if rest.startswith(MANUAL_MARK) else "babysitter"
+    return "babysitter" if who is ReasonOwner.AUTOMATIC else "admin"
 
 
 def _cut(text: str, limit: int = PROBLEM_CHARS) -> str:

@@ -35,7 +35,7 @@ from babysitter.controller.db.store import Store, aware, now, stored_severity
 from babysitter.controller.loop.metrics import ControllerMetrics
 from babysitter.controller.loop.policy import drain_worthy
 from babysitter.controller.loop.wake import DrainWake
-from babysitter.finding import Action, Finding, Severity, no_verdict
+from babysitter.finding import Action, Finding, Severity, job_of, job_owned, no_verdict
 from babysitter.report import Report
 from babysitter.slurm.base import node_name_problem
 
@@ -633,40 +633,80 @@ def _worst(findings: Iterable[Finding]) -> Severity:
 
 
 def _fold(open_f: list[dict[str, Any]], cap: int, at: datetime) -> list[dict[str, Any]]:
-    """Keep the `cap - 1` most severe (then newest) open findings and count the rest in one
-    finding: a node that sends ever new finding keys cannot grow its state without bound,
-    and the worst severity survives the fold (a folded critical still counts)."""
-    folded = 0
-    codes: set[str] = set()
-    plain = []
+    """Keep the most severe (then node-owned, then newest) open findings and count the rest in
+    one summary per owner, so a node that sends ever new finding keys cannot grow its state
+    without bound: the node's own evidence on `host`, where the worst severity survives (a
+    folded critical still drains), and evidence from jobs' own output on a `job:` component,
+    job-owned like what it counts (`job_owned`: a job writing hundreds of log lines never
+    drains its nodes through the fold)."""
+    prior: list[dict[str, Any]] = []
+    plain: list[dict[str, Any]] = []
     for f in open_f:
-        if f.get("code") == FOLDED_CODE and f.get("check") == "babysitter.ingest":
-            folded += int((f.get("details") or {}).get("folded", 0))
-            codes.update((f.get("details") or {}).get("codes", []))
-        else:
-            plain.append(f)
+        is_summary = f.get("code") == FOLDED_CODE and f.get("check") == "babysitter.ingest"
+        (prior if is_summary else plain).append(f)
     plain.sort(
-        key=lambda f: (_RANK[stored_severity(f["severity"])], str(f["observed_at"])), reverse=True
+        key=lambda f: (
+            _RANK[stored_severity(f["severity"])],
+            not job_owned(f),
+            str(f["observed_at"]),
+        ),
+        reverse=True,
     )
-    kept, rest = plain[: cap - 1], plain[cap - 1 :]
-    folded += len(rest)
-    codes.update(str(f["code"]) for f in rest)
-    sev = max(
-        (stored_severity(f["severity"]) for f in rest),
-        default=Severity.WARNING,
-        key=_RANK.__getitem__,
-    )
-    summary = Finding(
+    rest = plain[cap - 1 :]
+    if len({job_owned(f) for f in [*prior, *rest]}) > 1:
+        rest = plain[max(cap - 2, 0) :]  # a summary each: one place less for what is kept
+    kept = plain[: len(plain) - len(rest)]
+    summaries = []
+    for jobs in (False, True):
+        old = [f for f in prior if job_owned(f) is jobs]
+        new = [f for f in rest if job_owned(f) is jobs]
+        if old or new:
+            summaries.append(_summary(old, new, at, jobs))
+    return [*kept, *summaries]
+
+
+def _summary(
+    prior: list[dict[str, Any]], rest: list[dict[str, Any]], at: datetime, jobs: bool
+) -> dict[str, Any]:
+    """One owner's fold: the findings `rest` and earlier summaries `prior` counted in one."""
+    folded, codes, job_ids = len(rest), {str(f["code"]) for f in rest}, set[str]()
+    sev = Severity.WARNING
+    for f in prior:
+        d = f.get("details") or {}
+        folded += int(d.get("folded", 0))
+        codes.update(str(c) for c in d.get("codes", []))
+        job_ids.update(str(j) for j in d.get("jobs", []))
+    for f in [*prior, *rest]:
+        sev = max(sev, stored_severity(f["severity"]), key=_RANK.__getitem__)
+    if not jobs:
+        return Finding(
+            check="babysitter.ingest",
+            component="host",
+            severity=sev,
+            code=FOLDED_CODE,
+            message=f"{folded} more open findings than the controller keeps per node (worst {sev})",
+            action=Action.INSPECT,
+            observed_at=at,
+            details={"folded": folded, "codes": sorted(codes)[:20]},
+        ).to_json_dict()
+    job_ids.update(job_of(f) for f in rest)
+    job = next(iter(job_ids)) if len(job_ids) == 1 else "several"
+    return Finding(
         check="babysitter.ingest",
-        component="host",
-        severity=max(sev, Severity.WARNING, key=_RANK.__getitem__),
+        component=f"job:{job}",
+        severity=sev,
         code=FOLDED_CODE,
-        message=f"{folded} more open findings than the controller keeps per node (worst {sev})",
+        message=f"{folded} more open findings from jobs' own output than the controller keeps "
+        f"per node (worst {sev}; never a drain on its own)",
         action=Action.INSPECT,
         observed_at=at,
-        details={"folded": folded, "codes": sorted(codes)[:20]},
-    )
-    return [*kept, summary.to_json_dict()]
+        details={
+            "folded": folded,
+            "codes": sorted(codes)[:20],
+            "jobs": sorted(job_ids)[:20],
+            "job_id": job,
+        },
+    ).to_json_dict()
 
 
 def _is_data_error(exc: BaseException) -> bool:

@@ -40,11 +40,16 @@ from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.blast import BlastSettings
 from babysitter.controller.loop.ledger import ACTIVE, Ledger, Phase
 from babysitter.controller.loop.metrics import ControllerMetrics
-from babysitter.controller.loop.ownership import automatic_reason
-from babysitter.controller.loop.policy import HEALTHCHECK_MARK, MANUAL_MARK
 from babysitter.controller.loop.snapshot import SlurmSnapshot
 from babysitter.finding import Severity
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNode
+from babysitter.slurm.ownership import (
+    BABYSITTER_WRITTEN,
+    ReasonOwner,
+    automatic_body,
+    automatic_reason,
+    reason_owner,
+)
 from babysitter.slurm.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -133,10 +138,10 @@ class World:
 
 
 def _owner(reason: str, prefix: str) -> str:
-    rest = reason[len(prefix) :].lstrip() if reason.startswith(prefix) else ""
-    if rest.startswith(MANUAL_MARK):
+    owner = reason_owner(reason, prefix)
+    if owner is ReasonOwner.MANUAL:
         return "the admin's (babysitter drain)"
-    if rest.startswith(HEALTHCHECK_MARK):
+    if owner is ReasonOwner.HEALTHCHECK:
         return "the HealthCheckProgram's"
     return f"someone else's ({reason[:60]!r})"
 
@@ -368,10 +373,13 @@ class Admission:
             held = {
                 n
                 for n, sn in nodes.items()
-                if (sn.drained_or_draining or sn.down) and sn.reason.startswith(self.prefix)
+                if (sn.drained_or_draining or sn.down)
+                and reason_owner(sn.reason, self.prefix) in BABYSITTER_WRITTEN
             }
             switch_held = {
-                n for n in held if SWITCH_REASON.match(nodes[n].reason[len(self.prefix) :].strip())
+                n
+                for n in held
+                if SWITCH_REASON.match((automatic_body(nodes[n].reason, self.prefix) or "").strip())
             }
             placed = set(held)
         # counted in the database: every pending drain, not only the newest 1,000 actions

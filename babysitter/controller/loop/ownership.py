@@ -1,6 +1,6 @@
-"""Whose a node is, read from its current Slurm reason: the one predicate every automatic step
-asks before it acts (the healer at each step of an episode, the admission step right before an
-action runs).
+"""Whose a node is during an episode, read from its current Slurm reason through the one
+predicate (slurm/ownership.py) every automatic step asks before it acts (the healer at each step
+of an episode, the admission step right before an action runs, the Slurm client).
 
 babysitter's *automatic* reason is `<prefix> <why>` without a mark: the policy's drains, the
 healer's rungs, the validation's verdicts. `<prefix> [manual] …` is an admin's drain through
@@ -11,16 +11,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from babysitter.controller.loop.policy import HEALTHCHECK_MARK, MANUAL_MARK
 from babysitter.slurm.client import SlurmNode
-
-
-def automatic_reason(reason: str, prefix: str) -> bool:
-    """The reason is one babysitter's automation wrote (not an admin's, not the check's)."""
-    if not reason.startswith(prefix):
-        return False
-    rest = reason[len(prefix) :].lstrip()
-    return not rest.startswith((MANUAL_MARK, HEALTHCHECK_MARK))
+from babysitter.slurm.ownership import automatic_reason
 
 
 class Owner(StrEnum):

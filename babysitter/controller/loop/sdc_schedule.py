@@ -46,6 +46,7 @@ from babysitter.controller.db.store import Store, aware
 from babysitter.controller.loop.context import LoopContext
 from babysitter.finding import Severity
 from babysitter.slurm.client import SlurmBusy, SlurmError, SlurmNode
+from babysitter.slurm.ownership import automatic_reason
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ def slurm_why_not(sn: SlurmNode | None, retest: bool = False, prefix: str = "") 
     it is tested again (that re-test is what clears it, or confirms the fault)."""
     if sn is None:
         return "not in Slurm's node list"
-    drained_by_us = sn.flags <= {"DRAIN", "DRAINED"} and sn.reason.startswith(prefix)
+    drained_by_us = sn.flags <= {"DRAIN", "DRAINED"} and automatic_reason(sn.reason, prefix)
     if retest and prefix and sn.state == "IDLE" and drained_by_us:
         return ""
     if sn.state != "IDLE" or sn.flags:

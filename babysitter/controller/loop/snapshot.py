@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from babysitter.config import Config
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNode
+from babysitter.slurm.ownership import BABYSITTER_WRITTEN, reason_owner
 from babysitter.slurm.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,10 @@ class SlurmSnapshot:
                 partitions[p] = partitions.get(p, 0) + 1
             if known.drained_or_draining or known.down:
                 held.add(known.name)
-                if known.drained_or_draining and known.reason.startswith(prefix):
+                # every drain babysitter wrote counts against its caps (an admin's and the
+                # check's through babysitter too): counting more is the safe side
+                owner = reason_owner(known.reason, prefix)
+                if known.drained_or_draining and owner in BABYSITTER_WRITTEN:
                     for p in parts:
                         drained_by_us[p] = drained_by_us.get(p, 0) + 1
         self.partitions, self.drained_by_us, self.held = partitions, drained_by_us, held
