@@ -18,6 +18,7 @@ CREATE TABLE actions (
 	next_attempt_at TIMESTAMP WITH TIME ZONE, 
 	PRIMARY KEY (id)
 );
+CREATE INDEX ix_actions_kind_node ON actions (kind, node);
 CREATE INDEX ix_actions_node_kind ON actions (node, kind);
 CREATE INDEX ix_actions_status ON actions (status);
 
@@ -109,6 +110,7 @@ CREATE TABLE nodes (
 	slurm_state VARCHAR(64), 
 	slurm_reason TEXT, 
 	metrics JSON, 
+	drain_episode BIGINT, 
 	PRIMARY KEY (name)
 );
 

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.loop.policy import ClusterFacts, NodeFacts, PolicySettings, decide
-from babysitter.controller.loop.validation import NodeValidation, read_verdict, summarise
+from babysitter.controller.loop.validation import read_verdict
 from babysitter.devcluster.fakenvml import build
 from babysitter.devcluster.receiver import Receiver
 from babysitter.devcluster.sim import SimCluster
@@ -56,20 +55,6 @@ def test_no_second_job_while_one_runs_and_an_admin_after_max_attempts():
     kinds = [(d.kind, d.rule) for d in done.decisions if d.node == "n1"]
     assert ("escalate", "validation_exhausted") in kinds
     assert not any(k in ("validate", "resume") for k, _ in kinds)
-
-
-def test_summarise_counts_failures_since_the_last_fault_drain():
-    def act(kind: str, status: str, by: str = "policy") -> Action:
-        return Action(ActionKind(kind), node="n1", status=ActionStatus(status), requested_by=by)
-
-    newest_first = [
-        act("validate", "running"),
-        act("drain", "done", by="validation"),
-        act("validate", "failed"),
-        act("drain", "done"),  # the fault drain: older validations do not count
-        act("validate", "failed"),
-    ]
-    assert summarise(newest_first) == {"n1": NodeValidation("running", 1)}
 
 
 def test_verdict_is_the_last_json_line_and_no_link_is_followed(tmp_path: Path):

@@ -41,6 +41,10 @@ nodes = Table(
     Column("slurm_state", String(64), nullable=True),
     Column("slurm_reason", Text, nullable=True),
     Column("metrics", JSON, nullable=True),
+    # the node's current drain episode: the newest action id when babysitter last drained it
+    # (policy, held, switch or NVLink domain incident); its validations are the `validate`
+    # actions after it (controller/db/episodes.py). Null: never drained by babysitter
+    Column("drain_episode", BigInteger, nullable=True),
 )
 
 reports = Table(
@@ -109,6 +113,8 @@ actions = Table(
     Column("next_attempt_at", DateTime(timezone=True), nullable=True),
     Index("ix_actions_status", "status"),
     Index("ix_actions_node_kind", "node", "kind"),
+    # each tick's validation history (controller/db/episodes.py): the validate rows only
+    Index("ix_actions_kind_node", "kind", "node"),
 )
 
 alerts = Table(

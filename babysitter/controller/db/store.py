@@ -151,7 +151,7 @@ def stored_finding(d: dict[str, Any]) -> Finding:
 class HistoryEntry(TypedDict, total=False):
     """One entry of a job's history (jobs.history, JSON): what babysitter did or hit."""
 
-    event: str  # requeue | held | error | requeue_held | requeue_released
+    event: str  # requeue | held | error | requeue_held | requeue_released | nccl_failure
     at: str  # ISO time
     until: str  # requeue_held: the end of the link grace (ISO time)
     restart_count: int
@@ -160,6 +160,8 @@ class HistoryEntry(TypedDict, total=False):
     excluded: list[str]
     resume_point: str | None
     checkpoint: str
+    message: str  # nccl_failure: the job's log line (one failure, one requeue: nccl_requeue.py)
+    outcome: str  # nccl_failure: what babysitter did about it
 
 
 class JobRow(TypedDict, total=False):

@@ -26,6 +26,7 @@ from sqlalchemy import String, and_, bindparam, cast, false, func, or_, select, 
 
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import Action, ActionStatus
+from babysitter.controller.db.episodes import start_episodes
 from babysitter.controller.db.store import Store, aware, stored_finding
 
 # larger name sets than this are read as a full pass (a long IN list costs more than a scan)
@@ -231,6 +232,9 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
                 ),
                 [{"b_name": d.node, "b_reason": d.reason, "b_ours": d.ours} for d in s.drained],
             )
+            # babysitter's drains (a held one carried out included) start a new validation
+            # history; an admin's starts none
+            start_episodes(c, {d.node for d in s.drained if d.ours})
         if s.resumed:
             c.execute(
                 update(n)

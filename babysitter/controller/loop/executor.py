@@ -13,16 +13,17 @@ from typing import Any
 
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
+from babysitter.controller.db.episodes import start_drain_episodes
 from babysitter.controller.db.store import Store, aware
 from babysitter.controller.db.tickstore import Drained, Outcome, Settled, settle
 from babysitter.controller.loop.admission import HOLD_RETRY_S, Act, Admission, Refusal
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.guard import GUARD_KEY
 from babysitter.controller.loop.held_drain import cleared_while_held
-from babysitter.controller.loop.jobs import HELD_RULE, REQUEUE_RULE, JobTracker
+from babysitter.controller.loop.jobs import HELD_RULE, NCCL_RULE, REQUEUE_RULE, JobTracker
 from babysitter.controller.loop.link_hold import POLL_S
 from babysitter.controller.loop.metrics import ControllerMetrics
-from babysitter.controller.loop.policy import MANUAL_MARK, Decision, DecisionKind
+from babysitter.controller.loop.policy import Decision, DecisionKind
 from babysitter.controller.loop.snapshot import SlurmSnapshot
 from babysitter.finding import Severity
 from babysitter.slurm.client import (
@@ -31,6 +32,7 @@ from babysitter.slurm.client import (
     SlurmNotOwned,
     SlurmUnavailable,
 )
+from babysitter.slurm.ownership import MANUAL_MARK
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +392,8 @@ class ActionExecutor:
             self.store.set_node(
                 a.node, babysitter_drained=True, drain_reason=a.reason or "", drained_at=now
             )
+            if not a.manual:  # babysitter's drain: a new validation history (episodes.py)
+                start_drain_episodes(self.store, [a.node])
         elif a.kind is ActionKind.RESUME and a.node:
             self.store.set_node(a.node, babysitter_drained=False, drain_reason=None)
         return "done"
@@ -468,9 +472,11 @@ class ActionExecutor:
                 )
                 return "pending"
             return self._done(a, status, outcome, now)
-        if a.rule == REQUEUE_RULE:  # a babysat job: from its checkpoint, with its limits
+        if a.rule in (REQUEUE_RULE, NCCL_RULE):  # a babysat job: from its checkpoint, limits
+            # its own NCCL's network failure may have killed it already (FAILED): requeued too
+            died_ok = a.rule == NCCL_RULE
             status, outcome = self.bounded(
-                lambda: self.jobs.execute_requeue(job_id, bad, a.reason or "", now),
+                lambda: self.jobs.execute_requeue(job_id, bad, a.reason or "", now, died_ok),
                 self.item_timeout_s,
                 key=f"job {job_id}",
             )

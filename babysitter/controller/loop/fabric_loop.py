@@ -29,6 +29,7 @@ from prometheus_client import Gauge
 
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.episodes import start_drain_episodes
 from babysitter.controller.db.tickstore import pending_drain_nodes
 from babysitter.controller.loop.admission import Act, Admission
 from babysitter.controller.loop.alerts import Alert
@@ -59,6 +60,7 @@ from babysitter.controller.loop.policy import (
 )
 from babysitter.finding import Severity
 from babysitter.slurm.client import SlurmError, SlurmNotOwned, SlurmUnavailable
+from babysitter.slurm.ownership import BABYSITTER_WRITTEN, automatic_body, reason_owner
 from babysitter.slurm.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -265,7 +267,10 @@ class FabricStep:
         )
 
     def _switch_owned(self, reason: str) -> bool:
-        return reason.startswith(f"{self.prefix} switch ") and reason.endswith(" suspected")
+        """babysitter's automatic reason of a switch incident (slurm/ownership.py decides it
+        is babysitter's automatic one at all)."""
+        body = automatic_body(reason, self.prefix) or ""
+        return body.startswith("switch ") and body.endswith(" suspected")
 
     def _switch_held(self) -> dict[str, tuple[str, ...]]:
         """Nodes Slurm holds drained for a switch incident -> their partitions."""
@@ -299,7 +304,9 @@ class FabricStep:
             sn = self.snapshot.nodes.get(name)
             if sn is None:  # a switch incident's drains count too: nodes out of service
                 continue
-            mine = sn.drained_or_draining and sn.reason.startswith(self.prefix)
+            # every drain babysitter wrote counts against the caps (the safe side)
+            written = reason_owner(sn.reason, self.prefix) in BABYSITTER_WRITTEN
+            mine = sn.drained_or_draining and written
             if not mine and name not in pending:
                 continue
             drained[(Scope.CLUSTER, CLUSTER)] += 1
@@ -468,6 +475,7 @@ class FabricStep:
                         for n in done
                     }
                 )
+                start_drain_episodes(self.store, done)  # old validations no longer count
                 self.snapshot.moved_here([(n, reason) for n in done], [])
 
     def _return(self, inc: Incident, now: datetime) -> bool:

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from babysitter.config import Config
+from babysitter.controller.db.episodes import validation_history
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import (
     drains_since,
@@ -24,8 +25,6 @@ from babysitter.controller.db.tickstore import (
 from babysitter.controller.loop.alerts import AlertRouter
 from babysitter.controller.loop.guard import GUARD_KEY
 from babysitter.controller.loop.policy import (
-    HEALTHCHECK_MARK,
-    MANUAL_MARK,
     ClusterFacts,
     Decision,
     DecisionKind,
@@ -41,8 +40,8 @@ from babysitter.controller.loop.stragglers import (
     evaluate,
     perf_from_metrics,
 )
-from babysitter.controller.loop.validation import summarise
 from babysitter.finding import Action, Finding, Severity
+from babysitter.slurm.ownership import automatic_reason
 
 
 class FactGatherer:
@@ -86,7 +85,6 @@ class FactGatherer:
         healthy, reporting, not drained and already written as healthy: the policy would
         decide nothing for it."""
         self.isolated("perfs", self._read_perfs)
-        actions = self.store.actions(limit=5000)
         # every pending drain, counted in the database (a listing of pending actions holds
         # only the newest 1,000): each holds its place in the guard's count
         pending_drains = pending_drain_nodes(self.store, dry_run=None)
@@ -96,7 +94,8 @@ class FactGatherer:
         # actions would miss drains behind thousands of other actions)
         drains_last_hour = drains_since(self.store, now - timedelta(hours=1))
         xids = xid_history(self.store, now - self.settings.xid_window)
-        validations = summarise(actions)
+        # each node's validations since babysitter last drained it, counted in the database
+        validations = validation_history(self.store)
         if not self._full_pass_done:
             self._full_pass_done = True
             rows = policy_rows(self.store, full=True)
@@ -163,9 +162,6 @@ class FactGatherer:
         xids = xids or {}
         validations = validations or {}
         prefix = self.cfg.slurm.reason_prefix
-        # a HealthCheckProgram drain (`check --slurm-drain`) is the check's to resume, an
-        # admin's drain (rule manual) the admin's
-        not_policy = (f"{prefix} {HEALTHCHECK_MARK}", f"{prefix} {MANUAL_MARK}")
         facts: list[NodeFacts] = []
         for r in rows:
             sn = self.snapshot.nodes.get(r["name"])
@@ -175,9 +171,9 @@ class FactGatherer:
             if sn is not None:
                 drained = sn.drained_or_draining or sn.down
                 reason = sn.reason
-                ours = (
-                    reason.startswith(prefix) and not reason.startswith(not_policy)
-                ) or dry_drained
+                # a HealthCheckProgram drain (`check --slurm-drain`) is the check's to resume,
+                # an admin's drain (rule manual) the admin's: only automatic ones are the policy's
+                ours = automatic_reason(reason, prefix) or dry_drained
                 parts = sn.partitions or ("default",)
             else:  # Slurm unreadable: last known state
                 drained = bool(r["babysitter_drained"]) or bool(r.get("slurm_reason"))

@@ -35,6 +35,7 @@ from typing import Any
 
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.episodes import state_of, validated_for_this_drain
 from babysitter.controller.db.tickstore import policy_rows
 from babysitter.controller.loop import after_rung
 from babysitter.controller.loop.admission import Act, Admission, Refusal, Why
@@ -45,12 +46,14 @@ from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
 from babysitter.controller.loop.ledger import ACTIVE, Ledger, Phase, Remediation
 from babysitter.controller.loop.lemons import DrainLemon, drain_lemons
 from babysitter.controller.loop.maintenance import MAINTENANCE_UNKNOWN, maintenance_unknown
-from babysitter.controller.loop.ownership import Owner, automatic_reason, episode_owner
+from babysitter.controller.loop.order_permission import expire_quiet, stamp
+from babysitter.controller.loop.ownership import Owner, episode_owner
 from babysitter.controller.loop.policy import Decision, DecisionKind, Rule
 from babysitter.controller.loop.takeover import cancel_pending_reboot, end_taken_over
 from babysitter.controller.loop.validation import Validator, reservation_name
 from babysitter.finding import Action, Finding, Severity
 from babysitter.slurm.client import SlurmError, SlurmNode, SlurmUnavailable
+from babysitter.slurm.ownership import automatic_reason
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +191,10 @@ class Healer:
         unsure: set[str] = set()  # nodes whose owner cannot be read this tick: no step
         for node, rem in list(self.open.items()):
             if node in self.quiet:
+                # no step while an admin is on it, but an order out does not outlive its
+                # expiry there (order_permission.py): it would never time out otherwise
+                if expire_quiet(self.ledger, rem, now, self.cfg.reset_timeout_s, self._record):
+                    self.open.pop(node)
                 continue
             if rem.state in ACTIVE:
                 # at every step of an episode, not only at its start: an admin may have
@@ -520,7 +527,7 @@ class Healer:
             now,
             f"GPU reset of {target} ordered from the node's agent",
             order_id=str(uuid.uuid4()),
-            issued_at=now.isoformat(),
+            **stamp(now, self.cfg.reset_timeout_s),  # bound to an expiry (order_permission.py)
         )
         self._record(
             ActionKind.RESET_GPU,
@@ -734,7 +741,7 @@ class Healer:
         action = self.store.action(int(aid)) if aid is not None else None
         if action is None or action.status is ActionStatus.RUNNING:
             return
-        if action.status is ActionStatus.DONE:
+        if validated_for_this_drain(state_of(action.status)):
             self.ledger.move(
                 rem,
                 Phase.PASSED,

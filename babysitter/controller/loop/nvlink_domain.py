@@ -39,6 +39,7 @@ from sqlalchemy import String, and_, cast, select
 from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.episodes import start_drain_episodes
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.admission import Act, Admission
 from babysitter.controller.loop.alerts import Alert
@@ -61,6 +62,7 @@ from babysitter.controller.loop.policy import (
 )
 from babysitter.finding import Finding, Severity, job_owned
 from babysitter.slurm.client import SlurmError, SlurmNotOwned, SlurmUnavailable
+from babysitter.slurm.ownership import automatic_body
 from babysitter.slurm.topology import Switch, Topology
 
 log = logging.getLogger(__name__)
@@ -202,7 +204,10 @@ class DomainStep:
         self.store.kv_set(INCIDENTS_KEY, [i.to_json() for i in self.incidents])
 
     def _owned(self, reason: str) -> bool:
-        return reason.startswith(f"{self.prefix} NVLink domain ") and reason.endswith(" suspected")
+        """babysitter's automatic reason of a domain incident (slurm/ownership.py decides it
+        is babysitter's automatic one at all)."""
+        body = automatic_body(reason, self.prefix) or ""
+        return body.startswith("NVLink domain ") and body.endswith(" suspected")
 
     # ---- before the node policy
     def before_policy(self, facts: list[NodeFacts], now: datetime) -> list[NodeFacts]:
@@ -359,6 +364,7 @@ class DomainStep:
                         for n in done
                     }
                 )
+                start_drain_episodes(self.store, done)  # old validations no longer count
                 self.snapshot.moved_here([(n, reason) for n in done], [])
 
     def _return(self, inc: Incident, now: datetime) -> bool:

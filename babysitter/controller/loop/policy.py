@@ -16,19 +16,11 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
-from babysitter.finding import Action, Finding, Severity, job_owned
+from babysitter.controller.db.episodes import validated_for_this_drain
+from babysitter.finding import Action, Finding, Severity, job_of, job_owned, no_verdict
 
 if TYPE_CHECKING:
     from babysitter.config import Config
-
-# Marks the drains `babysitter check --slurm-drain` (the HealthCheckProgram mode) makes:
-# reason `<prefix> [healthcheck] <check>: <message>`. The check resumes only drains carrying
-# it; the controller resumes only its own (no mark). Each mode owns what it drained.
-HEALTHCHECK_MARK = "[healthcheck]"
-# Marks an admin's drain through the controller (API/CLI, rule `manual`): reason
-# `<prefix> [manual] <reason>`. It belongs to the admin: the policy never resumes it and no
-# remediation rung runs on it; `babysitter resume` returns it.
-MANUAL_MARK = "[manual]"
 
 # Actions that mean "this node must not run jobs"
 DRAIN_ACTIONS = frozenset({Action.DRAIN, Action.RESET_GPU, Action.REBOOT})
@@ -101,6 +93,12 @@ class Rule(StrEnum):
     JOB_ON_FAILED_NODE = (
         "job_on_failed_node",
         "a babysat job on a drained or DOWN node is requeued from its last checkpoint",
+    )
+    JOB_NCCL_NETWORK = (
+        "job_nccl_network",
+        "a babysat job whose own NCCL reported a network failure (nccl.transport_error, "
+        "nccl.remote_error) is requeued from its last checkpoint, running or just failed; "
+        "its nodes are not touched",
     )
     JOB_LINK_GRACE = (
         "job_link_grace",
@@ -211,7 +209,7 @@ class NodeFacts:
     drain_pending: bool = False  # a drain action is already queued
     recent_drains: tuple[datetime, ...] = ()  # babysitter drains of this node
     xid_history: tuple[tuple[str, int, datetime], ...] = ()  # (component, xid, when)
-    validation: str = ""  # latest validation since the last fault drain: running passed failed
+    validation: str = ""  # latest validation since babysitter last drained it (db/episodes.py)
     validation_failures: int = 0
 
 
@@ -364,9 +362,7 @@ def _job_lines(n: NodeFacts) -> dict[str, Finding]:
     for f in n.open_findings:
         if not job_owned(f) or f.severity < Severity.WARNING:
             continue
-        job = str(f.details.get("job_id") or f.component.removeprefix("job:"))
-        job = "".join(c for c in job if c.isascii() and c.isalnum())[:32] or "unknown"
-        out.setdefault(job, f)
+        out.setdefault(job_of(f), f)
     return out
 
 
@@ -399,7 +395,7 @@ def job_owned_alerts(nodes: Sequence[NodeFacts]) -> list[Decision]:
 def _return_to_service(n: NodeFacts, s: PolicySettings) -> list[Decision]:
     """The fault is gone: resume, or first prove the node with a validation job."""
     cleared = f"fault gone, {n.consecutive_clean} clean reports"
-    if not s.validate_before_resume or n.validation == "passed":
+    if not s.validate_before_resume or validated_for_this_drain(n.validation):
         return [
             Decision(
                 DecisionKind.RESUME,
@@ -537,6 +533,9 @@ def _node_decisions(
         and verdict in ("healthy", "suspect")
         and not bad
         and n.consecutive_clean >= s.resume_after_clean_checks
+        # a crashed check, a timeout, an unreadable source said nothing about the node: never
+        # a return while one is open, whatever streak the facts carry (not ingest's job alone)
+        and not any(map(no_verdict, n.open_findings))
     ):
         out.extend(_return_to_service(n, s))
     return out

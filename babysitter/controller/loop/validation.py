@@ -7,7 +7,9 @@ not even in a reservation (checked on 22.05). So babysitter first creates a MAIN
 on the node for the admin user, then resumes the node *inside* it: only the validation job can
 start there. Pass -> the reservation is deleted and the node is back in service. Fail -> the
 node is drained again (`babysitter: validation failed: ...`) and on-call is told; after
-`validation.max_attempts` failures it waits for an admin (lemon alert).
+`validation.max_attempts` failures in the node's drain episode (every babysitter drain starts
+one: controller/db/episodes.py) it waits for an admin (lemon alert). Only a readable verdict
+saying ok, with the devices it tested, passes (`verdict_failure`).
 
 Each validation is an action of kind `validate` (status running -> done | failed, job id,
 outcome), so it shows in `/api/v1/actions`, `babysitter status` and the node history.
@@ -19,7 +21,6 @@ import json
 import logging
 import os
 import shlex
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from babysitter.checks.sdc.expected import GPUS_ENV, gres_gpus
 from babysitter.config import Config
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
+from babysitter.controller.db.episodes import NodeValidation, validation_history
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.admission import Act, Admission, Refusal, Why
 from babysitter.controller.loop.alerts import Alert
@@ -84,34 +86,6 @@ def reservation_name(node: str) -> str:
     return f"babysitter_validate_{node}"
 
 
-@dataclass(frozen=True)
-class NodeValidation:
-    """What the policy needs to know about a node's validations since its last fault drain."""
-
-    state: str = ""  # "" none | running | passed | failed
-    failures: int = 0
-
-
-def summarise(actions: list[Action]) -> dict[str, NodeValidation]:
-    """Per node: the latest validation and the failures since the node's last policy drain
-    (actions newest first, as the store returns them)."""
-    out: dict[str, NodeValidation] = {}
-    closed: set[str] = set()
-    for a in actions:
-        node = a.node
-        if not node or node in closed:
-            continue
-        if a.is_policy_drain_done:
-            closed.add(node)  # older validations belong to an earlier fault
-            continue
-        if a.kind is not KIND:
-            continue
-        cur = out.get(node, NodeValidation())
-        state = cur.state or {"running": "running", "done": "passed"}.get(a.status, "failed")
-        out[node] = NodeValidation(state, cur.failures + (a.status is ActionStatus.FAILED))
-    return out
-
-
 def read_verdict(path: Path) -> dict[str, Any] | None:
     """The last JSON object line of the job's output; bounded read, no link followed (the
     output directory is the controller's, but the job wrote the file)."""
@@ -125,16 +99,34 @@ def read_verdict(path: Path) -> dict[str, Any] | None:
         tail = os.read(fd, VERDICT_TAIL).decode("utf-8", "replace")
     finally:
         os.close(fd)
-    for line in reversed(tail.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(doc, dict):
-                return doc
-    return None
+    # the last object line is the verdict: one that does not parse is no verdict (never an
+    # earlier line's word instead)
+    line = next((x for x in map(str.strip, reversed(tail.splitlines())) if x.startswith("{")), "")
+    try:
+        doc = json.loads(line) if line else None
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def verdict_failure(state: str, code: str, verdict: dict[str, Any] | None, job: int | None) -> str:
+    """Why a finished validation job is not a pass ("": it passed). A pass is the job
+    COMPLETED with exit 0 and a readable verdict line saying `"ok": true` and listing the
+    devices it tested. No verdict, an unreadable one, one without `ok` or without devices is
+    a failed validation, retried up to `validation.max_attempts` like any other."""
+    doc = verdict or {}
+    said = doc.get("failures")
+    listed = "; ".join(str(f) for f in said[:3]) if isinstance(said, list) else ""
+    if state != "COMPLETED" or not code.startswith("0:"):
+        return listed or f"job {job} ended {state} exit {code or '?'}"
+    if verdict is None:
+        return f"job {job} exited 0 with no readable verdict"
+    if doc.get("ok") is not True:
+        return listed or f"job {job}: its verdict does not say ok"
+    devices = doc.get("devices")
+    if not isinstance(devices, list) or not devices:
+        return f"job {job}: its verdict names no device tested"
+    return ""
 
 
 def tested_by(verdict: dict[str, Any] | None) -> str:
@@ -325,6 +317,31 @@ class Validator:
             self.store.set_node(a.node, babysitter_drained=True, drain_reason=reason)
         return True
 
+    def _passed(
+        self,
+        a: Action,
+        node: str,
+        verdict: dict[str, Any] | None,
+        now: datetime,
+        clearing: list[tuple[str | None, str]],
+    ) -> None:
+        back = ""
+        if AWAITING in (a.outcome or ""):
+            try:  # drained while it waited for this verdict: it returns now
+                self.slurm.resume(node)
+            except SlurmError as exc:
+                back = f"; could not resume: {exc}"
+        self.store.update_action(
+            a.id,
+            status="done",
+            done_at=now,
+            outcome=f"passed (job {a.job_id}){tested_by(verdict)}{back}"[:2000],
+        )
+        audit.record_actions(self.store, [a.id], now)
+        self.store.set_node(node, babysitter_drained=False, drain_reason=None)
+        clearing += [(node, "node_unhealthy"), (node, "validation_failed")]
+        log.info("%s passed validation job %s: back in service", node, a.job_id)
+
     def _finish(
         self,
         a: Action,
@@ -339,37 +356,15 @@ class Validator:
         node, job = a.node, a.job_id
         assert node is not None
         verdict = read_verdict(self.cfg.output_dir / f"validate-{node}-{job}.out")
-        passed = (
-            not why
-            and state == "COMPLETED"
-            and code.startswith("0:")
-            and (verdict or {}).get("ok", True)
-        )
+        why = why or verdict_failure(state, code, verdict, job)
         try:
             self.slurm.end_validation(reservation_name(node))
         except SlurmError as exc:
             log.warning("%s: could not delete the validation reservation: %s", node, exc)
-        if passed:
-            back = ""
-            if AWAITING in (a.outcome or ""):
-                try:  # drained while it waited for this verdict: it returns now
-                    self.slurm.resume(node)
-                except SlurmError as exc:
-                    back = f"; could not resume: {exc}"
-            self.store.update_action(
-                a.id,
-                status="done",
-                done_at=now,
-                outcome=f"passed (job {job}){tested_by(verdict)}{back}"[:2000],
-            )
-            audit.record_actions(self.store, [a.id], now)
-            self.store.set_node(node, babysitter_drained=False, drain_reason=None)
-            clearing += [(node, "node_unhealthy"), (node, "validation_failed")]
-            log.info("%s passed validation job %s: back in service", node, job)
+        if not why:
+            self._passed(a, node, verdict, now, clearing)
             return
-        failures = [why] if why else [str(f) for f in (verdict or {}).get("failures", [])][:3]
-        detail = "; ".join(failures) or f"job {job} ended {state} exit {code or '?'}"
-        reason = f"validation failed: {detail}"
+        reason = f"validation failed: {why}"
         self.store.update_action(
             a.id, status="failed", done_at=now, outcome=f"{reason}{tested_by(verdict)}"[:2000]
         )
@@ -390,7 +385,8 @@ class Validator:
         )
         audit.record_actions(self.store, [a.id, drain_id], now)
         firing.append(Alert(node, "validation_failed", Severity.CRITICAL, reason, drained, now))
-        total = summarise(self.store.actions(limit=5000)).get(node, NodeValidation()).failures
+        # this drain episode's failures, counted in the database (episodes.py)
+        total = validation_history(self.store, [node]).get(node, NodeValidation()).failures
         if total >= self.cfg.max_attempts:
             firing.append(
                 Alert(

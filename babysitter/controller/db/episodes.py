@@ -1,0 +1,93 @@
+"""Validation per drain episode, counted in the database.
+
+Every drain babysitter makes of a node (the node policy's, a held drain carried out later, a
+switch incident's, an NVLink domain incident's) starts a new drain episode: the node row's
+`drain_episode` is set to the newest action id at that moment. The node's validation history
+is its `validate` actions recorded after that id, read with one grouped query (not a listing
+of the newest actions, which misses a node's validation behind thousands of other actions).
+So a validation that passed in an earlier, unrelated episode never returns the node now.
+
+The validation's own drains (a failed verdict, a verdict late at its reservation's end) and
+the healer's continue the episode: they are what the failure count counts. An admin's drain
+is theirs and starts nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, case, func, select, update
+
+from babysitter.controller.db import models as m
+from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.store import Store, stored_status
+
+RUNNING, PASSED, FAILED = "running", "passed", "failed"
+
+
+@dataclass(frozen=True)
+class NodeValidation:
+    """A node's validations in its current drain episode."""
+
+    state: str = ""  # "" none | running | passed | failed: the latest one
+    failures: int = 0  # failed validations in this episode (what `max_attempts` counts)
+
+
+def state_of(status: ActionStatus) -> str:
+    """A validate action's status as a validation state (skipped, an admin's take-over:
+    not a pass)."""
+    return {ActionStatus.RUNNING: RUNNING, ActionStatus.DONE: PASSED}.get(status, FAILED)
+
+
+def validated_for_this_drain(state: str) -> bool:
+    """The one predicate "validated for this drain": the node's latest validation since
+    babysitter last drained it passed. The policy, the healer and the validator ask it; no
+    other test of a validation's pass exists."""
+    return state == PASSED
+
+
+def episode_start() -> Any:
+    """The value `drain_episode` takes when a drain starts an episode: the newest action id
+    now (the drain's own action is recorded before it is carried out)."""
+    return select(func.coalesce(func.max(m.actions.c.id), 0)).scalar_subquery()
+
+
+def start_episodes(c: Connection, nodes: Collection[str]) -> None:
+    """In the drain's own transaction: each of `nodes` starts a new drain episode."""
+    if nodes:
+        n = m.nodes
+        c.execute(
+            update(n).where(n.c.name.in_(sorted(nodes))).values(drain_episode=episode_start())
+        )
+
+
+def start_drain_episodes(store: Store, nodes: Collection[str]) -> None:
+    with store.engine.begin() as c:
+        start_episodes(c, nodes)
+
+
+def validation_history(
+    store: Store, names: Collection[str] | None = None
+) -> dict[str, NodeValidation]:
+    """Per node (of `names`, or every node with one): its validations in its current drain
+    episode. A node without a row, or never drained by babysitter, counts all of its own."""
+    a, n = m.actions.c, m.nodes.c
+    failed = func.sum(case((a.status == str(ActionStatus.FAILED), 1), else_=0))
+    per = (
+        select(a.node, func.max(a.id).label("latest"), failed.label("failures"))
+        .select_from(m.actions.outerjoin(m.nodes, n.name == a.node))
+        .where(a.kind == str(ActionKind.VALIDATE), a.id > func.coalesce(n.drain_episode, 0))
+        .group_by(a.node)
+    )
+    if names is not None:
+        per = per.where(a.node.in_(sorted(names)))
+    sub = per.subquery()
+    q = select(sub.c.node, a.status, sub.c.failures).join(m.actions, a.id == sub.c.latest)
+    out: dict[str, NodeValidation] = {}
+    with store.engine.connect() as c:
+        for node, status, failures in c.execute(q):
+            if node:
+                out[str(node)] = NodeValidation(state_of(stored_status(status)), int(failures or 0))
+    return out
