@@ -12,6 +12,14 @@ skew and upgrade order"):
   `wire_version` body field (default 1: an old agent's report) for agents from wire 3 on, whose
   oldest supported controller ignores unknown keys.
 
+An order in the answer (`{"check", "id", ...}`) also names, since issue 49, its `node`,
+its `episode` (the controller's ledger row) and `expires_at` (ISO 8601): optional fields, so
+the wire version stays 2. An agent that knows them refuses an order for another node or one
+past its expiry, and remembers the orders it took across restarts (agent/order_gate.py); an
+older agent ignores them and carries the order out as before, remembering it in memory only.
+Either way the controller hands an order only to its own node, never past its expiry, never
+in a maintenance window or under someone else's Slurm reason (controller/api/orders.py).
+
 Kept free of imports: the agent and the one-shot check import it on every node.
 """
 

@@ -536,7 +536,8 @@ class Safety(RuleBasedStateMachine):
         answer to its report hands it, controller/api/orders.py) answers it in its next report:
         done (the fault gone with it), refused (processes on the GPUs), failed (the service
         down after its restart), or not at all (past `reset_timeout_s`)."""
-        book = OrderBook(self.store, sdc=False)
+        # the hand-out's expiry on the model's clock, not the wall clock
+        book = OrderBook(self.store, sdc=False, clock=lambda: Clock.at.timestamp())
         book.refresh()
         of: dict[str, tuple[Finding, ...]] = {}
         metrics: dict[str, dict[str, Any]] = {}

@@ -9,12 +9,12 @@ import math
 import signal
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 from babysitter import __version__
 from babysitter.agent import fabric_restart, reset, rma
+from babysitter.agent.order_gate import OrderGate, Verdict
 from babysitter.agent.shipper import Shipper
 from babysitter.agent.spool import Spool
 from babysitter.agent.sticky import StickyFindings, read_boot_id
@@ -93,13 +93,15 @@ class Agent:
         self._report_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # a run ended past its check's due time
-        # orders already taken: the controller repeats an order in every answer until it sees
-        # the result
-        self._orders_seen: deque[str] = deque(maxlen=64)
+        # orders already taken (the controller repeats an order in every answer until it sees
+        # the result), on disk beside the spool: a restarted agent never runs one again
+        self.gate = OrderGate(Path(f"{a.spool_path}.orders.json"), self.node)
         self._resetting = threading.Lock()  # one GPU reset at a time
-        self.reset_outcome: dict[str, Any] | None = None  # the last ordered reset's answer
+        # the last ordered reset's answer (kept across restarts until the next order)
+        self.reset_outcome: dict[str, Any] | None = self.gate.answers.get(reset.METRIC)
         # the restart_fabric rung's orders (agent/fabric_restart.py)
         self.fabric = fabric_restart.Restarter(lambda: self.cfg, self._fabric_done)
+        self.fabric.outcome = self.gate.answers.get(fabric_restart.METRIC)
         self.metrics = None
         if a.metrics_listen:
             from babysitter.agent.metrics import AgentMetrics
@@ -237,13 +239,20 @@ class Agent:
 
     def take_orders(self, orders: list[dict[str, Any]]) -> None:
         """Orders from the controller (in its answer to a report; the shipper's thread): run
-        the named ordered check now. An order already taken is ignored; one the agent cannot
-        carry out is answered at once, so the controller releases the node."""
+        the named ordered check now. An order already taken is ignored (agent/order_gate.py);
+        one for another node, or expired, is refused; one the agent cannot carry out is
+        answered at once, so the controller releases the node."""
         for o in orders[:8]:
             oid, name = str(o.get("id", ""))[:64], str(o.get("check", ""))[:64]
-            if not oid or oid in self._orders_seen:
+            if not oid:
                 continue
-            self._orders_seen.append(oid)
+            verdict, why = self.gate.admit(o)
+            if verdict is Verdict.TAKEN:
+                continue
+            if verdict is Verdict.REFUSED:
+                log.warning("order %s (%s) refused: %s", oid, name, why)
+                self._refuse_order(oid, name, why)
+                continue
             if name == reset.ORDER:
                 self._reset_gpu(o)
                 continue
@@ -292,6 +301,7 @@ class Agent:
         checks read the GPU again now."""
         with self._lock:
             self.reset_outcome = out.metric()
+        self.gate.answer(reset.METRIC, self.reset_outcome)
         if out.ok and out.gpu is not None:
             self.sticky.clear_component(f"gpu{out.gpu}", out.started_at)
             for c in self.checks:  # the kernel log's XIDs of that GPU too (xid.kmsg)
@@ -302,6 +312,8 @@ class Agent:
 
     def _fabric_done(self, f: Finding) -> None:
         """A fabric service restart's outcome, reported at once; the checks read again now."""
+        if self.fabric.outcome is not None:
+            self.gate.answer(fabric_restart.METRIC, self.fabric.outcome)
         self._due.clear()
         self._wake.set()
         self.shipper.submit(self._report([f], "event"))

@@ -117,7 +117,7 @@ class Controller:
         # orders for agents (the SDC schedule's tests, the healer's GPU resets), carried in the
         # answers to their reports
         self.orders = (
-            OrderBook(self.store, sdc=cfg.checks.sdc.enabled)
+            OrderBook.from_config(self.store, cfg)
             if cfg.checks.sdc.enabled or cfg.remediation.enabled
             else None
         )

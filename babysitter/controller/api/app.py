@@ -58,6 +58,10 @@ Dependency = Callable[[Request], Principal]  # the reader / admin checks routes 
 class Order(BaseModel):
     check: str  # the ordered check the agent runs now (sdc.matmul)
     id: str  # the agent reports it back with the result
+    # its binding (controller/loop/order_permission.py): optional, an older agent ignores them
+    node: str | None = None  # the node it is for: an agent refuses another node's
+    episode: int | None = None  # the ledger row that ordered it (none for an SDC test)
+    expires_at: str | None = None  # ISO 8601; an agent refuses it after (with a clock margin)
 
 
 class Accepted(BaseModel):

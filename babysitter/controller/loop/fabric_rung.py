@@ -21,6 +21,7 @@ from babysitter.controller.db.store import Store
 from babysitter.controller.loop import after_rung
 from babysitter.controller.loop.admission import Act, Admission
 from babysitter.controller.loop.ledger import Ledger, Phase, Remediation
+from babysitter.controller.loop.order_permission import stamp
 from babysitter.hardware.recovery import RecoveryAction
 
 ORDER = "fabric.restart"  # the agent's babysitter/agent/fabric_restart.py ORDER
@@ -64,7 +65,7 @@ class FabricRung:
             order=ORDER,
             order_id=str(uuid.uuid4()),
             units=units,
-            issued_at=now.isoformat(),
+            **stamp(now, self.timeout_s),  # bound to an expiry (order_permission.py)
         )
         self.record(
             ActionKind.RESTART_FABRIC,

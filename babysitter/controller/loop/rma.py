@@ -26,6 +26,7 @@ from babysitter.controller.db.store import Store, aware
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.ladder import Rung
 from babysitter.controller.loop.ledger import Ledger, Phase, Remediation
+from babysitter.controller.loop.order_permission import OWNER_UNKNOWN, withheld
 from babysitter.controller.loop.policy import Rule
 from babysitter.finding import Severity
 
@@ -118,6 +119,7 @@ class RmaEvidence:
     def __init__(self, cfg: Config, store: Store) -> None:
         self.cfg = cfg.rma
         self.base = cfg.controller.public_url
+        self.prefix = cfg.slurm.reason_prefix
         self.store = store
         self.ledger = Ledger(store)
 
@@ -126,7 +128,15 @@ class RmaEvidence:
     ) -> None:
         if not self.cfg.enabled:
             return
-        for row, why in self._triggers(now):
+        triggers = self._triggers(now)
+        # never for a node in maintenance or under someone else's reason (order_permission.py):
+        # asked again each tick, ordered once the node is back to babysitter's episode (a
+        # reason not mirrored yet is left to the order book, which holds the order till it is)
+        held = withheld(self.store, {r.node for r, _ in triggers}, self.prefix)
+        for row, why in triggers:
+            if held.get(row.node, OWNER_UNKNOWN) != OWNER_UNKNOWN:
+                log.debug("%s: RMA evidence not ordered: %s", row.node, held[row.node])
+                continue
             self._order(row, why, now)
         for a in archives(self.store, state=ORDERED, limit=500):
             waited = (now - a.created_at).total_seconds()
