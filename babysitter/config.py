@@ -44,6 +44,14 @@ ENV_CONFIG = "BABYSITTER_CONFIG"
 ENV_PREFIX = "BABYSITTER_"
 ENV_NESTED = "__"
 
+# Upper bounds of the caps on what babysitter takes out of service (a fraction's is 1, its
+# type's): no file can set a cap above them, at start or on reload. docs/deploy.md#caps says
+# why each; babysitter/reload.py CAPS lists the caps.
+MAX_DRAINS_PER_HOUR = 1000  # ~10% of today's largest Slurm clusters in one hour
+MAX_MIN_DRAINABLE = 16  # a floor above it, not the fraction, caps most partitions
+MAX_SCOPE_COUNT = 10_000  # a blast-radius count: about the largest Slurm cluster
+MAX_CONCURRENT_REBOOTS = 64  # a reboot storm beyond it is not self-healing any more
+
 
 def _short_hostname() -> str:
     return os.uname().nodename.split(".")[0]  # gethostname(), without socket's import
@@ -381,11 +389,22 @@ class PolicyConfig(Section):
         float, Meta(gt=0, le=1, description="never drain more of a partition than this")
     ] = 0.1
     min_drainable: Annotated[
-        int, Meta(ge=0, description="nodes per partition always drainable, whatever the fraction")
+        int,
+        Meta(
+            ge=0,
+            le=MAX_MIN_DRAINABLE,
+            description="nodes per partition always drainable, whatever the fraction "
+            f"(at most {MAX_MIN_DRAINABLE})",
+        ),
     ] = 1
-    max_drains_per_hour: Annotated[int, Meta(ge=0, description="drain budget per rolling hour")] = (
-        20
-    )
+    max_drains_per_hour: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=MAX_DRAINS_PER_HOUR,
+            description=f"drain budget per rolling hour (at most {MAX_DRAINS_PER_HOUR})",
+        ),
+    ] = 20
     resume_after_clean_checks: Annotated[
         int,
         Meta(
@@ -586,7 +605,7 @@ class FabricConfig(Section):
 
 
 _Fraction = Annotated[float, Meta(gt=0, le=1)]
-_Count = Annotated[int, Meta(ge=1)]
+_Count = Annotated[int, Meta(ge=1, le=MAX_SCOPE_COUNT)]
 
 
 class BlastRadiusConfig(Section):
@@ -596,23 +615,33 @@ class BlastRadiusConfig(Section):
     (limit = the smaller, at least 1). Drains done and pending count, a switch incident's
     included (its own switch's cap does not hold it back). On by default at half of a switch,
     a partition and the cluster: no automatic fault, one-line or switch-wide, takes more out of
-    service; set a fraction to 1.0 to lift a scope's cap. docs/fabric.md suggests values."""
+    service; set a fraction to 1.0 to lift a scope's cap. docs/fabric.md suggests values.
+    A reload that raises or unsets one is refused unless the new file opts in ([reload])."""
 
     switch_fraction: Annotated[
         _Fraction | None, Meta(description="of the nodes under one leaf switch")
     ] = 0.5
-    switch_count: Annotated[_Count | None, Meta(description="nodes under one leaf switch")] = None
+    switch_count: Annotated[
+        _Count | None,
+        Meta(description=f"nodes under one leaf switch (at most {MAX_SCOPE_COUNT})"),
+    ] = None
     domain_fraction: Annotated[
         _Fraction | None,
         Meta(description="of the nodes of one NVLink domain (controller/loop/nvlink_domain.py)"),
     ] = 0.5
-    domain_count: Annotated[_Count | None, Meta(description="nodes of one NVLink domain")] = None
+    domain_count: Annotated[
+        _Count | None, Meta(description=f"nodes of one NVLink domain (at most {MAX_SCOPE_COUNT})")
+    ] = None
     partition_fraction: Annotated[
         _Fraction | None, Meta(description="of the nodes of one partition")
     ] = 0.5
-    partition_count: Annotated[_Count | None, Meta(description="nodes of one partition")] = None
+    partition_count: Annotated[
+        _Count | None, Meta(description=f"nodes of one partition (at most {MAX_SCOPE_COUNT})")
+    ] = None
     cluster_fraction: Annotated[_Fraction | None, Meta(description="of every node in Slurm")] = 0.5
-    cluster_count: Annotated[_Count | None, Meta(description="nodes cluster-wide")] = None
+    cluster_count: Annotated[
+        _Count | None, Meta(description=f"nodes cluster-wide (at most {MAX_SCOPE_COUNT})")
+    ] = None
 
 
 # the rungs of the remediation ladder (controller/loop/ladder.py `Rung` has exactly these)
@@ -640,7 +669,12 @@ class RemediationConfig(Section):
         ),
     ] = field(default_factory=dict)
     max_concurrent_reboots: Annotated[
-        int, Meta(ge=1, description="nodes in reboot at once, at least (K)")
+        int,
+        Meta(
+            ge=1,
+            le=MAX_CONCURRENT_REBOOTS,
+            description=f"nodes in reboot at once, at least (K; at most {MAX_CONCURRENT_REBOOTS})",
+        ),
     ] = 2
     max_concurrent_fraction: Annotated[
         float,
@@ -780,6 +814,19 @@ class AlertsConfig(Section):
                 raise InvalidKey(name, "a route's lowest severity is info, warning or critical")
 
 
+class ReloadConfig(Section):
+    """What a reload (`systemctl reload`, SIGHUP) may change: babysitter/reload.py."""
+
+    allow_loosening_caps: Annotated[
+        bool,
+        Meta(
+            description="a reload may raise or unset a cap (policy drain caps, blast_radius, "
+            "concurrent reboots and SDC tests); without it such a file is refused like an "
+            "invalid one. Set it for that reload, then remove it (docs/deploy.md#caps)"
+        ),
+    ] = False
+
+
 class ChecksConfig(Section):
     """`[checks.<name>]`: each check's settings, from its folder (checks/<name>/settings.py)."""
 
@@ -803,6 +850,7 @@ class Config(Section):
     blast_radius: BlastRadiusConfig = field(default_factory=BlastRadiusConfig)
     remediation: RemediationConfig = field(default_factory=RemediationConfig)
     rma: RmaConfig = field(default_factory=RmaConfig)
+    reload: ReloadConfig = field(default_factory=ReloadConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
 
 

@@ -1,7 +1,9 @@
 """`systemctl reload babysitter-*` (SIGHUP): re-read the config file, validate it, and apply
 what can change while the daemon runs; what cannot is named ("needs restart: <keys>") and
 left as it was. An invalid file changes nothing: the daemon keeps its configuration and says
-why (log, metric, alert: see the daemons).
+why (log, metric, alert: see the daemons). Neither does a file that loosens a cap (`CAPS`)
+without saying so: `[reload] allow_loosening_caps = true` in that file, else it is refused
+like an invalid one, naming the caps it would loosen. Tightening needs no opt-in.
 
 The live `Config` is its own holder: the new values are written into the running config's
 section objects (msgspec structs, mutable), so everything that reads `cfg.<section>.<key>` when
@@ -10,7 +12,7 @@ them at its next use. The few objects that copy values at start are refreshed by
 after `apply` (the controller's policy settings, alert sinks, caps). A reload is applied between
 two iterations of the daemon's main loop, never in the middle of one.
 
-Docs: docs/configuration.md "Reload without restart".
+Docs: docs/deploy.md "Reload without restart" (#reload, #caps).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ AGENT_UNUSED = (
     "fabric.",
     "blast_radius.",
     "remediation.",
+    "reload.",  # what may loosen the caps, all of them the controller's
+    "checks.sdc.max_concurrent",  # the controller's schedule reads it
 )
 # exceptions to the prefixes above: read at each use
 _LIVE = frozenset(
@@ -61,6 +65,29 @@ _LIVE = frozenset(
         "agent.fast_interval_s",
     }
 )
+
+
+# The caps on what the controller takes out of service, at once or per hour. Each one loosens
+# when it grows, and is lifted when unset (None); their upper bounds are in the config models
+# (babysitter/config.py MAX_*, a fraction's is 1). A typo or a stale file must not widen them
+# live with only a log line, hence the opt-in.
+CAPS = (
+    "policy.max_drained_fraction",
+    "policy.min_drainable",  # a floor the fraction cannot go under: larger drains more
+    "policy.max_drains_per_hour",
+    "blast_radius.switch_fraction",
+    "blast_radius.switch_count",
+    "blast_radius.domain_fraction",
+    "blast_radius.domain_count",
+    "blast_radius.partition_fraction",
+    "blast_radius.partition_count",
+    "blast_radius.cluster_fraction",
+    "blast_radius.cluster_count",
+    "remediation.max_concurrent_reboots",
+    "remediation.max_concurrent_fraction",
+    "checks.sdc.max_concurrent",
+)
+OPT_IN = "[reload] allow_loosening_caps = true"
 
 
 @dataclass
@@ -106,6 +133,26 @@ def needs_restart(key: str, restart: tuple[str, ...]) -> bool:
     return False
 
 
+def _get(cfg: Section, key: str) -> Any:
+    for p in key.split("."):
+        cfg = getattr(cfg, p)
+    return cfg
+
+
+def loosened(old: Config, new: Config, skip: tuple[str, ...] = ()) -> list[str]:
+    """The caps `new` loosens against `old` ("key old -> new"), but those under `skip`. Each key
+    is compared alone, so a count unset while a smaller fraction still binds counts too: on the
+    safe side, the admin opts in once more."""
+    out = []
+    for key in CAPS:
+        if key.startswith(skip):
+            continue
+        a, b = _get(old, key), _get(new, key)
+        if a is not None and (b is None or b > a):
+            out.append(f"{key} {a} -> {'unset (no cap)' if b is None else b}")
+    return out
+
+
 def _set(live: Section, new: Section, key: str) -> None:
     """Write one dotted key's new value into the live config's section object."""
     *path, name = key.split(".")
@@ -118,7 +165,11 @@ def apply(
     live: Config, new: Config, restart: tuple[str, ...], unused: tuple[str, ...] = ()
 ) -> Outcome:
     """Write into `live` every changed key `new` has that may change while running (keys under
-    `unused` too, without naming them: this daemon does not read them)."""
+    `unused` too, without naming them: this daemon does not read them). A file that loosens a
+    cap this daemon reads, without the opt-in, is refused whole and changes nothing."""
+    if not new.reload.allow_loosening_caps and (loose := loosened(live, new, unused)):
+        why = f"it loosens {', '.join(loose)}; to apply that, add {OPT_IN} to the file"
+        return Outcome(ok=False, error=why)
     out = Outcome(ok=True)
     for key in changed_keys(live, new):
         if key.startswith(unused):

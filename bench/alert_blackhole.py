@@ -51,7 +51,7 @@ def run(webhook: str, d: Path, tag: str) -> list[float]:
     slurm = InMemorySlurm(names, call_latency_s=0.005)
     cfg = parse_config(
         {
-            "policy": {"max_drained_fraction": 1.0, "max_drains_per_hour": 100_000},
+            "policy": {"max_drained_fraction": 1.0, "max_drains_per_hour": 1000},
             "alerts": {"webhook_url": webhook, "timeout_s": 5.0},
         }
     )

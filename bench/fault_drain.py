@@ -45,7 +45,7 @@ JOB_INJECTIONS = 3
 # open only the guard: 20 drains in a row on a 4-node partition would trip the defaults
 POLICY = {
     "max_drained_fraction": 1.0,
-    "max_drains_per_hour": 100000,
+    "max_drains_per_hour": 1000,
     "resume_after_clean_checks": 1,
 }
 # The bench returns a drained node itself (a simulated reboot, as a human would) and injects

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
             n_nodes=2,
             reboot_hook=True,
             validation=sim_validation(base),
-            policy={"max_drained_fraction": 1.0, "max_drains_per_hour": 100000},
+            policy={"max_drained_fraction": 1.0, "max_drains_per_hour": 1000},
             extra_config={"remediation": {"lemon_remediations": 100000}},
             **timing,
         )

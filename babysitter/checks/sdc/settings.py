@@ -32,7 +32,12 @@ class SdcCheckConfig(CheckConfig):
     ] = "float32"
     seed: Annotated[int, Meta(description="input seed")] = 1234
     max_concurrent: Annotated[
-        int, Meta(ge=1, description="controller: nodes under test at once, cluster-wide")
+        int,
+        Meta(
+            ge=1,
+            le=1024,  # a cap on nodes held out of service: bounded (docs/deploy.md#caps)
+            description="controller: nodes under test at once, cluster-wide (at most 1024)",
+        ),
     ] = 64
     max_slurm_rpc_per_s: Annotated[
         float,
