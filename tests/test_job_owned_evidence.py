@@ -2,7 +2,8 @@
 that job, never about its node, switch or domain. `echo "transport retry counter exceeded"` in
 the log of a job spanning 32 nodes under 4 leaves and a spine, reported by every node's agent:
 the real remediation engine (policy, fabric correlation, executor) drains nothing, opens no
-switch incident, requeues nothing, and on-call still gets the job's alert."""
+switch incident, excludes no node, and the job's alert still fires. The babysat job itself is
+requeued once (issue 51: its own NCCL's network failure is evidence about the job)."""
 
 from __future__ import annotations
 
@@ -92,11 +93,13 @@ def test_one_echo_in_a_job_log_on_every_node_drains_nothing_and_alerts_the_job(t
     assert eng.sender.flush()
 
     assert [n.name for n in slurm.nodes() if n.drained_or_draining] == []
-    assert [op for op, _ in slurm.calls if op in ("drain", "drain_many", "requeue")] == []
+    assert [op for op, _ in slurm.calls if op in ("drain", "drain_many")] == []
     assert store.kv_get("fabric_incidents") in (None, [])
-    assert [a.kind for a in store.actions()] == []
+    # the job's own line acts on that job alone: one requeue of it, every node kept
+    assert [(a.kind, a.rule) for a in store.actions()] == [("requeue", "job_nccl_network")]
+    assert [t for op, t in slurm.calls if op == "requeue"] == [str(JOB)]
     conditions = {a["condition"]: a["state"] for a in store.alerts()}
     assert not [c for c in conditions if c.startswith("switch_suspected")]
     assert conditions.get(f"job_log_{JOB}") == "firing", conditions
     [job] = slurm.jobs()
-    assert job.running and job.excluded_nodes == ()
+    assert job.restart_count == 1 and job.excluded_nodes == ()

@@ -1,6 +1,7 @@
 """Babysat jobs: track them from Slurm (AdminComment `babysit=<args>`, or the `--comment`
-fallback) and, when their node is drained for a fault (or Slurm marks it down), requeue them
-from the newest complete checkpoint: write `<ckpt>/.babysitter/resume.json`, requeue, keep the
+fallback) and, when their node is drained for a fault (or Slurm marks it down; or their own
+NCCL reported a network failure: nccl_requeue.py), requeue them from the newest complete
+checkpoint: write `<ckpt>/.babysitter/resume.json`, requeue, keep the
 bad node(s) out, count it. Past max_requeues the job is held and on-call is told (one alert per
 job, resolved when the job ends or is released). Jobs that did not opt in are left to Slurm.
 One fault -> one requeue.
@@ -48,6 +49,7 @@ DEFAULT_MAX_REQUEUES = 3
 CKPT_SETTLE_S = 10.0  # marker-less formats: files this fresh may still be being written
 REQUEUE_RULE = Rule.JOB_ON_FAILED_NODE
 HELD_RULE = Rule.JOB_LINK_GRACE  # a requeue held while a link fault may heal (link_hold.py)
+NCCL_RULE = Rule.JOB_NCCL_NETWORK  # its own NCCL's network failure (nccl_requeue.py)
 HISTORY_MAX = 50  # entries kept per job (a job failing every tick must not grow a row forever)
 HELD_REASONS = ("JobHeldAdmin", "JobHeldUser")
 T = TypeVar("T")
@@ -260,11 +262,12 @@ class JobTracker:
         why: str,
         hold_until: datetime | None = None,
         now: datetime | None = None,
+        rule: Rule = REQUEUE_RULE,
     ) -> int | None:
         """Queue a requeue action (once: not while one for this job is pending). With
         `hold_until`: held for a link fault's grace (link_hold.py), looked at every POLL_S; a
-        requeue without a hold asked for while one is held makes it a plain requeue, due now
-        (another fault: nothing left to wait for)."""
+        requeue without a hold asked for while one is held makes it a plain requeue (`rule`),
+        due now (another fault: nothing left to wait for)."""
         for a in self.store.actions(status=ActionStatus.PENDING, limit=5000):
             if a.kind is not ActionKind.REQUEUE or a.job_id != job_id:
                 continue
@@ -272,7 +275,7 @@ class JobTracker:
                 nodes = sorted({*(a.node or "").split(","), *bad_nodes} - {""})
                 self.store.update_action(
                     a.id,
-                    rule=str(REQUEUE_RULE),
+                    rule=str(rule),
                     node=",".join(nodes)[:255] or None,
                     reason=f"{a.reason or ''}; then {why}"[:1000],
                     outcome="hold ended: another fault",
@@ -284,7 +287,7 @@ class JobTracker:
             node=",".join(bad_nodes)[:255] if bad_nodes else None,
             job_id=job_id,
             reason=why,
-            rule=REQUEUE_RULE if hold_until is None else HELD_RULE,
+            rule=rule if hold_until is None else HELD_RULE,
             requested_by="policy",
         )
         if hold_until is not None:

@@ -2,12 +2,10 @@
 execute its decisions through the Slurm client, recording each in the actions log with the rule
 that fired and the outcome; then alert. Runs only on the leader controller.
 
-This module runs the tick and applies the decisions; its collaborators each do one job: the
-Slurm node snapshot (controller/loop/snapshot.py), the facts the policy reads
-(controller/loop/facts.py), the execution of recorded actions through Slurm
-(controller/loop/executor.py), the verdicts and guard state written for readers
-(controller/loop/outcome.py), the jobs (controller/loop/jobs.py) and the alerts
-(controller/loop/alerts).
+This module runs the tick and applies the decisions; its collaborators (controller/loop/) each
+do one job: the Slurm node snapshot (snapshot.py), the facts the policy reads (facts.py), the
+execution of recorded actions through Slurm (executor.py), the verdicts and guard state written
+for readers (outcome.py), the jobs (jobs.py, nccl_requeue.py) and the alerts (alerts/).
 
 Safety: decisions become `pending` actions first; a pending drain for a node blocks new drain
 decisions for it, so a drain that waits for slurmctld to come back is executed exactly once.
@@ -48,6 +46,7 @@ from babysitter.controller.loop.healer import Healer
 from babysitter.controller.loop.jobs import JobTracker
 from babysitter.controller.loop.maintenance import Alertmanager, Maintenance
 from babysitter.controller.loop.metrics import ControllerMetrics
+from babysitter.controller.loop.nccl_requeue import NcclRequeues
 from babysitter.controller.loop.nvlink_domain import DomainStep
 from babysitter.controller.loop.outcome import OutcomeWriter
 from babysitter.controller.loop.policy import (
@@ -118,6 +117,7 @@ class RemediationEngine:
         self.jobs = JobTracker(
             cfg, store, self.slurm, metrics, self.router, self.bounded, ITEM_TIMEOUT_S
         )
+        self.nccl = NcclRequeues(self.jobs)  # a babysat job's own NCCL network failure
         self.snapshot = SlurmSnapshot(cfg, self.slurm)
         # every automatic action is asked here right before it is carried out (admission.py)
         self.admission = Admission(
@@ -243,6 +243,7 @@ class RemediationEngine:
         # windows that could not be read: no new automatic action anywhere (unknown, not none)
         self.admission.quiet = quiet
         facts, cluster, result, noticed = self._decide(now)
+        self._isolated("nccl requeues", lambda: self.nccl.step(facts, now))  # run by _act
         firing, clearing = self._straggler_alerts(noticed, now)
         self._act(result, cluster, now, firing, clearing, read)
         self._publish(result, facts, cluster, now, firing, clearing)
