@@ -19,9 +19,10 @@ from tests.summary_lines import SUMMARY
 WORLD = Path(__file__).parent / "data" / "world"
 CAPTURED = {"machine", "fixture", "derived"}
 REQUIRED = ("id", "source", "captured", "category", "expect")
-# a file of a public repository (github:owner/repo/path, pinned to a commit or tag where known)
-# or a public page (an issue thread, a documentation page)
-SOURCE = re.compile(r"^(github:[\w.-]+/[\w.-]+/\S+|https?://\S+)")
+# a file of a public repository (github:owner/repo/path, pinned to a commit or tag where known),
+# a public page (an issue thread, a documentation page), or this project's own capture from a
+# real daemon (capture:<the README that says how>)
+SOURCE = re.compile(r"^(github:[\w.-]+/[\w.-]+/\S+|https?://\S+|capture:tests/\S+)")
 
 
 def _samples() -> list[tuple[str, dict[str, Any]]]:
