@@ -66,6 +66,12 @@ a fault); the report names the rule, the reason and the benign events the node h
 minutes before. Upper bound on each rate: the rule of three (3 / node-days) with none, else
 the one-sided 95 % Poisson bound.
 
+Alert volume: the controller's alert router sends to counting sinks (bench/soak_alerts.py: a
+pager, on-call's Slack, a job channel and a webhook at their default severities), so the report
+gives the pages, on-call warnings and job alerts per 1,000 node-days as the real router emitted
+them. At the end: the nodes whose agent's last report still had a finding above INFO, and those
+findings by check and code.
+
 NHC runs through the same noise on the same nodes: bench/nhc_model.py's model of NHC 1.4.3 (its
 checks as bench/nhc.py configures them plus check_hw_ib per port, shown equal to real NHC by
 tests/test_bench_nhc_model.py) every 60 s and every 300 s, a random phase per node, draining on a
@@ -130,6 +136,9 @@ from bench.common import BENCH_DIR, RESULTS_DIR, figure, write_result
 from bench.nhc_model import NhcArm, ib_verdict
 from bench.poisson import poisson_interval, poisson_upper, quantile
 from bench.slurm_standin import InMemorySlurm
+from bench.soak_alerts import AlertTally, firing_at_end
+from bench.soak_alerts import render as render_alerts
+from bench.soak_alerts import summary as alert_summary
 from bench.soak_shards import (
     MIN_SHARD_S,
     Outcome,
@@ -160,8 +169,8 @@ READ, CHANGE, ROUND = 0, 1, 2
 # babysitter/checks/tiers.py and each check's interval_s at defaults)
 READERS: dict[str, tuple[frozenset[str], tuple[float, ...]]] = {
     "ecc_sbe": (frozenset({"gpu.memory"}), (60.0, 300.0)),
-    "app_xid": (frozenset({"xid.kmsg"}), (10.0,)),
-    "positive_control_xid79": (frozenset({"xid.kmsg"}), (10.0,)),
+    "app_xid": (frozenset({"xid.kmsg"}), (1.0,)),  # the fast tier
+    "positive_control_xid79": (frozenset({"xid.kmsg"}), (1.0,)),
     "thermal": (frozenset({"gpu.thermal"}), (30.0,)),
     "power": (frozenset({"gpu.thermal"}), (30.0,)),
     "ib_symbol": (frozenset({"ib.ports"}), (30.0,)),
@@ -354,6 +363,8 @@ class Soak:
         self._flush_folded = self.wall.timed("folded reports", self._flush_folded)  # type: ignore[method-assign]
         self.ctl_cfg = parse_config({})  # the controller at its defaults
         self.engine: RemediationEngine | None = None
+        # what the alert router sends, per sink (every controller's: bench/soak_alerts.py)
+        self.alerts = AlertTally()
         self.spooled: list[Report] = []
         self.wake = False
         self.current: Node | None = None
@@ -611,6 +622,7 @@ class Soak:
     def controller_up(self) -> None:
         """A controller (the first, or the standby taking over) starts on the store."""
         self.engine = make_engine(self.ctl_cfg, self.store, slurm=self.slurm)
+        self.alerts.install(self.engine.router)
         if self.shortcut:
             self._skip_repeated_job_scans(self.engine)
         self._busy()
@@ -892,6 +904,7 @@ class Soak:
     def outcome(self, run: dict[str, Any], index: int = 0, seed: int = 0) -> Outcome:
         """What this fleet counted, to be merged with the other shards'."""
         n = len(self.names)
+        running = [x for x in self.nodes.values() if x.agent is not None]
         return Outcome(
             shards=[
                 {
@@ -923,9 +936,14 @@ class Soak:
                 ticks_skipped=self.ticks_skipped,
             ),
             wall_parts=Counter(self.wall.seconds),
-            open_at_end=Counter(
-                f["check"] for n in self.nodes.values() if n.agent is not None for f in n.problems
+            open_at_end=Counter(f["check"] for n in running for f in n.problems),
+            open_codes_at_end=Counter(
+                f"{f['check']}|{f['code']}|{f['severity']}" for n in running for f in n.problems
             ),
+            nodes_open_at_end=sum(1 for n in running if n.problems),
+            alerts=Counter(self.alerts.counts),
+            alert_conditions=Counter(self.alerts.conditions),
+            alerts_firing_at_end=firing_at_end(self.store.firing_alerts()),
             nhc=dict(self.nhc),
         )
 
@@ -1149,6 +1167,19 @@ def summarise(o: Outcome, wall_s: float) -> dict[str, Any]:
         # the findings above INFO the fleet's nodes reported last, by check: what stays open
         # (events kept until a reboot: application XIDs; counters: SBEs), not drains
         "open_findings_at_end": dict(sorted(o.open_at_end.items())),
+        "open_findings_at_end_by_code": dict(sorted(o.open_codes_at_end.items())),
+        # nodes whose agent's last report had a finding above INFO: what the status page and
+        # `babysitter status` show as a node with a warning (or worse)
+        "nodes_open_at_end": o.nodes_open_at_end,
+        "nodes_open_at_end_pct": 100.0 * o.nodes_open_at_end / nodes if nodes else 0.0,
+        # what each route would have received (bench/soak_alerts.py), NHC's drains beside
+        "alerts": alert_summary(
+            o.alerts,
+            o.alert_conditions,
+            o.alerts_firing_at_end,
+            node_days,
+            {f"{iv:g}": len(arm.drains) for iv, arm in sorted(o.nhc.items())},
+        ),
         # NHC's arm on the same nodes and noise (bench/nhc_model.py): false drains and lengths
         "nhc": {f"{iv:g}": arm.summary(node_days) for iv, arm in sorted(o.nhc.items())},
     }
@@ -1237,6 +1268,10 @@ def render_md(s: dict[str, Any], noise: dict[str, dict[str, Any]], settings: dic
             for iv, x in s["nhc"].items()
         ],
         "",
+        *render_alerts(s["alerts"]),
+        "",
+        _open_text(s),
+        "",
         "| benign event | injected | rate assumed (per node-day) |",
         "|---|---|---|",
     ]
@@ -1286,6 +1321,20 @@ def render_md(s: dict[str, Any], noise: dict[str, dict[str, Any]], settings: dic
     return "\n".join(lines)
 
 
+def _open_text(s: dict[str, Any]) -> str:
+    """What stays open at the end: nodes with a warning or worse, findings by check and code."""
+    by_code = ", ".join(f"{k} {v}" for k, v in s["open_findings_at_end_by_code"].items())
+    return (
+        f"**Open at the end: {s['nodes_open_at_end']} of {s['nodes']} nodes "
+        f"({s['nodes_open_at_end_pct']:.1f} %) with a finding above INFO** in their agent's "
+        "last report (what the status page shows as a node with a warning or worse). Open "
+        "findings by check: "
+        + (", ".join(f"{k} {v}" for k, v in s["open_findings_at_end"].items()) or "none")
+        + (f" (check|code|severity: {by_code})" if by_code else "")
+        + "."
+    )
+
+
 def _wall_text(s: dict[str, Any]) -> str:
     """Where the wall time went: what bounds the node-days per wall second."""
     parts = dict(s.get("wall_parts_s") or {})
@@ -1304,6 +1353,44 @@ def _wall_text(s: dict[str, Any]) -> str:
         f"second counted once): {shares}. A controller tick took {per_tick:.1f} ms on average, "
         f"{s['ticks'] / max(s['node_days'], 1e-9):.1f} ticks per node-day."
     )
+
+
+def _alert_figures(s: dict[str, Any]) -> list[dict[str, Any]]:
+    """Alert volume and what stays open, with issue #51's goals."""
+    a = s["alerts"]
+    out = []
+    for what, key, goal in (
+        ("pages (critical, to on-call)", "pages", 1.0),
+        ("warnings to on-call", "oncall_warnings", 10.0),
+        ("job alerts (job route, never the pager)", "job_alerts", None),
+    ):
+        x = a[key]
+        rate = x["per_1000_node_days"]
+        out.append(
+            figure(
+                f"{what} per 1,000 node-days of benign noise (soak)",
+                rate,
+                "per 1,000 node-days",
+                goal=None if goal is None else f"<= {goal:g}",
+                met=None if goal is None or rate is None else rate <= goal,
+                n=x["n"],
+                ci95_two_sided=x["ci95"],
+                node_days=s["node_days"],
+            )
+        )
+    out.append(
+        figure(
+            "nodes with a finding above INFO open at the soak's end",
+            s["nodes_open_at_end_pct"],
+            "% of nodes",
+            goal="<= 1",
+            met=s["nodes_open_at_end_pct"] <= 1.0,
+            n=s["nodes_open_at_end"],
+            nodes=s["nodes"],
+            by_check=s["open_findings_at_end"],
+        )
+    )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1439,6 +1526,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for iv, x in s["nhc"].items()
         ],
+        *_alert_figures(s),
     ]
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "soak.md").write_text(md)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from babysitter.checks import nvml, unparsed
+from babysitter.checks import nvml, tiers, unparsed
 from babysitter.checks.base import Check
 from babysitter.checks.nccl.local_jobs import jobs_on_node
 from babysitter.checks.xid.events import (
@@ -88,7 +88,10 @@ class KmsgXidCheck(Check):
 
     name = "xid.kmsg"
     section = "xid"
-    interval_s = 10.0
+    # the fast tier: some faults reach only the kernel log (a GPU that fell off the bus, said
+    # by the driver's device print with no Xid and no NVML event) and must drain within a
+    # second; a run reads only the records written since the last one, so it costs ~nothing
+    signals: ClassVar[Mapping[str, tiers.Interval]] = {"kmsg": tiers.FAST}
     timeout_s = 10.0
     proc_root = Path("/proc")  # where a blamed pid's cgroup is read (tests point it elsewhere)
 
@@ -215,6 +218,7 @@ class KmsgXidCheck(Check):
             return read_devkmsg(fh)  # /dev/kmsg: non-blocking reads of whole records
 
     def run(self) -> list[Finding]:
+        self.begin()  # one signal, read every run; this keeps the tier's bookkeeping
         path = Path(self.ctx.config.agent.kmsg_path)
         overrides = self.ctx.config.checks.xid.overrides
         try:
