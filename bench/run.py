@@ -35,6 +35,8 @@ BENCHMARKS: list[tuple[str, int]] = [
     # ingest at 2,000 reports/s (~6 min)
     ("bench.cockpit", 900),
     ("bench.fault_drain", 1800),
+    # Slurm 25.11's expedited requeue against the plain one, a competing job waiting (~3 min)
+    ("bench.expedite", 600),
     # fault -> back in service through reboot + validation, by phase (~3 min)
     ("bench.self_heal", 900),
     # the same at the shipped intervals (~3 min): the loop time ETTR's self-healing arm uses
