@@ -77,6 +77,8 @@ MEASURES: dict[str, tuple[str, ...]] = {
         "babysitter/hardware",
         "babysitter/config.py",
         "bench/soak.py",
+        "bench/soak_shards.py",
+        "bench/soak_alerts.py",
         "bench/slurm_standin.py",
         "bench/nhc_model.py",
         "bench/poisson.py",

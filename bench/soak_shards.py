@@ -117,6 +117,13 @@ class Outcome:
     decisions: Counter[str] = field(default_factory=Counter)
     counts: Counter[str] = field(default_factory=Counter)  # reports, folded, ticks, ...
     open_at_end: Counter[str] = field(default_factory=Counter)  # open findings by check
+    open_codes_at_end: Counter[str] = field(default_factory=Counter)  # check|code|severity
+    nodes_open_at_end: int = 0  # nodes with a finding above INFO open at the end
+    # bench/soak_alerts.py: sink|route|severity|kind, route|severity|condition family (fired),
+    # route|severity of the alerts still firing at the end
+    alerts: Counter[str] = field(default_factory=Counter)
+    alert_conditions: Counter[str] = field(default_factory=Counter)
+    alerts_firing_at_end: Counter[str] = field(default_factory=Counter)
     wall_parts: Counter[str] = field(default_factory=Counter)  # WallSplit's seconds
     nhc: dict[float, NhcArm] = field(default_factory=dict)
 
@@ -133,6 +140,11 @@ class Outcome:
         self.decisions.update(o.decisions)
         self.counts.update(o.counts)
         self.open_at_end.update(o.open_at_end)
+        self.open_codes_at_end.update(o.open_codes_at_end)
+        self.nodes_open_at_end += o.nodes_open_at_end
+        self.alerts.update(o.alerts)
+        self.alert_conditions.update(o.alert_conditions)
+        self.alerts_firing_at_end.update(o.alerts_firing_at_end)
         self.wall_parts.update(o.wall_parts)
         for iv, arm in o.nhc.items():
             mine = self.nhc.setdefault(iv, NhcArm(iv, {}))

@@ -86,6 +86,27 @@ def test_benign_noise_drains_nothing(tmp_path: Path):
     parts = d["wall_parts_s"]
     assert {"controller tick", "agent checks", "ingest"} <= set(parts), parts
     assert sum(parts.values()) <= sum(x["wall_s"] for x in d["shards"]) + 0.5
+    # alert volume, counted from the router's output: no page, job alerts on the job route only
+    a = d["alerts"]
+    assert a["pages"]["n"] == 0 and a["oncall_warnings"]["n"] == 0, a["fired_by_condition"]
+    assert a["pages"]["ci95"][0] == 0 < a["pages"]["ci95"][1]
+    assert a["job_alerts"]["n"] >= d["injected"]["nccl_user_timeout"] * 0.5  # a user's NCCL
+    assert a["job_alerts"]["n"] == sum(x["fired"] for x in a["by_route"]["job"].values())
+    assert set(a["by_sink"]["slack_jobs"]) == {"job"}  # the job channel: job alerts only
+    assert "job" not in a["by_sink"].get("pagerduty", {}) and "job" not in a["by_sink"].get(
+        "slack", {}
+    )
+    assert all(k.startswith("job|") for k in a["fired_by_condition"]), a["fired_by_condition"]
+    assert set(a["nhc_drains"]) == {"60", "300"}
+    # what stays open at the end: an application XID's NVML event is not kept until a reboot
+    assert "xid.nvml" not in d["open_findings_at_end"], d["open_findings_at_end_by_code"]
+    assert 0 <= d["nodes_open_at_end"] <= 3
+    assert sum(d["open_findings_at_end_by_code"].values()) == sum(
+        d["open_findings_at_end"].values()
+    )
+    md = (tmp_path / "results" / "soak.md").read_text()
+    assert "| pages (critical, PagerDuty) | oncall | 0: 0 [0, " in md
+    assert f"Open at the end: {d['nodes_open_at_end']} of 3 nodes" in md
 
 
 def test_a_real_fault_is_counted_attributed_and_bounded(tmp_path: Path):
@@ -96,6 +117,12 @@ def test_a_real_fault_is_counted_attributed_and_bounded(tmp_path: Path):
         assert drain["rule"] == "critical_finding"
         assert "xid.kmsg: XID 79" in drain["reason"]
         assert any(e.startswith("positive_control_xid79") for e in drain["recent_events"])
+    # a real fault still pages on-call: one page per node it took out (none grouped here)
+    a = d["alerts"]
+    assert a["pages"]["n"] >= 1 and a["pages"]["per_1000_node_days"] > 0
+    assert a["fired_by_condition"].get("oncall|critical|node_unhealthy", 0) >= 1
+    assert a["by_route"]["oncall"]["critical"]["fired"] == a["pages"]["n"]
+    assert a["job_alerts"]["n"] == 0
     k = d["false_drains"]
     assert d["upper_bound_per_node_day"] == pytest.approx(soak.poisson_upper(k, d["node_days"]))
     assert d["upper_bound_per_node_day"] > k / d["node_days"]

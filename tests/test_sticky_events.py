@@ -112,3 +112,22 @@ def test_a_dbe_event_is_cleared_when_the_gpu_reads_healthy_after_it(tmp_path):
     assert [f.code for f in StickyFindings(path, "boot-1").values()] == ["xid.79"]
     assert StickyFindings(path, "boot-2").values() == []
     assert StickyFindings(path, "boot-1").values() == []  # forgotten for good
+
+
+def test_an_application_xid_event_is_not_kept_until_a_reboot(tmp_path):
+    """An NVML event of XID 45 (preemptive cleanup: a job's processes torn down) is a warning
+    the event report carries once; it is not kept until the next reboot (every node of a
+    two-day soak fleet that saw one stayed a warning to the end). The kernel log's copy,
+    which names the job, ends with the job (tests/test_kmsg_world.py). A fatal XID stays."""
+    from babysitter.checks.base import CheckContext
+    from babysitter.checks.xid.events import EVENT_XID, NvmlEvents
+    from babysitter.config import load_config
+
+    src = NvmlEvents(CheckContext(load_config(), "n1"))
+    cleanup, fatal = (src.finding_for(EVENT_XID, x, None, 2) for x in (45, 79))
+    assert cleanup.severity is Severity.WARNING and cleanup.details["job_attributable"] is True
+    assert "job_attributable" not in fatal.details
+    s = StickyFindings(tmp_path / "ev.json", "boot-1")
+    s.add([cleanup, fatal])
+    assert [f.code for f in s.values()] == ["xid.79"]
+    assert [f.code for f in StickyFindings(tmp_path / "ev.json", "boot-1").values()] == ["xid.79"]

@@ -14,6 +14,7 @@ from babysitter.checks.nvml import nv
 from babysitter.checks.xid.finding import xid_finding
 from babysitter.finding import Action, Finding, Severity
 from babysitter.hardware.recovery import RecoveryAction
+from babysitter.hardware.xids import job_attributable
 
 if TYPE_CHECKING:
     import logging
@@ -126,8 +127,20 @@ class NvmlEvents(EventSource):
             overrides = self.ctx.config.checks.xid.overrides
             # XID 154 carries no text here: the action it announces is read from the GPU now
             recovery = self._recovery_now(dev) if data == XID_RECOVERY_ACTION_CHANGED else None
+            # an XID the application caused (45, 13, ...): not kept until a reboot (sticky.py);
+            # the kernel log's copy, which names its job, ends with that job (xid.kmsg)
+            job = {"job_attributable": True} if job_attributable(data) else {}
             return xid_finding(
-                "xid.nvml", data, overrides, comp, where, "", recovery, source="nvml-event", **ids
+                "xid.nvml",
+                data,
+                overrides,
+                comp,
+                where,
+                "",
+                recovery,
+                source="nvml-event",
+                **job,
+                **ids,
             )
         if ev_type == EVENT_SBE:
             now = time.monotonic()
