@@ -67,6 +67,9 @@ FAST_FAULTS = (
 SLOW_FAULTS = ("pcie_width",)  # slow tier (a warning): injected on every node at once
 # held for the IB check's hold window (port_down_hold_s, default NCCL's IB retry budget)
 HELD = {"ib_port_down_for_good": NCCL_IB_RETRY_BUDGET_S}
+# a held fault's latency is its hold window plus a poll: a few injections show it, and 20 of
+# them (half a minute each, in both arms) would take the bench past its time limit
+HELD_INJECTIONS = 5
 MUST = tuple(f for f in FAST_FAULTS if f not in HELD)
 FAST_TIER_S = 1.0  # agent.fast_interval_s default: injections are spread over one period
 
@@ -172,7 +175,7 @@ def run(
                 continue
             lat = results.setdefault(fault, [])
             seen = results.setdefault(f"{fault}_observed", [])
-            for _ in range(injections):
+            for _ in range(min(injections, HELD_INJECTIONS) if fault in HELD else injections):
                 node = nodes[k % len(nodes)]
                 k += 1
                 time.sleep(rng.uniform(0, FAST_TIER_S))
