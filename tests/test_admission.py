@@ -510,6 +510,29 @@ def test_a_scope_whose_count_is_unknown_admits_nothing():
     assert decide_admission(Act.DRAIN, ["n1"], world(), lim)["n1"] is None
 
 
+def test_a_node_whose_nvlink_domain_is_unknown_is_held_as_scope_unknown():
+    """Issue 49, side door 5a: n3 (an agent of the previous wire version, no Slurm block)
+    shares partition b with n4, whose domain is known: with a domain cap set, its drain was
+    admitted outside every domain cap. Now it is held, asked again next tick, while n4 is
+    admitted within its domain's cap. A partition with no NVLink domain at all (a), or a
+    cluster with none, has no domain cap to ask: admitted. An incident's drain never asks
+    the domain cap; nor does a re-reason of a node babysitter holds already."""
+    lim = Limits(BlastSettings(domain=Cap(count=1)))
+    w = world(domains={"n4": "d1"})
+    got = decide_admission(Act.DRAIN, ["n1", "n3", "n4"], w, lim)
+    assert got["n3"] is not None and got["n3"].why is Why.UNKNOWN
+    assert str(got["n3"]) == "held: scope unknown: NVLink domain not known"
+    assert got["n1"] is None and got["n4"] is None
+    assert decide_admission(Act.DRAIN, ["n3"], world(), lim)["n3"] is None  # no domains
+    assert decide_admission(Act.DRAIN, ["n3"], w, Limits())["n3"] is None  # no domain cap
+    assert decide_admission(Act.DRAIN, ["n3"], w, lim, switch_incident=True)["n3"] is None
+    ours = {**NODES, "n3": SlurmNode("n3", "IDLE", frozenset({"DRAIN"}), "babysitter: x")}
+    assert (
+        decide_admission(Act.DRAIN, ["n3"], world(nodes=ours, domains={"n4": "d1"}), lim)["n3"]
+        is None
+    )
+
+
 def test_a_batch_cannot_squeeze_past_a_cap_and_pending_drains_count():
     lim = Limits(BlastSettings(partition=Cap(count=1)))
     got = decide_admission(Act.DRAIN, ["n1", "n2", "n3"], world(), lim)

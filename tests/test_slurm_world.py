@@ -1,8 +1,9 @@
 """babysitter/slurm/parse.py against Slurm's JSON as real daemons printed it, one document per
 data_parser version from v0.0.37 (21.08) to v0.0.45 (26.05): slurmrestd answers and `--json`
-output other projects committed, and this project's own captures of 22.05 and 26.05 (tests/data/world/slurm/). Each document's nodes or jobs must
-come out with the name, state, flags and reason (nodes) or the id, state list, node list,
-requeue flag, restart count, batch host and reason (jobs) Slurm gave them."""
+output other projects committed, and this project's own captures of 22.05 and 26.05
+(tests/data/world/slurm/). Each document's nodes or jobs must come out with the name, state,
+flags and reason (nodes) or the id, state list, node list, requeue flag, restart count, batch
+host and reason (jobs) Slurm gave them."""
 
 from __future__ import annotations
 

@@ -188,8 +188,10 @@ def _counts(w: World, nodes: Mapping[str, SlurmNode], exclude: Collection[str]) 
     for sw in topo.switches.values():
         if sw.level == 0:
             c.sizes[("switch", sw.name)] = len(sw.nodes)
-    for d in w.domains.values():
+    for node, d in w.domains.items():
         c.sizes[("domain", d)] = c.sizes.get(("domain", d), 0) + 1
+        for p in _parts(nodes.get(node)):  # a partition with NVLink domains: see _cap_refusal
+            c.sizes[("fabric", p)] = 1
     for n in set(w.held) - set(exclude):
         c.add(_scopes(n, nodes.get(n), topo, switch_cap=True, domain=w.domains.get(n)))
         if n not in w.switch_held:
@@ -231,6 +233,16 @@ def _cap_refusal(
     domain = None if switch_incident else w.domains.get(n)
     if domain is not None and lim.blast.domain.active:
         caps.append((("domain", domain), Why.CAP_DOMAIN, lim.blast.domain.limit))
+    elif (
+        not switch_incident
+        and lim.blast.domain.active
+        and n not in w.domains
+        and any(("fabric", p) in c.sizes for p in _parts(sn))
+    ):
+        # its partition has NVLink domains but its own is not known (an agent of an older
+        # wire version, no Slurm block): held, not drained outside every domain cap. A
+        # partition with no domain at all has no NVLink fabric: no domain cap applies there
+        return Refusal(Why.UNKNOWN, "scope unknown: NVLink domain not known")
     for key, why, limit_of in caps:
         size = c.sizes.get(key)
         if size is None:

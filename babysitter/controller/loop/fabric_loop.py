@@ -31,7 +31,7 @@ from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.episodes import start_drain_episodes
 from babysitter.controller.db.tickstore import pending_drain_nodes
-from babysitter.controller.loop.admission import Act, Admission
+from babysitter.controller.loop.admission import Admission
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.blast import CLUSTER, BlastGate, BlastSettings, Scope, ScopeCounts
 from babysitter.controller.loop.context import LoopContext
@@ -46,6 +46,7 @@ from babysitter.controller.loop.fabric import (
     onsets,
     switch_reason,
 )
+from babysitter.controller.loop.gate import AdmittedSlurm, Held
 from babysitter.controller.loop.guard import BLAST_KEY
 from babysitter.controller.loop.jobs import JobTracker
 from babysitter.controller.loop.metrics import ControllerMetrics
@@ -85,6 +86,11 @@ def switch_condition(switch: str) -> str:
 
 
 class FabricStep:
+    @property
+    def admitted(self) -> AdmittedSlurm:
+        """Its Slurm changes, each admitted first (controller/loop/gate.py)."""
+        return AdmittedSlurm(self.slurm, self.admission)
+
     def __init__(
         self,
         ctx: LoopContext,
@@ -440,11 +446,6 @@ class FabricStep:
                 and n not in refused
             ]
             reason = switch_reason(inc.switch)
-            if todo and self.admission is not None and not self.policy.dry_run:
-                # its drains count towards the caps and the drain budget like any other;
-                # a held node is asked again on the next tick
-                got = self.admission.check(Act.DRAIN, todo, now, switch_incident=True)
-                todo = [n for n in todo if got.get(n) is None]
             if not todo:
                 continue
             if self.policy.dry_run:
@@ -454,13 +455,13 @@ class FabricStep:
                         ActionKind.DRAIN, n, reason, SUSPECTED, ActionStatus.DONE, "dry-run", True
                     )
                 continue
-            try:
-                res = self.slurm.drain_many(todo, reason)
-            except SlurmError as exc:
-                res = {n: exc for n in todo}
-            done = [n for n in todo if res.get(n) is None]
+            # its drains count towards the caps and the drain budget like any other (the
+            # gate asks the admission step); a held node is asked again on the next tick
+            res = self.admitted.drain_many(todo, reason, now, switch_incident=True)
+            todo = [n for n in todo if not isinstance(res[n], Held)]
+            done = [n for n in todo if res[n] is None]
             for n in todo:
-                err = res.get(n)
+                err = res[n]
                 if isinstance(err, SlurmUnavailable):
                     self._retry_at = now + timedelta(seconds=RETRY_S)
                     continue
@@ -501,15 +502,8 @@ class FabricStep:
             return True
         if not self.snapshot.ok:
             return False
-        if self.admission is not None:
-            got = self.admission.check(Act.RESUME, held, now)
-            held = [n for n in held if got.get(n) is None]
-            if not held:
-                return True
-        try:
-            res = self.slurm.resume_many(held)
-        except SlurmError as exc:
-            res = {n: exc for n in held}
+        res = self.admitted.resume_many(held, now)  # admitted first
+        held = [n for n in held if not isinstance(res[n], Held)]
         if any(isinstance(e, SlurmUnavailable) for e in res.values()):
             return False
         done = [n for n in held if res.get(n) is None]

@@ -12,7 +12,6 @@ admission step (ownership, maintenance), the lemon count, the ledger and the aud
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 
@@ -20,8 +19,8 @@ from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop import after_rung
 from babysitter.controller.loop.admission import Act, Admission
-from babysitter.controller.loop.ledger import Ledger, Phase, Remediation
-from babysitter.controller.loop.order_permission import stamp
+from babysitter.controller.loop.ledger import Ledger, Remediation
+from babysitter.controller.loop.order_permission import issue
 from babysitter.hardware.recovery import RecoveryAction
 
 ORDER = "fabric.restart"  # the agent's babysitter/agent/fabric_restart.py ORDER
@@ -54,19 +53,11 @@ class FabricRung:
     def order(self, rem: Remediation, now: datetime, admission: Admission | None) -> None:
         """Order the restart from the node's agent (held by the admission step: asked again
         next tick)."""
-        if admission is not None and admission.one(Act.RESTART_FABRIC, rem.node, now):
-            return
         units = units_for(rem.fault_class)
-        self.ledger.move(
-            rem,
-            Phase.RESETTING,
-            now,
-            f"restart of {', '.join(units)} ordered from the node's agent",
-            order=ORDER,
-            order_id=str(uuid.uuid4()),
-            units=units,
-            **stamp(now, self.timeout_s),  # bound to an expiry (order_permission.py)
-        )
+        what = f"restart of {', '.join(units)} ordered from the node's agent"
+        act, ttl = Act.RESTART_FABRIC, self.timeout_s  # bound to an expiry (order_permission.py)
+        if issue(admission, self.ledger, rem, act, now, ttl, what, order=ORDER, units=units):
+            return
         self.record(
             ActionKind.RESTART_FABRIC,
             rem.node,

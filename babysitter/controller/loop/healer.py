@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -42,11 +41,12 @@ from babysitter.controller.loop.admission import Act, Admission, Refusal, Why
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.context import LoopContext
 from babysitter.controller.loop.fabric_rung import FabricRung
+from babysitter.controller.loop.gate import AdmittedSlurm, Held
 from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
 from babysitter.controller.loop.ledger import ACTIVE, Ledger, Phase, Remediation
 from babysitter.controller.loop.lemons import DrainLemon, drain_lemons
 from babysitter.controller.loop.maintenance import MAINTENANCE_UNKNOWN, maintenance_unknown
-from babysitter.controller.loop.order_permission import expire_quiet, stamp
+from babysitter.controller.loop.order_permission import expire_quiet, issue
 from babysitter.controller.loop.ownership import Owner, episode_owner
 from babysitter.controller.loop.policy import Decision, DecisionKind, Rule
 from babysitter.controller.loop.takeover import cancel_pending_reboot, end_taken_over
@@ -93,6 +93,11 @@ def _text(v: Any) -> str | None:
 
 class Healer:
     admission: Admission | None = None  # asked before a reboot or reset (set by the engine)
+
+    @property
+    def admitted(self) -> AdmittedSlurm:
+        """Its Slurm changes, each node change admitted first (controller/loop/gate.py)."""
+        return AdmittedSlurm(self.slurm, self.admission)
 
     def __init__(self, ctx: LoopContext, validator: Validator, dry_run: bool) -> None:
         cfg, store, slurm, snapshot = ctx.cfg, ctx.store, ctx.slurm, ctx.snapshot
@@ -426,7 +431,7 @@ class Healer:
             **common,
         )
         try:
-            self.slurm.drain(node, why)
+            self.admitted.drain(node, why, now)
             self.snapshot.moved_here([(node, why)], [])
             self.store.set_node(node, babysitter_drained=True, drain_reason=why)
             done = "drained with a lemon reason"
@@ -481,23 +486,17 @@ class Healer:
             return
         if rem.rung is not Rung.REBOOT or not self._reboot_slots(rem.node):
             return
-        if self.admission and self.admission.one(Act.REBOOT, rem.node, now):
-            return  # held (controller/loop/admission.py): asked again next tick
         sn = self.snapshot.nodes.get(rem.node)
         row = self.store.node(rem.node) or {}
         boot_id = (row.get("metrics") or {}).get("boot_id")
         reason = f"reboot: {rem.fault}"
+        minutes = int(self.cfg.reboot_timeout_s // 60) + self.validation_minutes
         try:
-            # the reservation first: the node never comes back open to jobs
-            self.slurm.hold_for_validation(
-                rem.node,
-                reservation_name(rem.node),
-                self.validation_user,
-                int(self.cfg.reboot_timeout_s // 60) + self.validation_minutes,
-            )
-            self.slurm.reboot(rem.node, reason, self.cfg.nextstate)
-        except SlurmUnavailable:
-            return  # next tick
+            # admitted, then the reservation first: the node never comes back open to jobs
+            hold = (reservation_name(rem.node), self.validation_user, minutes)
+            self.admitted.reboot(rem.node, reason, self.cfg.nextstate, hold, now)
+        except (Held, SlurmUnavailable):
+            return  # held (controller/loop/admission.py) or Slurm away: asked next tick
         except SlurmError as exc:
             self._fail(rem, now, f"scontrol reboot failed: {exc}", firing)
             return
@@ -518,17 +517,11 @@ class Healer:
         """Order the reset from the node's agent: the order is this open ledger row, handed
         to the agent in the answer to its next report (controller/api/orders.py), until it answers.
         The node stays drained meanwhile (the policy drained it; hold() keeps it so)."""
-        if self.admission and self.admission.one(Act.RESET_GPU, rem.node, now):
-            return  # held (controller/loop/admission.py): asked again next tick
         target = rem.gpu_uuid or rem.evidence.get("bus_id")
-        self.ledger.move(
-            rem,
-            Phase.RESETTING,
-            now,
-            f"GPU reset of {target} ordered from the node's agent",
-            order_id=str(uuid.uuid4()),
-            **stamp(now, self.cfg.reset_timeout_s),  # bound to an expiry (order_permission.py)
-        )
+        what = f"GPU reset of {target} ordered from the node's agent"
+        ttl = self.cfg.reset_timeout_s  # bound to an expiry (order_permission.py)
+        if issue(self.admission, self.ledger, rem, Act.RESET_GPU, now, ttl, what):
+            return  # held (controller/loop/admission.py): asked again next tick
         self._record(
             ActionKind.RESET_GPU,
             rem.node,
@@ -763,10 +756,10 @@ class Healer:
         the next rung."""
         sn = self.snapshot.nodes.get(rem.node)
         try:
-            self.slurm.end_validation(reservation_name(rem.node))
+            self.admitted.end_validation(reservation_name(rem.node))
             if not drained and (sn is None or not (sn.drained_or_draining and self._ours(sn))):
                 reason = f"{rem.rung.value} failed: {why}"
-                self.slurm.drain(rem.node, reason)
+                self.admitted.drain(rem.node, reason, now)
                 self.snapshot.moved_here([(rem.node, reason)], [])
                 self.store.set_node(rem.node, babysitter_drained=True, drain_reason=reason)
         except SlurmError as exc:

@@ -28,6 +28,7 @@ from babysitter.config import Config
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import HistoryEntry, JobRow, Store
 from babysitter.controller.loop.alerts import Alert, AlertRouter
+from babysitter.controller.loop.gate import AdmittedSlurm
 from babysitter.controller.loop.link_hold import (
     DOWN_CODES,
     LINK_CODES,
@@ -469,7 +470,7 @@ class JobTracker:
             )
             resume_point, explanation = outcome.resume_point, outcome.explanation
         exclude = self._exclude(j, bad_nodes)
-        self.slurm.requeue(j.job_id, exclude=exclude)
+        AdmittedSlurm(self.slurm).requeue(j.job_id, exclude=exclude)  # the job's, never a node's
         self.metrics.requeues.labels("done").inc()
         history.append(
             {
@@ -527,7 +528,7 @@ class JobTracker:
         self, j: SlurmJob, bad_nodes: list[str], why: str, now: datetime, limit: int
     ) -> tuple[str, str]:
         # requeue held: off the broken node, kept in the queue for a human
-        self.slurm.requeue(j.job_id, exclude=bad_nodes, hold=True)
+        AdmittedSlurm(self.slurm).requeue(j.job_id, exclude=bad_nodes, hold=True)
         self._append(
             j.job_id,
             {"event": "held", "at": now.isoformat(), "restart_count": j.restart_count, "why": why},

@@ -25,6 +25,7 @@ from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store, aware, now
 from babysitter.controller.loop.alerts import Alert
+from babysitter.controller.loop.gate import AdmittedSlurm
 from babysitter.finding import Severity
 from babysitter.slurm.client import SlurmClient, SlurmError
 
@@ -221,7 +222,7 @@ class Maintenance:
         else:
             minutes = max(1, math.ceil((until - at).total_seconds() / 60))
             try:
-                self.slurm.reserve_maintenance(
+                AdmittedSlurm(self.slurm).reserve_maintenance(
                     reservation_name(wid), sorted(set(nodes)), self.reservation_user, minutes
                 )
                 reservation = reservation_name(wid)
@@ -274,7 +275,7 @@ class Maintenance:
         notes: list[str] = []
         if w.reservation and self.slurm is not None:
             try:
-                self.slurm.shrink_hold(w.reservation, rest)
+                AdmittedSlurm(self.slurm).shrink_hold(w.reservation, rest)
             except SlurmError as exc:
                 notes.append(f"{', '.join(gone)} still in reservation {w.reservation}: {exc}")
         silence = w.silence_id
@@ -324,7 +325,7 @@ class Maintenance:
         still = []
         for name in left:
             try:
-                self.slurm.end_maintenance(name)
+                AdmittedSlurm(self.slurm).end_maintenance(name)
                 log.info("maintenance reservation %s deleted at last", name)
             except SlurmError:
                 still.append(name)
@@ -335,7 +336,7 @@ class Maintenance:
         notes: list[str] = []
         if w.reservation and self.slurm is not None:
             try:
-                self.slurm.end_maintenance(w.reservation)
+                AdmittedSlurm(self.slurm).end_maintenance(w.reservation)
             except SlurmError as exc:
                 notes.append(f"could not delete reservation {w.reservation} yet: {exc}")
                 left = self.store.kv_get(LEFTOVER_KEY) or []

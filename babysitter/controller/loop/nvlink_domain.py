@@ -41,7 +41,7 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.episodes import start_drain_episodes
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.admission import Act, Admission
+from babysitter.controller.loop.admission import Admission
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.context import LoopContext
 from babysitter.controller.loop.fabric import (
@@ -51,6 +51,7 @@ from babysitter.controller.loop.fabric import (
     Incident,
     correlate,
 )
+from babysitter.controller.loop.gate import AdmittedSlurm, Held
 from babysitter.controller.loop.guard import NVLINK_DOMAIN_KEY
 from babysitter.controller.loop.policy import (
     NodeFacts,
@@ -61,7 +62,7 @@ from babysitter.controller.loop.policy import (
     facts_verdict,
 )
 from babysitter.finding import Finding, Severity, job_owned
-from babysitter.slurm.client import SlurmError, SlurmNotOwned, SlurmUnavailable
+from babysitter.slurm.client import SlurmNotOwned, SlurmUnavailable
 from babysitter.slurm.ownership import automatic_body
 from babysitter.slurm.topology import Switch, Topology
 
@@ -155,6 +156,11 @@ def reported_domains(store: Store) -> dict[str, str]:
 class DomainStep:
     """The NVLink-domain step of the remediation tick: correlate before the node policy (and
     hide what a domain incident answers for from it), carry the incidents out after it."""
+
+    @property
+    def admitted(self) -> AdmittedSlurm:
+        """Its Slurm changes, each admitted first (controller/loop/gate.py)."""
+        return AdmittedSlurm(self.slurm, self.admission)
 
     def __init__(
         self,
@@ -326,9 +332,6 @@ class DomainStep:
                 and n not in refused
             ]
             reason = domain_reason(inc.switch)
-            if todo and self.admission is not None and not self.policy.dry_run:
-                got = self.admission.check(Act.DRAIN, todo, now, switch_incident=True)
-                todo = [n for n in todo if got.get(n) is None]
             if not todo:
                 continue
             if self.policy.dry_run:
@@ -337,13 +340,12 @@ class DomainStep:
                     self._record(ActionKind.DRAIN, n, reason, Rule.NVLINK_DOMAIN_SUSPECTED,
                                  ActionStatus.DONE, "dry-run", True)  # fmt: skip
                 continue
-            try:
-                res = self.slurm.drain_many(todo, reason)
-            except SlurmError as exc:
-                res = {n: exc for n in todo}
-            done = [n for n in todo if res.get(n) is None]
+            # admitted first (the gate): a held node is asked again on the next tick
+            res = self.admitted.drain_many(todo, reason, now, switch_incident=True)
+            todo = [n for n in todo if not isinstance(res[n], Held)]
+            done = [n for n in todo if res[n] is None]
             for n in todo:
-                err = res.get(n)
+                err = res[n]
                 if isinstance(err, SlurmUnavailable):
                     self._retry_at = now + timedelta(seconds=RETRY_S)
                     continue
@@ -383,15 +385,8 @@ class DomainStep:
             return True
         if not self.snapshot.ok:
             return False
-        if self.admission is not None:
-            got = self.admission.check(Act.RESUME, held, now)
-            held = [n for n in held if got.get(n) is None]
-            if not held:
-                return True
-        try:
-            res: Mapping[str, Any] = self.slurm.resume_many(held)
-        except SlurmError as exc:
-            res = {n: exc for n in held}
+        res: Mapping[str, Any] = self.admitted.resume_many(held, now)  # admitted first
+        held = [n for n in held if not isinstance(res[n], Held)]
         if any(isinstance(e, SlurmUnavailable) for e in res.values()):
             return False
         done = [n for n in held if res.get(n) is None]

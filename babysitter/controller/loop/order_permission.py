@@ -15,23 +15,31 @@ controller orders RMA evidence only under the same conditions (controller/loop/r
 - the order has not expired, and has not been answered.
 
 An expired order is over for the healer too, even while the node is in maintenance (where it
-takes no other step): see `Healer` (controller/loop/healer.py)."""
+takes no other step): see `Healer` (controller/loop/healer.py).
+
+The orders are issued here and nowhere else (`issue`, `order_rma`), each right after its
+permission was asked: tests/test_admission_is_the_only_door.py fails where a controller module
+writes one itself."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
 
+from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
+from babysitter.controller.loop.admission import Act, Admission, Refusal
 from babysitter.controller.loop.ladder import Rung
 from babysitter.controller.loop.ledger import Ledger, Phase, Remediation
 from babysitter.controller.loop.maintenance import nodes_in_maintenance
 from babysitter.controller.loop.ownership import Owner, episode_owner
+from babysitter.controller.loop.policy import Rule
 from babysitter.slurm.client import SlurmNode
 
 EXPIRES_AT = "expires_at"  # the evidence key (ISO 8601), and the order's field on the wire
@@ -120,3 +128,56 @@ def expire_quiet(
     kind = ActionKind.RESTART_FABRIC if rem.rung is Rung.RESTART_FABRIC else ActionKind.RESET_GPU
     record(kind, rem.node, rem.fault, why, rem.id, ActionStatus.FAILED)
     return True
+
+
+def issue(
+    admission: Admission | None,
+    ledger: Ledger,
+    rem: Remediation,
+    act: Act,
+    now: datetime,
+    ttl_s: float,
+    message: str,
+    **evidence: Any,
+) -> Refusal | None:
+    """Order a GPU reset or a fabric service restart (`act`) from the node's agent: asked of
+    the admission step first (ownership, maintenance, on the node's state read right now);
+    admitted, the episode's ledger row becomes the order, with its id and its expiry. The
+    refusal when held (asked again next tick)."""
+    if admission is not None and (held := admission.one(act, rem.node, now)):
+        return held
+    order_id = str(uuid.uuid4())
+    ledger.move(
+        rem, Phase.RESETTING, now, message, order_id=order_id, **evidence, **stamp(now, ttl_s)
+    )
+    return None
+
+
+def order_rma(
+    store: Store, prefix: str, rem: Remediation, why: str, now: datetime, state: str
+) -> str | None:
+    """Order RMA evidence for `rem`'s node from its agent, unless the node is in maintenance
+    or under someone else's reason (a reason not mirrored yet is left to the order book,
+    which holds the order till it is): why not, or None when ordered (its row in `state`)."""
+    held = withheld(store, {rem.node}, prefix).get(rem.node, OWNER_UNKNOWN)
+    if held != OWNER_UNKNOWN:
+        return held
+    oid = str(uuid.uuid4())
+    aid = store.record_action(
+        ActionKind.EVIDENCE,
+        node=rem.node,
+        reason=why,
+        rule=Rule.REMEDIATION,
+        requested_by="policy",
+        status=ActionStatus.RUNNING,
+        outcome=f"ordered from the node's agent (order {oid}, ledger row {rem.id})",
+    )
+    row = {"node": rem.node, "ledger_id": rem.id, "trigger": why, "order_id": oid}
+    with store.engine.begin() as c:
+        c.execute(
+            m.rma_archives.insert().values(
+                **row, action_id=aid, state=state, alerted=False, created_at=now, updated_at=now
+            )
+        )
+    audit.record_actions(store, [aid], now)
+    return None

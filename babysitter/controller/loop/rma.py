@@ -11,7 +11,6 @@ failed collection, alerted (`rma_evidence`, warning), never dropped."""
 from __future__ import annotations
 
 import logging
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,13 +20,11 @@ from sqlalchemy import select, update
 from babysitter.config import Config
 from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
-from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store, aware
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.ladder import Rung
 from babysitter.controller.loop.ledger import Ledger, Phase, Remediation
-from babysitter.controller.loop.order_permission import OWNER_UNKNOWN, withheld
-from babysitter.controller.loop.policy import Rule
+from babysitter.controller.loop.order_permission import order_rma
 from babysitter.finding import Severity
 
 log = logging.getLogger(__name__)
@@ -128,16 +125,13 @@ class RmaEvidence:
     ) -> None:
         if not self.cfg.enabled:
             return
-        triggers = self._triggers(now)
         # never for a node in maintenance or under someone else's reason (order_permission.py):
-        # asked again each tick, ordered once the node is back to babysitter's episode (a
-        # reason not mirrored yet is left to the order book, which holds the order till it is)
-        held = withheld(self.store, {r.node for r, _ in triggers}, self.prefix)
-        for row, why in triggers:
-            if held.get(row.node, OWNER_UNKNOWN) != OWNER_UNKNOWN:
-                log.debug("%s: RMA evidence not ordered: %s", row.node, held[row.node])
-                continue
-            self._order(row, why, now)
+        # asked again each tick, ordered once the node is back to babysitter's episode
+        for row, why in self._triggers(now):
+            if (held := order_rma(self.store, self.prefix, row, why, now, ORDERED)) is not None:
+                log.debug("%s: RMA evidence not ordered: %s", row.node, held)
+            else:
+                log.warning("%s: RMA evidence ordered (%s)", row.node, why)
         for a in archives(self.store, state=ORDERED, limit=500):
             waited = (now - a.created_at).total_seconds()
             if waited > self.cfg.collect_timeout_s:
@@ -164,34 +158,6 @@ class RmaEvidence:
             latest[r.node] = now  # one archive per node per tick
             out.append((r, why))
         return out
-
-    def _order(self, r: Remediation, why: str, now: datetime) -> None:
-        oid = str(uuid.uuid4())
-        aid = self.store.record_action(
-            ActionKind.EVIDENCE,
-            node=r.node,
-            reason=why,
-            rule=Rule.REMEDIATION,
-            requested_by="policy",
-            status=ActionStatus.RUNNING,
-            outcome=f"ordered from the node's agent (order {oid}, ledger row {r.id})",
-        )
-        with self.store.engine.begin() as c:
-            c.execute(
-                m.rma_archives.insert().values(
-                    node=r.node,
-                    ledger_id=r.id,
-                    trigger=why,
-                    order_id=oid,
-                    action_id=aid,
-                    state=ORDERED,
-                    alerted=False,
-                    created_at=now,
-                    updated_at=now,
-                )
-            )
-        audit.record_actions(self.store, [aid], now)
-        log.warning("%s: RMA evidence ordered (%s)", r.node, why)
 
     def fail(self, a: Archive, now: datetime, why: str) -> None:
         set_archive(self.store, a.id, state=FAILED, outcome=why, updated_at=now)

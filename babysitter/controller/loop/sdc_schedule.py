@@ -44,6 +44,7 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db.audit import Actor, AuditEntry, AuditResult
 from babysitter.controller.db.store import Store, aware
 from babysitter.controller.loop.context import LoopContext
+from babysitter.controller.loop.gate import AdmittedSlurm
 from babysitter.finding import Severity
 from babysitter.slurm.client import SlurmBusy, SlurmError, SlurmNode
 from babysitter.slurm.ownership import automatic_reason
@@ -275,9 +276,9 @@ class SdcScheduler:
             keep = h.nodes - h.done
             try:
                 if keep:
-                    self.slurm.shrink_hold(name, sorted(keep))
+                    AdmittedSlurm(self.slurm).shrink_hold(name, sorted(keep))
                 else:
-                    self.slurm.release_hold(name)
+                    AdmittedSlurm(self.slurm).release_hold(name)
             except SlurmError as exc:
                 log.warning("SDC schedule: could not release %s: %s", name, exc)
                 continue
@@ -379,7 +380,7 @@ class SdcScheduler:
         name = f"{HOLD_PREFIX}{int(now.timestamp())}_{self._seq}"
         minutes = max(1, math.ceil(self.cfg.hold_s / 60))
         try:
-            self.slurm.hold_idle(name, nodes, self.user, minutes)
+            AdmittedSlurm(self.slurm).hold_idle(name, nodes, self.user, minutes)
         except SlurmBusy:
             # a job got one of them since the listing: the halves are tried on the next
             # listings (which will mostly show the job anyway); a node refused alone waits

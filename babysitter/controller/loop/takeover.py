@@ -14,6 +14,7 @@ from datetime import datetime
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
+from babysitter.controller.loop.gate import AdmittedSlurm
 from babysitter.controller.loop.ledger import Ledger, Phase, Remediation
 from babysitter.controller.loop.policy import Rule
 from babysitter.controller.loop.validation import cancel_validation_job, reservation_name
@@ -27,7 +28,7 @@ def cancel_pending_reboot(slurm: SlurmClient, rem: Remediation) -> str:
     if rem.state is not Phase.REBOOTING or "booted_at" in rem.evidence:
         return ""
     try:
-        slurm.cancel_reboot(rem.node)
+        AdmittedSlurm(slurm).cancel_reboot(rem.node)  # babysitter's own request
     except SlurmError as exc:
         return f"reboot not cancelled ({exc})"
     return "pending reboot cancelled"
@@ -51,7 +52,7 @@ def end_taken_over(
     done = [cancel_pending_reboot(slurm, rem), cancelled]
     if rem.state in (Phase.REBOOTING, Phase.VALIDATING):
         try:
-            slurm.end_validation(reservation_name(rem.node))
+            AdmittedSlurm(slurm).end_validation(reservation_name(rem.node))
             done.append("validation reservation ended")
         except SlurmError as exc:
             done.append(f"validation reservation not ended ({exc})")

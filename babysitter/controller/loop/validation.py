@@ -34,6 +34,7 @@ from babysitter.controller.db.store import Store
 from babysitter.controller.loop.admission import Act, Admission, Refusal, Why
 from babysitter.controller.loop.alerts import Alert
 from babysitter.controller.loop.diag_level import LEVEL_ENV, level_for
+from babysitter.controller.loop.gate import AdmittedSlurm
 from babysitter.controller.loop.ledger import Ledger
 from babysitter.controller.loop.policy import Rule
 from babysitter.finding import Severity
@@ -74,7 +75,7 @@ def cancel_validation_job(slurm: SlurmClient, job_id: int | None) -> str:
     if job_id is None:
         return ""
     try:
-        slurm.cancel_job(job_id)
+        AdmittedSlurm(slurm).cancel_job(job_id)  # babysitter's own job: no node changes hands
     except SlurmNotFound:
         return f"validation job {job_id} already gone"
     except SlurmError as exc:
@@ -147,6 +148,11 @@ def tested_by(verdict: dict[str, Any] | None) -> str:
 class Validator:
     admission: Admission | None = None  # asked before a validation job (set by the engine)
 
+    @property
+    def admitted(self) -> AdmittedSlurm:
+        """Its Slurm changes, each node change admitted first (controller/loop/gate.py)."""
+        return AdmittedSlurm(self.slurm, self.admission)
+
     def __init__(self, cfg: Config, store: Store, slurm: SlurmClient) -> None:
         self.cfg = cfg.validation
         self.enabled = cfg.validation.enabled(cfg.policy)
@@ -208,12 +214,14 @@ class Validator:
         )
         try:
             self.cfg.output_dir.mkdir(parents=True, exist_ok=True)
-            job = self.slurm.start_validation(
+            # admitted again right before it goes (the gate): it resumes the node
+            job = self.admitted.start_validation(
                 node,
                 reservation_name(node),
                 self.cfg.user,
                 self.cfg.time_limit_min + 5,
                 self._argv(node),
+                now,
             )
         except SlurmNodeSettling as exc:
             # not a verdict on the node: it stays drained (its resume was refused) and the
@@ -255,7 +263,7 @@ class Validator:
                 continue
             # held at its reservation's end already, and now past its verdict's deadline
             overdue = _late(a, now) and DUE in (a.outcome or "")
-            if _late(a, now) and not overdue and not self._hold_until_verdict(a):
+            if _late(a, now) and not overdue and not self._hold_until_verdict(a, now):
                 return  # Slurm away: again next tick
             try:
                 state, code = self.slurm.validation_outcome(job)
@@ -294,7 +302,7 @@ class Validator:
         why = f"no verdict by {due.isoformat(timespec='seconds')} (job {a.job_id} {state}"
         self._finish(a, state, "", now, firing, clearing, why=f"{why}; {cancelled})")
 
-    def _hold_until_verdict(self, a: Action) -> bool:
+    def _hold_until_verdict(self, a: Action, now: datetime) -> bool:
         """The reservation ends before the verdict came: drain the node (the job goes on;
         no other job may start there after the reservation), and keep waiting until the
         reservation's end + the job's time limit (one that started just before the drain may
@@ -304,7 +312,7 @@ class Validator:
         due = a.next_attempt_at + MARGIN + timedelta(minutes=self.cfg.time_limit_min) + GRACE
         reason = f"validation: no verdict before its reservation ends ({AWAITING})"
         try:
-            self.slurm.drain(a.node, reason)
+            self.admitted.drain(a.node, reason, now)
             done = AWAITING
         except SlurmUnavailable:
             return False
@@ -328,7 +336,7 @@ class Validator:
         back = ""
         if AWAITING in (a.outcome or ""):
             try:  # drained while it waited for this verdict: it returns now
-                self.slurm.resume(node)
+                self.admitted.resume(node, now)
             except SlurmError as exc:
                 back = f"; could not resume: {exc}"
         self.store.update_action(
@@ -358,21 +366,21 @@ class Validator:
         verdict = read_verdict(self.cfg.output_dir / f"validate-{node}-{job}.out")
         why = why or verdict_failure(state, code, verdict, job)
         try:
-            self.slurm.end_validation(reservation_name(node))
+            self.admitted.end_validation(reservation_name(node))
         except SlurmError as exc:
             log.warning("%s: could not delete the validation reservation: %s", node, exc)
         if not why:
             self._passed(a, node, verdict, now, clearing)
             return
         reason = f"validation failed: {why}"
-        self.store.update_action(
-            a.id, status="failed", done_at=now, outcome=f"{reason}{tested_by(verdict)}"[:2000]
-        )
-        try:
-            self.slurm.drain(node, reason)
+        try:  # while its validation still runs: the node keeps its place in every cap
+            self.admitted.drain(node, reason, now)
             drained = "drained again"
         except SlurmError as exc:
             drained = f"could not drain: {exc}"
+        self.store.update_action(
+            a.id, status="failed", done_at=now, outcome=f"{reason}{tested_by(verdict)}"[:2000]
+        )
         self.store.set_node(node, babysitter_drained=True, drain_reason=reason, consecutive_clean=0)
         drain_id = self.store.record_action(
             ActionKind.DRAIN,
