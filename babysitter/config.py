@@ -175,6 +175,16 @@ class ControllerConfig(Section):
     retention_days: Annotated[
         float, Meta(gt=0, description="reports/findings older are pruned")
     ] = 30.0
+    history_lookback_days: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="a node's history (its findings, remediations and timeline; the "
+            "findings listing) shows this many days by default; an explicit since= reaches "
+            "further back within retention_days. 14: gpud's XID lookback in `gpud run` (its "
+            "events retention period)",
+        ),
+    ] = 14.0
     clean_report_minutes: Annotated[
         float,
         Meta(

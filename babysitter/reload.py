@@ -61,6 +61,7 @@ _LIVE = frozenset(
     {
         "controller.loop_interval_s",
         "controller.heartbeat_timeout_s",
+        "controller.history_lookback_days",
         "agent.interval_s",
         "agent.fast_interval_s",
     }

@@ -54,6 +54,7 @@ def job_alert(severity: Severity) -> Alert:
         "nothing changed in Slurm",
         NOW,
         nodes=["n1", "n2"],
+        owner="alice",
     )
 
 
@@ -65,7 +66,7 @@ def test_amtool_checks_the_shipped_config():
 @pytest.mark.parametrize("severity", [Severity.WARNING, Severity.CRITICAL])
 def test_a_job_log_alert_goes_to_the_job_receiver_never_the_pager(severity):
     labels = posted(job_alert(severity))
-    assert labels["route"] == "job" and labels["job_id"] == "4242"
+    assert (labels["route"], labels["job_id"], labels["owner"]) == ("job", "4242", "alice")
     assert routed_to(labels) == "job-owners"
 
 
@@ -113,7 +114,7 @@ def test_babysitters_own_sinks_keep_job_alerts_off_oncall(receiver):
     r.process([job_alert(Severity.WARNING)], [], NOW)
     assert receiver.bodies("/pd") == [] and receiver.bodies("/slack") == []
     [hook] = receiver.bodies("/hook")
-    assert hook["route"] == "job" and hook["job_id"] == "4242"
+    assert (hook["route"], hook["job_id"], hook["owner"]) == ("job", "4242", "alice")
     assert "job 4242" in receiver.bodies("/jobs")[0]["text"]
     r.process([unhealthy("n1")], [], NOW)
     assert len(receiver.bodies("/pd")) == 1 and len(receiver.bodies("/slack")) == 1

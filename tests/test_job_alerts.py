@@ -88,6 +88,35 @@ def test_one_job_alert_through_the_engine(tmp_path):
         site.close()
 
 
+def test_a_job_alert_names_its_owner_from_the_job_listing(tmp_path):
+    """A job alert goes to the job's owner: its Slurm user, read from the job listing the
+    controller already reads (no Slurm call per alert), as the `owner` label and in the
+    webhook's payload; the resolved alert carries the same label, so Alertmanager ends the
+    firing one."""
+    from babysitter.controller.loop.alerts.sinks import AlertmanagerSink, WebhookSink
+    from babysitter.slurm.client import SlurmJob
+
+    site = Site(tmp_path, dict.fromkeys(NODES, "gpu"))
+    try:
+        site.slurm.add_job(SlurmJob(4242, name="train", states=("RUNNING",), user="alice"))
+        site.tick()
+        site.report({n: (nccl_line(n),) for n in NODES})
+        site.tick()
+        [fired] = [a for a in site.engine.router.sent if a.condition == "job_log_4242"]
+        assert fired.owner == "alice" and "Job owner: alice" in fired.text()
+        labels = AlertmanagerSink("http://am.invalid").payload(fired)[0]["labels"]
+        assert (labels["route"], labels["job_id"], labels["owner"]) == ("job", "4242", "alice")
+        assert WebhookSink("http://hook.invalid").payload(fired)["owner"] == "alice"
+        site.report({n: () for n in NODES})  # the line is no longer open: the alert resolves
+        site.tick()
+        [resolved] = [a for a in site.engine.router.sent if a.resolved]
+        assert (resolved.condition, resolved.owner) == ("job_log_4242", "alice")
+        # an on-call alert has no owner
+        assert all(a.owner is None for a in site.engine.router.sent if a.route == "oncall")
+    finally:
+        site.close()
+
+
 def test_a_node_whose_job_logs_went_unread_is_suspect_never_drained_nor_a_job_alert():
     """`nccl.logs_skipped` (the job list unknown: the job-log check read nothing) was info and
     dropped by the controller: the node was silent. Now a node-level warning: the node is

@@ -259,3 +259,24 @@ def test_a_job_attributable_xid_without_a_job_ends_when_the_node_runs_none(
     assert [f.code for f in check.run()] == ["xid.45"]  # some job still runs: it may be its
     running = frozenset()
     assert [f.code for f in check.run()] == ["xid.none"]
+
+
+def test_only_an_xid_with_a_stated_reason_stays_open(tmp_path: Path) -> None:
+    """XID 79 stays open, saying why ("the GPU is off the bus until a reboot"); an XID the
+    catalog sends to a human (inspect) is in the run that read it, then no longer open: the
+    table (hardware/sticky.py) gives it no reason to outlive its line."""
+    inspect = min(
+        x
+        for x, e in xids.ENTRIES.items()
+        if xids.classify(x).klass == "inspect"
+        and not xids.job_attributable(x)
+        and not xids.follows_other(x)
+        and x not in xids.NVLINK5_XIDS
+    )
+    line = f"[  101.000000] NVRM: Xid (PCI:0000:dc:00): {inspect}, pid=1, name=x, something\n"
+    check = _check(tmp_path, XID79 + line)
+    first = {f.code: f for f in check.run()}
+    assert set(first) == {"xid.79", f"xid.{inspect}"}
+    assert first["xid.79"].details["sticky_reason"] == "the GPU is off the bus until a reboot"
+    assert "sticky_reason" not in first[f"xid.{inspect}"].details
+    assert [f.code for f in check.run()] == ["xid.79"]

@@ -9,6 +9,7 @@ import sys
 import uuid
 
 from babysitter.agent.sticky import StickyFindings
+from babysitter.checks.xid.finding import xid_finding
 from babysitter.finding import Finding, Severity
 from tests.fixtures.controller import free_port
 from tests.fixtures.gpu import babysitter_env
@@ -91,6 +92,8 @@ def test_xid79_survives_an_agent_restart_and_not_a_reboot(gpus, fakenvml_lib, tm
 
 
 def _f(code: str, component: str = "gpu2") -> Finding:
+    if code.startswith("xid."):  # as the NVML event source makes it (the catalog's class)
+        return xid_finding("xid.nvml", int(code[4:]), {}, component, "GPU 2")
     return Finding(
         check="gpu.events", component=component, severity=Severity.CRITICAL, code=code, message="m"
     )
@@ -131,3 +134,51 @@ def test_an_application_xid_event_is_not_kept_until_a_reboot(tmp_path):
     s.add([cleanup, fatal])
     assert [f.code for f in s.values()] == ["xid.79"]
     assert [f.code for f in StickyFindings(tmp_path / "ev.json", "boot-1").values()] == ["xid.79"]
+
+
+def test_only_findings_with_a_stated_reason_stay_and_say_why(tmp_path):
+    """A sticky finding states why (hardware/sticky.py): XID 79 "the GPU is off the bus until a
+    reboot", a DBE until a reset clears the counters. A warning the table has no reason for
+    (a corrected-error storm, a retired page: polling sees what lasts) is reported once, by
+    its event report, and not kept."""
+    from babysitter.checks.base import CheckContext
+    from babysitter.checks.xid.events import NvmlEvents
+    from babysitter.config import load_config
+
+    src = NvmlEvents(CheckContext(load_config(), "n1"))
+    storm, retired, dbe = (src.finding_for(t, 0, None, 2) for t in (0x200, 0x400, 0x2))
+    s = StickyFindings(tmp_path / "ev.json", "boot-1")
+    sent = s.add([storm, retired, dbe, _f("xid.79")])
+    assert [f.code for f in sent] == [
+        "ecc.sbe.storm",
+        "retirement.event",
+        "ecc.dbe.event",
+        "xid.79",
+    ]
+    assert [f.details.get("sticky_reason") for f in sent[:2]] == [None, None]
+    kept = {f.code: f.details["sticky_reason"] for f in s.values()}
+    assert kept == {
+        "ecc.dbe.event": sent[2].details["sticky_reason"],
+        "xid.79": "the GPU is off the bus until a reboot",
+    }
+    assert "reset clears the volatile counters" in kept["ecc.dbe.event"]
+
+
+def test_every_drain_worthy_event_finding_has_a_reason_to_stay():
+    """What drains a node stays until its remedy: every critical or drain-worthy finding an
+    NVML event or an XID of the catalog can make is in the table."""
+    from babysitter.checks.base import CheckContext
+    from babysitter.checks.xid.events import EVENT_FINDINGS, EVENT_RECOVERY_ACTION, NvmlEvents
+    from babysitter.config import load_config
+    from babysitter.controller.loop.policy import drain_worthy
+    from babysitter.hardware import sticky
+    from babysitter.hardware.recovery import RecoveryAction
+    from babysitter.hardware.xids import ENTRIES
+
+    src = NvmlEvents(CheckContext(load_config(), "n1"))
+    made = [src.finding_for(t, 0, None, 1) for t in EVENT_FINDINGS if t != EVENT_RECOVERY_ACTION]
+    made += [src.finding_for(EVENT_RECOVERY_ACTION, int(a), None, 1) for a in RecoveryAction]
+    made += [_f(f"xid.{x}") for x in ENTRIES]
+    worthy = [f for f in made if f is not None and drain_worthy(f)]
+    assert len(worthy) > 20
+    assert [f.code for f in worthy if sticky.reason(f) is None] == []

@@ -138,9 +138,10 @@ class Agent:
         return Report.new(self.node, findings, metrics, kind).to_json_dict()
 
     def emit_event(self, findings: list[Finding]) -> None:
-        """Event sources call this from their thread: ship at once, keep them in later reports
-        (until the node reboots, or NVML shows the condition gone)."""
-        self.sticky.add([f for f in findings if f.severity >= Severity.WARNING])
+        """Event sources call this from their thread: ship at once; those with a reason to stay
+        (hardware/sticky.py) are kept in later reports (until the node reboots, a reset, or
+        NVML shows the condition gone)."""
+        findings = self.sticky.add(findings)
         self.shipper.submit(self._report(findings, "event"))
 
     def full_report(self) -> dict[str, Any]:

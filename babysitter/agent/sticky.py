@@ -1,8 +1,10 @@
 """Event findings (XIDs, NVML events) that stay until the node reboots.
 
-An XID 79 is reported once, by an event; the fault lasts until the node reboots. So event
-findings are kept in a small JSON file beside the spool, keyed by the kernel's boot id: an
-agent restart keeps them, a reboot (new boot id) forgets them. A few can also be seen gone
+An XID 79 is reported once, by an event; the fault lasts until the node reboots. So the event
+findings whose fault outlives the event (hardware/sticky.py: a table that says why, the reason
+put in the finding's details as `sticky_reason`) are kept in a small JSON file beside the spool,
+keyed by the kernel's boot id: an agent restart keeps them, a reboot (new boot id) forgets
+them. The others are reported once, by their event report. A few can also be seen gone
 before a reboot, where NVML can tell (`CLEARED_BY`: a GPU reset zeroes the volatile ECC
 counters, so a DBE event is over once the fast tier reads the GPU's memory healthy again).
 """
@@ -17,6 +19,7 @@ import threading
 from pathlib import Path
 
 from babysitter.finding import Finding
+from babysitter.hardware import sticky as reasons
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,10 @@ class StickyFindings:
                 f = Finding.from_dict(raw)
             except ValueError:
                 continue
-            self.findings[f.key] = f
+            # kept by an older agent without a reason (an application XID): not kept now
+            why = reasons.reason(f)
+            if why is not None:
+                self.findings[f.key] = reasons.with_reason(f, why)
 
     def _save(self) -> None:
         body = json.dumps(
@@ -83,16 +89,20 @@ class StickyFindings:
             except OSError:
                 pass
 
-    def add(self, findings: list[Finding]) -> None:
-        """Keep these event findings until a reboot, except those a job caused (an NVML event
-        of XID 45, 13 ...): the event report carries them once, and the kernel log's copy of
-        the same XID, which names its job, ends with that job (xid.kmsg). Kept, every XID 45
-        stayed a warning until a reboot (the soak: 30 % of nodes after 2 days)."""
-        with self._lock:
-            for f in findings:
-                if not f.details.get("job_attributable"):
+    def add(self, findings: list[Finding]) -> list[Finding]:
+        """Keep those of these event findings that the table gives a reason to stay
+        (hardware/sticky.py) until a reboot; the others (an application's XID 45 or 13, a
+        corrected-error storm) the event report carries once. Kept, every XID 45 stayed a
+        warning until a reboot (the soak: 30 % of nodes after 2 days). Returns the findings,
+        those kept with their `sticky_reason`, for the event report."""
+        out = [reasons.mark(f) for f in findings]
+        kept = [f for f in out if reasons.REASON_KEY in f.details]
+        if kept:
+            with self._lock:
+                for f in kept:
                     self.findings[f.key] = f
-            self._save()
+                self._save()
+        return out
 
     def values(self) -> list[Finding]:
         with self._lock:

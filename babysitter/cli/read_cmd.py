@@ -175,11 +175,23 @@ def _one_node(state: State, node: str, url: str | None, token: str | None, as_js
 @url_opt
 @token_opt
 @click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--since",
+    help="ISO time to list from (default: the controller's history_lookback_days)",
+)
 @pass_state
-def findings(state: State, node: str, url: str | None, token: str | None, as_json: bool) -> None:
-    """Finding history of NODE."""
+def findings(
+    state: State,
+    node: str,
+    url: str | None,
+    token: str | None,
+    as_json: bool,
+    since: str | None,
+) -> None:
+    """Finding history of NODE (by default within the controller's lookback window)."""
+    params = {"node": node, **({"since": since} if since else {})}
     with client(state, url, token) as c:
-        rows = call(c, "GET", "/api/v1/findings", params={"node": node})
+        rows = call(c, "GET", "/api/v1/findings", params=params)
     if as_json:
         echo_json(rows)
         return

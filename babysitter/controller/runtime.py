@@ -127,6 +127,7 @@ class Controller:
         )
         self.state: dict[str, Any] = {
             "heartbeat_timeout_s": c.heartbeat_timeout_s,
+            "history_lookback_days": c.history_lookback_days,
             "reason_prefix": cfg.slurm.reason_prefix,
             "leader": False,
             "remediation": c.remediation,
@@ -229,6 +230,7 @@ class Controller:
         if out.ok:
             c = self.cfg.controller
             self.state["heartbeat_timeout_s"] = c.heartbeat_timeout_s
+            self.state["history_lookback_days"] = c.history_lookback_days
             # the status page's rebuild gap and stale mark follow a live loop_interval_s
             self.fleet.min_gap_s = min(c.ui_refresh_s, 2 * c.loop_interval_s)
             self.fleet.stale_after_s = max(60.0, 4 * c.loop_interval_s)

@@ -36,6 +36,7 @@ from babysitter.checks.xid.kmsg import (
     slurm_job_of,
 )
 from babysitter.finding import Action, Finding, Severity
+from babysitter.hardware import sticky
 from babysitter.hardware.xids import XidClass, classify
 
 if TYPE_CHECKING:
@@ -98,8 +99,9 @@ class KmsgXidCheck(Check):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self._offset = 0
-        # sticky until the next reboot, or a reset of that GPU (the agent's reset thread drops
-        # them while a run may be adding: one lock)
+        # open until the next reboot, or a reset of that GPU, those the table gives a reason
+        # to stay (hardware/sticky.py); a job's XID until its job ends (the agent's reset thread
+        # drops them while a run may be adding: one lock)
         self._open: dict[tuple[str, str], Finding] = {}
         self._open_lock = threading.Lock()
         self.malformed_lines = 0
@@ -236,6 +238,7 @@ class KmsgXidCheck(Check):
                 )
             ]
         pci_map: dict[str, nvml.Device] | None = None
+        once: dict[tuple[str, str], Finding] = {}  # said by this run only: no reason to stay
         for raw in new:
             # each line under its own error boundary: the offset has already moved past these
             # lines, so one that breaks the parser must not lose the real XIDs after it
@@ -251,8 +254,11 @@ class KmsgXidCheck(Check):
                 continue
             with self._open_lock:
                 for f in found:
-                    if f.severity >= Severity.WARNING:
-                        self._open[(f.component, f.code)] = f
+                    kept = _to_keep(f)
+                    if kept is not None:
+                        self._open[(f.component, f.code)] = kept
+                    elif f.severity >= Severity.WARNING:
+                        once[(f.component, f.code)] = f
         if self.malformed_lines:
             self.metrics["kmsg_malformed_lines"] = self.malformed_lines
         seen = unparsed.REGISTRY.snapshot()
@@ -261,6 +267,7 @@ class KmsgXidCheck(Check):
         self._end_with_their_jobs()
         with self._open_lock:
             still = list(self._open.values())
+            still += [f for k, f in once.items() if k not in self._open]
         return still or [self.finding("host", Severity.OK, "xid.none", "no XIDs in the kernel log")]
 
     def _end_with_their_jobs(self) -> None:
@@ -284,6 +291,15 @@ class KmsgXidCheck(Check):
                 job = f.details.get("job_id")
                 if (str(job) not in running) if job is not None else not running:
                     del self._open[key]
+
+
+def _to_keep(f: Finding) -> Finding | None:
+    """`f` as kept open with its stated reason (`sticky_reason`), or None: reported by this
+    run only (an inspect-class or unknown XID: a human looks at the one report)."""
+    if f.severity >= Severity.WARNING and f.details.get("job_attributable"):
+        return sticky.with_reason(f, sticky.JOB_REASON)  # ended with its job, below
+    why = sticky.reason(f)
+    return None if why is None else sticky.with_reason(f, why)
 
 
 _read_devkmsg = read_devkmsg  # the older name

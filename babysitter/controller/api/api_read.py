@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -16,6 +16,16 @@ from babysitter.controller.loop.rma import archives
 from babysitter.finding import Finding, Severity
 
 LEDGER_IN_NODE_VIEW = 20
+# controller.history_lookback_days at defaults: gpud's XID lookback in `gpud run` (its events
+# retention period, 14 days: leptonai/gpud cmd/gpud/run/command.go, pkg/config/default.go)
+HISTORY_LOOKBACK_DAYS = 14.0
+
+
+def history_since(runtime_state: dict[str, Any]) -> datetime:
+    """The start of the window a node's history shows by default (controller.history_lookback_
+    days): after a week of benign noise, the history is what happened lately, not all of it."""
+    days = float(runtime_state.get("history_lookback_days", HISTORY_LOOKBACK_DAYS))
+    return now() - timedelta(days=days)
 
 
 def read_router(
@@ -33,7 +43,9 @@ def read_router(
         if n is None:
             raise HTTPException(404, f"unknown node {name}")
         # the node's remediations, newest first (docs/self-healing.md)
-        history = [r.to_json() for r in Ledger(store).history(name, LEDGER_IN_NODE_VIEW)]
+        since = history_since(runtime_state)
+        ledger = Ledger(store).history(name, LEDGER_IN_NODE_VIEW, since=since)
+        history = [r.to_json() for r in ledger]
         # its RMA evidence archives, newest first (controller/loop/rma.py; url: this API)
         evidence = [a.to_json() for a in archives(store, node=name, limit=10)]
         return {**node_view(n, runtime_state), "ledger": history, "rma_archives": evidence}
@@ -46,7 +58,9 @@ def read_router(
         limit: int = Query(1000, ge=1, le=10_000),
         _: Principal = Depends(reader),
     ) -> list[dict[str, Any]]:
-        return store.findings(node=node, since=since, severity=severity, limit=limit)
+        # no since=: the lookback window; an explicit one reaches back as far as retention
+        start = history_since(runtime_state) if since is None else since
+        return store.findings(node=node, since=start, severity=severity, limit=limit)
 
     @router.get("/jobs")
     def list_jobs(_: Principal = Depends(reader)) -> list[dict[str, Any]]:

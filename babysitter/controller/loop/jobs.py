@@ -28,6 +28,7 @@ from babysitter.config import Config
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import HistoryEntry, JobRow, Store
 from babysitter.controller.loop.alerts import Alert, AlertRouter
+from babysitter.controller.loop.alerts.owners import JobOwners
 from babysitter.controller.loop.gate import AdmittedSlurm
 from babysitter.controller.loop.link_hold import (
     DOWN_CODES,
@@ -149,6 +150,9 @@ class JobTracker:
         # job -> what the scan last wrote of it: an unchanged job is not rewritten every scan
         # (thousands of babysat jobs, one transaction each, every job_scan_s)
         self._scanned: dict[int, dict[str, object]] = {}
+        # each job's Slurm user, from the listing each scan reads: the owner of its job alerts
+        self.owners = JobOwners()
+        router.owner_of = self.owners
 
     # -- recording history and errors on the job
     def _history(self, job_id: int) -> list[HistoryEntry]:
@@ -191,6 +195,7 @@ class JobTracker:
         except SlurmError as exc:
             log.debug("cannot list jobs: %s", exc)
             return
+        self.owners.remember(jobs)
         down = {n for n, sn in slurm_nodes.items() if sn.down}
         for j in jobs:
             try:

@@ -202,11 +202,15 @@ class Ledger:
         with self.store.engine.connect() as c:
             return [Remediation.from_row(r._asdict()) for r in c.execute(q)]
 
-    def history(self, node: str | None = None, limit: int = 200) -> list[Remediation]:
-        """Newest first."""
+    def history(
+        self, node: str | None = None, limit: int = 200, since: datetime | None = None
+    ) -> list[Remediation]:
+        """Newest first; `since`: only those created then or later."""
         q = select(m.remediations).order_by(m.remediations.c.id.desc()).limit(limit)
         if node:
             q = q.where(m.remediations.c.node == node)
+        if since is not None:
+            q = q.where(m.remediations.c.created_at >= since)
         with self.store.engine.connect() as c:
             return [Remediation.from_row(r._asdict()) for r in c.execute(q)]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from babysitter.controller.api.api_read import node_view
+from babysitter.controller.api.api_read import history_since, node_view
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind
 from babysitter.controller.db.store import JobRow, Store, now
@@ -72,14 +72,15 @@ def node_page(store: Store, runtime_state: dict[str, Any], name: str) -> NodePag
     row = store.node(name)
     if row is None:
         return None
-    actions = audit.entries(store, node=name, limit=200)
-    history = store.findings(node=name, limit=200)
+    week = now() - timedelta(days=7)
+    since = history_since(runtime_state)  # the timeline: within the lookback window
+    actions = audit.entries(store, node=name, since=min(since, week), limit=200)
+    history = store.findings(node=name, since=since, limit=200)
     timeline = sorted(
-        [*map(_finding_item, history), *map(_action_item, actions)],
+        [*map(_finding_item, history), *(_action_item(a) for a in actions if a.at >= since)],
         key=lambda i: i.at,
         reverse=True,
     )
-    week = now() - timedelta(days=7)
     alerts = [a for a in _firing(store) if a["node"] == name]
     return NodePage(
         node=node_view(row, runtime_state),

@@ -52,8 +52,9 @@ RUNBOOK: dict[str, str] = {
 DEFAULT_RUNBOOK = "Look at `babysitter findings <node>` and the node's kernel log."
 
 # Who an alert is for. "oncall": the cluster's operators (their chat, their pager). "job": the
-# job's owner, or a channel the site names for job alerts: a line a user's job printed into its
-# own log (policy.JOB_ALERT_PREFIX) is about that job, never a page (docs/operations.md#routes)
+# job's owner (its Slurm user, the `owner` label), or a channel the site names for job alerts:
+# a line a user's job printed into its own log (policy.JOB_ALERT_PREFIX) is about that job,
+# never a page (docs/operations.md#routes)
 ONCALL, JOB = "oncall", "job"
 JOB_CONDITION_PREFIX = "job_log_"
 
@@ -84,6 +85,8 @@ class Alert:
     ends_at: datetime | None = None
     nodes: list[str] = field(default_factory=list)  # grouped alerts: every node
     details: dict[str, object] = field(default_factory=dict)
+    # a job alert's owner: the job's Slurm user (the router fills it from the job listing)
+    owner: str | None = None
 
     def __post_init__(self) -> None:
         # a severity given as text is read as the enum (a misspelled one raises here, where it
@@ -119,6 +122,8 @@ class Alert:
             f"What happened: {self.summary}",
             f"What babysitter did: {self.action_taken}",
         ]
+        if self.owner:
+            lines.append(f"Job owner: {self.owner}")
         if not self.resolved:
             lines.append(f"What to do: {self.todo}")
         return "\n".join(lines)

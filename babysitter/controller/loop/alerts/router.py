@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from babysitter.controller.loop.alerts.model import Alert
+from babysitter.controller.loop.alerts.model import JOB, Alert
 from babysitter.controller.loop.alerts.sender import AlertSender, Delivery
 from babysitter.controller.loop.alerts.sinks import (
     AlertmanagerSink,
@@ -80,6 +80,16 @@ class AlertRouter:
         self.sent: list[Alert] = []  # what went out (for the demo and tests)
         self._refreshed: dict[str, datetime] = {}  # key -> last post to refreshing sinks
         self._outbox: list[Delivery] = []
+        # job id -> its owner (the job's Slurm user), for job alerts: set by the job tracker
+        # from the listing it reads (controller/loop/alerts/owners.py)
+        self.owner_of: Callable[[str | None], str | None] | None = None
+
+    def _owned(self, a: Alert) -> Alert:
+        """A job alert with its owner; the resolved one too (Alertmanager matches an alert by
+        its labels: a resolve without the owner label would not end the firing one)."""
+        if a.route == JOB and a.owner is None and self.owner_of is not None:
+            a.owner = self.owner_of(a.job_id)
+        return a
 
     def _wanted(self, alert: Alert, sinks: list[Sink] | None = None) -> list[Sink]:
         return [
@@ -140,6 +150,7 @@ class AlertRouter:
         # one read per round; only firing rows matter (a resolved one neither refreshes nor
         # resolves again)
         known = {row["key"]: row for row in self.state.firing_alerts()}
+        firing = [self._owned(a) for a in firing]
         fresh = [a for a in firing if not self._refresh(a, known.get(a.key), now)]
         by_cond: dict[str, list[Alert]] = defaultdict(list)
         for a in fresh:
@@ -228,7 +239,7 @@ class AlertRouter:
             resolved=True,
             ends_at=now,
         )
-        results = self._deliver(r)
+        results = self._deliver(self._owned(r))
         self._refreshed.pop(key, None)
         self.state.upsert_alert(
             key, state="resolved", resolved_at=now, last_sent_at=now, sink_results=results

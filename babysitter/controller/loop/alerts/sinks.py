@@ -108,6 +108,8 @@ class AlertmanagerSink(Sink):
         }
         if alert.job_id is not None:
             labels["job_id"] = alert.job_id
+        if alert.owner:
+            labels["owner"] = alert.owner  # the job's Slurm user: a receiver per user or team
         body: dict[str, Any] = {
             "labels": labels,
             "annotations": {
@@ -178,6 +180,7 @@ class WebhookSink(Sink):
         return {
             "route": alert.route,
             "job_id": alert.job_id,
+            "owner": alert.owner,
             "node": alert.node,
             "nodes": alert.nodes,
             "condition": alert.condition,
