@@ -18,6 +18,35 @@ after every step:
 - no automatic resume without clean evidence (the node's latest report clean);
 - while the maintenance windows cannot be read, no new automatic action (nor order).
 
+The side doors of issue 49 (tests/fixtures/invariants_side_doors.py) are in the model too, as
+rules (a job's lines folded by the real ingest, the HealthCheckProgram draining mid-episode, a
+window opening while an order is out, agents restarting, old passed validations before an
+incident, missing or malformed verdicts, nodes of unknown NVLink domain, reloads changing caps)
+and invariants: orders carried out only with their permission, a pass only on a readable
+verdict, no return without this drain's validation, an unknown domain held, caps never loosened
+without the opt-in; the Slurm stand-in refuses what the real client's ownership check refuses
+(`ClientSlurm`). With each fix undone in a scratch copy, the machine itself (not a written
+case) reported the invariant named, on the sequence it shrank to:
+- 469eeca's fold (ingest `_fold` as before): job_owned_evidence_never_drains, after
+  `start(nodes=[])`, `job_flood(lines=9, nodes=['node1'], own=False)`;
+- 469eeca's client (`OwnedClient.owns` as before): nothing_automatic_on_someone_elses_node,
+  `start(nodes=['node1'], kind='xid79')`, `verdicts(healthcheck=True, kind='no_devices')`;
+- 4a6ac76 (no hand-out filter, no expiry, the agent's memory only):
+  orders_carried_out_only_with_permission ("a second time"), `start(nodes=['node1'],
+  kind='dbe')`, `agent_restart(i=0)`; without agent restarts, "inside a maintenance window":
+  `start(nodes=['node1'], kind='fabric')`, `agents_answer('done')`, `window_over_order(i=0)`,
+  `agents_answer('done')`;
+- 1c32c8d's verdict (exit 0 passed whatever the verdict said): a_pass_needs_a_readable_verdict,
+  `start(nodes=['node1', 'node2'], kind='xid79')`, `verdicts(kind='no_devices')`;
+- 1c32c8d's episodes (no history restarted at an incident's drain):
+  no_return_without_this_drains_validation, `start(nodes=[], validate=True)`,
+  `old_validation(leaf='leaf1', incident=True, clean=2)`;
+- ebde93b (git revert): caps_never_loosen_without_opt_in, `start(nodes=[])`,
+  `reload_caps(key='blast_radius.cluster_count', opt_in=False, to='looser')`;
+- 628783f^ (admission before "scope unknown"): unknown_domain_is_held, `start(nodes=[])`,
+  `old_agent(kind='disk', node='node1')`; and caps_hold (NVLink domain cap 2 exceeded),
+  `start(nodes=['node5', 'node3'], kind='xid79')`, `old_agent(kind='disk', node='node1')`.
+
 `make test` runs over a thousand short sequences (6 steps, 8 for the fabric, 10 for all the
 rules), split by focus into tests xdist runs side by side (caps against outages and restarts;
 admins taking over; evidence against maintenance windows; NVLink domains and the restart_fabric
@@ -30,6 +59,7 @@ broken cap is caught (test_a_broken_cap_is_caught, test_a_broken_domain_cap_is_c
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -38,9 +68,9 @@ import sqlite3
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +92,7 @@ import babysitter.controller.db.store as store_mod
 import babysitter.controller.loop.maintenance as maint_mod
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
-from babysitter.controller.api.orders import RESET_ORDER, OrderBook
+from babysitter.controller.api.orders import RESET_ORDER
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop import fabric_rung
@@ -74,26 +104,30 @@ from babysitter.controller.loop.remediation import RemediationEngine, make_engin
 from babysitter.finding import Finding
 from babysitter.report import Report
 from tests.fixtures.healing import imex_down, not_trained
-from tests.fixtures.invariants import PREFIX, InvariantSlurm, automatic, someone_elses
+from tests.fixtures.invariants import (
+    CLUSTER_CAP,
+    DOMAIN_CAP,
+    DOMAIN_OF,
+    DOMAINS,
+    LEAF_OF,
+    LEAVES,
+    NAMES,
+    PART,
+    PARTITION_CAP,
+    PREFIX,
+    RATE,
+    START,
+    SWITCH_CAP,
+    ClientSlurm,
+    Clock,
+    Violation,
+    automatic,
+    someone_elses,
+)
+from tests.fixtures.invariants_side_doors import MAX_OPEN, SIDE_DOORS, SideDoors, order_book
 from tests.summary_lines import SUMMARY
 
 FULL = os.environ.get("BABYSITTER_RELIABILITY") == "full"
-NAMES = [f"node{i}" for i in range(1, 9)]
-PART = {n: ("a" if i <= 4 else "b") for i, n in enumerate(NAMES, 1)}
-# the leaves cross the partitions: a switch cap and a partition cap are different scopes
-LEAVES = {
-    "leaf1": ["node1", "node2", "node5", "node6"],
-    "leaf2": ["node3", "node4", "node7", "node8"],
-}
-LEAF_OF = {n: leaf for leaf, ns in LEAVES.items() for n in ns}
-# two NVLink domains (NVL72 racks, as the agents' gpu.fabric check names them: cluster UUID /
-# clique), crossing both the leaves and the partitions: each cap is its own scope
-DOMAINS = {
-    "6f1c2a7e-0b3d-4c55-9a10-1d2e3f4a5b6c/1": ["node1", "node3", "node5", "node7"],
-    "6f1c2a7e-0b3d-4c55-9a10-1d2e3f4a5b6c/2": ["node2", "node4", "node6", "node8"],
-}
-DOMAIN_OF = {n: d for d, ns in DOMAINS.items() for n in ns}
-SWITCH_CAP, PARTITION_CAP, CLUSTER_CAP, DOMAIN_CAP, RATE = 2, 2, 3, 2, 4
 CONFIG: dict[str, Any] = {
     "policy": {
         "max_drained_fraction": 1.0,
@@ -106,25 +140,13 @@ CONFIG: dict[str, Any] = {
         "cluster_count": CLUSTER_CAP,
         "domain_count": DOMAIN_CAP,
     },
-    "controller": {"heartbeat_timeout_s": 10_000_000},
+    # a few lines of a job fold (tests/fixtures/invariants_side_doors.py job_flood)
+    "controller": {"heartbeat_timeout_s": 10_000_000, "max_open_findings_per_node": MAX_OPEN},
     "slurm": {"node_refresh_s": 0},
     "checks": {"sdc": {"enabled": False}},
     "remediation": {"enabled": True},
     "fabric": {"hold_s": 10},
 }
-
-
-START = datetime(2026, 11, 27, 9, 0, tzinfo=UTC)
-
-
-class Clock:
-    """The one clock of a run: the engine's ticks, the store's stamps and the reports'."""
-
-    at = START
-
-    @classmethod
-    def now(cls) -> datetime:
-        return cls.at
 
 
 def finding(kind: str, node: str) -> Finding:
@@ -242,6 +264,7 @@ REACHED = (
     "domain_closed",  # ... and its nodes resumed together
     "restart_fabric",  # a Fabric Manager / IMEX restart ordered from a node's agent
     "restart_answered",  # ... and the agent answered it (done, refused or failed)
+    *SIDE_DOORS,  # issue 49's side doors (tests/fixtures/invariants_side_doors.py)
 )
 # what babysitter orders from a node's agent instead of asking Slurm (logged as a change)
 ORDERS = {ActionKind.RESTART_FABRIC: "restart_fabric", ActionKind.RESET_GPU: "reset_gpu"}
@@ -297,7 +320,7 @@ class World:
         # the orders babysitter gives agents are no Slurm change: each is logged in the
         # sequence's Slurm with the node's reason at that moment (the healer records the order
         # right after the ledger row that hands it out)
-        self.slurm: InvariantSlurm | None = None
+        self.slurm: ClientSlurm | None = None
         record = self.store.record_action
 
         def spy(kind: ActionKind, **kw: Any) -> int:
@@ -329,10 +352,12 @@ def write_reports(
     of: dict[str, tuple[Finding, ...]],
     boot: dict[str, str],
     metrics: dict[str, dict[str, Any]] | None = None,
+    no_domain: Collection[str] = (),
 ) -> None:
-    """One report per node, written in one batch as the ingest writer does; each carries its
-    node's NVLink domain (the gpu.fabric check's metric) and `metrics` (an agent's answer)."""
-    ReportWriter(store).write(
+    """One report per node, written in one batch by the ingest writer (its fold past MAX_OPEN
+    open findings a node); each carries its node's NVLink domain (the gpu.fabric check's
+    metric; none from a node in `no_domain`) and `metrics` (an agent's answer)."""
+    ReportWriter(store, max_open_findings=MAX_OPEN).write(
         [
             Report(
                 node=node,
@@ -341,7 +366,7 @@ def write_reports(
                 findings=list(findings),
                 metrics={
                     "boot_id": boot[node],
-                    DOMAIN_METRIC: DOMAIN_OF[node],
+                    **({} if node in no_domain else {DOMAIN_METRIC: DOMAIN_OF[node]}),
                     **(metrics or {}).get(node, {}),
                 },
             )
@@ -350,11 +375,7 @@ def write_reports(
     )
 
 
-class Violation(AssertionError):
-    pass
-
-
-class Safety(RuleBasedStateMachine):
+class Safety(SideDoors, RuleBasedStateMachine):
     world: World
 
     def __init__(self) -> None:
@@ -363,8 +384,8 @@ class Safety(RuleBasedStateMachine):
         self.world.reset()
         Clock.at = START
         self.store = self.world.store
-        self.cfg = self.world.cfg
-        self.slurm = InvariantSlurm(dict(PART), {k: list(v) for k, v in LEAVES.items()})
+        self.cfg = copy.deepcopy(self.world.cfg)  # the sequence's own: a reload changes it
+        self.slurm = ClientSlurm(dict(PART), {k: list(v) for k, v in LEAVES.items()})
         self.world.slurm = self.slurm
         self.boot = dict(self.world.boot)
         self.last: dict[str, tuple[Finding, ...]] = {n: () for n in NAMES}  # reported clean
@@ -374,6 +395,7 @@ class Safety(RuleBasedStateMachine):
         self.broken_ticks: set[int] = set()  # steps whose tick could not read maintenance
         self.seen = 0  # changes already checked for clean evidence
         self.reached: set[str] = set()
+        self.side_doors_init(self.world.dir / f"agents-{Stats.sequences}")
         # no tick yet: the first step's tick is the new engine's first (a full pass)
         self.engine: RemediationEngine = make_engine(self.cfg, self.store, slurm=self.slurm)
 
@@ -387,6 +409,7 @@ class Safety(RuleBasedStateMachine):
                 self.reached.add("domain_closed")
             if c.op == "restart_fabric":
                 self.reached.add("restart_fabric")
+        self.side_doors_teardown()
         for what in self.reached:
             Stats.reached[what] = Stats.reached.get(what, 0) + 1
         self.world.slurm = None
@@ -405,7 +428,7 @@ class Safety(RuleBasedStateMachine):
         """One report per node, in one batch; `tick`: and one loop tick after it (agents
         report while the loop runs)."""
         if of:  # (the writer takes a batch of one report or more)
-            write_reports(self.store, of, self.boot, metrics)
+            write_reports(self.store, of, self.boot, metrics, self.no_domain)
         for node, findings in of.items():
             self.last[node] = findings
             if any(own(f) for f in findings):
@@ -437,15 +460,24 @@ class Safety(RuleBasedStateMachine):
         if self.slurm.unreachable and self.holding():
             self.reached.add("outage")
         self.engine.tick(Clock.at)
+        self.after_tick()
+
+    def own_fault(self, node: str, kind: str = "disk") -> Finding:
+        return finding(kind, node)
 
     # ---- rules: the world
     @initialize(
         nodes=st.lists(st.sampled_from(NAMES), max_size=4, unique=True),
         kind=st.sampled_from(NODE_FAULTS),
+        validate=st.booleans(),
     )
-    def start(self, nodes: list[str], kind: str) -> None:
+    def start(self, nodes: list[str], kind: str, validate: bool) -> None:
         """The controller starts on a cluster where some nodes already have a fault (or none):
-        a short sequence begins mid-incident, at the caps, where the invariants are tested."""
+        a short sequence begins mid-incident, at the caps, where the invariants are tested;
+        with `validate`, a node returns only through a validation job (validate_before_resume)."""
+        if validate:
+            self.validating = self.cfg.policy.validate_before_resume = True
+            self.engine.config_reloaded(None)
         self.reports({n: (finding(kind, n),) for n in nodes}, tick=True)
 
     @rule(node=st.sampled_from(NAMES), kind=st.sampled_from(NODE_FAULTS))
@@ -524,7 +556,7 @@ class Safety(RuleBasedStateMachine):
         the running validation jobs end."""
         for node in NAMES:
             if what != "boot":
-                self.slurm.verdict(node, "COMPLETED" if what == "passed" else "FAILED")
+                self.end_validation(node, "COMPLETED" if what == "passed" else "FAILED")
             elif "REBOOT_REQUESTED" in self.slurm.node_state(node).flags:
                 self.slurm.finish_reboot(node)
                 self.boot[node] = str(uuid.uuid4())
@@ -537,7 +569,7 @@ class Safety(RuleBasedStateMachine):
         done (the fault gone with it), refused (processes on the GPUs), failed (the service
         down after its restart), or not at all (past `reset_timeout_s`)."""
         # the hand-out's expiry on the model's clock, not the wall clock
-        book = OrderBook(self.store, sdc=False, clock=lambda: Clock.at.timestamp())
+        book = order_book(self.store)
         book.refresh()
         of: dict[str, tuple[Finding, ...]] = {}
         metrics: dict[str, dict[str, Any]] = {}
@@ -547,14 +579,18 @@ class Safety(RuleBasedStateMachine):
                 metric = {FABRIC_ORDER: fabric_rung.METRIC, RESET_ORDER: RESET_METRIC}.get(
                     o["check"]
                 )
-                if metric is None or answer == "silent":
+                # the agent's gate (agent/order_gate.py): taken before, or refused
+                if metric is None:
                     continue
-                ok = answer == "done"
+                took = self.take(node, o)
+                if took == "taken" or answer == "silent":
+                    continue
+                ok = answer == "done" and took == "carry_out"
                 of[node] = () if ok else self.last[node]
                 metrics.setdefault(node, {})[metric] = {
                     "order": o["id"],
                     "ok": ok,
-                    "refused": answer == "refused",
+                    "refused": answer == "refused" or took == "refused",
                     "message": {
                         "done": "restarted",
                         "refused": "refused: 1 process(es) on GPU 0",
@@ -607,8 +643,11 @@ class Safety(RuleBasedStateMachine):
             self.engine.maintenance.start(
                 nodes, ",".join(nodes), Clock.at + timedelta(minutes=20), "firmware", "admin"
             )
+            self.windows.update(dict.fromkeys(nodes, Clock.at + timedelta(minutes=20)))
         elif what == "end":
             self.engine.maintenance.end(nodes, "admin")
+            for n in nodes:
+                self.windows.pop(n, None)
         else:
             self.maintenance_broken = what == "unreadable"
             self._maintenance_reads()
@@ -780,25 +819,33 @@ FOCUS: dict[str, type[Safety]] = {
     "all": Safety,
     "caps": focused(
         "caps",
-        "fault faults_together domain_faults all_clean tick outage controller_restart nodes_event",
+        "fault faults_together domain_faults all_clean tick outage controller_restart nodes_event "
+        "reload_caps old_agent",
     ),
     "ownership": focused(
         "ownership",
-        "fault faults_together clean_report tick admin takeover nodes_event outage agents_answer",
+        "fault faults_together clean_report tick admin takeover nodes_event outage agents_answer "
+        "healthcheck_drain window_over_order agent_restart verdicts",
     ),
     "evidence": focused(
         "evidence",
         "fault job_owned_line job_nvlink_line check_crash clean_report all_clean tick maintenance "
-        "nodes_event",
+        "nodes_event job_flood verdicts",
     ),
     # NVLink domains and the restart_fabric rung: domain incidents opening and closing, job
     # lines naming NVLink, agents answering their orders, admins taking over mid-order
     "fabric": focused(
         "fabric",
         "fault domain_faults domain_clean job_nvlink_line agents_answer nodes_event takeover "
-        "controller_restart",
+        "controller_restart old_validation window_over_order agent_restart verdicts",
     ),
 }
+
+# the broken-cap tests' machine: the caps' rules only (no side door reports first)
+CAPS_ONLY = focused(
+    "caps_only",
+    "fault faults_together domain_faults all_clean tick outage controller_restart nodes_event",
+)
 
 
 def _run(
@@ -884,7 +931,7 @@ def test_a_broken_cap_is_caught(template_db, clock, monkeypatch):
     Stats.clear()
     try:
         with pytest.raises(Violation, match="cap"):
-            _run(world, FOCUS["caps"], 200, 8, seed=0, shrink=False)
+            _run(world, CAPS_ONLY, 200, 8, seed=0, shrink=False)
     finally:
         world.close()
 
@@ -909,6 +956,6 @@ def test_a_broken_domain_cap_is_caught(template_db, clock, monkeypatch):
     Stats.clear()
     try:
         with pytest.raises(Violation, match=r"NVLink domain .* cap"):
-            _run(world, FOCUS["caps"], 200, 8, seed=0, shrink=False)
+            _run(world, CAPS_ONLY, 200, 8, seed=0, shrink=False)
     finally:
         world.close()
