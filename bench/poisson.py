@@ -11,11 +11,7 @@ def poisson_upper(k: int, exposure: float, conf: float = 0.95) -> float:
     k = 0 this is -ln(0.05) / exposure = 2.996 / exposure (the rule of three)."""
 
     def cdf(lam: float) -> float:
-        term = total = math.exp(-lam)
-        for i in range(1, k + 1):
-            term *= lam / i
-            total += term
-        return total
+        return _cdf(k, lam)
 
     lo, hi = 0.0, 10.0 + 10.0 * k
     for _ in range(200):  # bisection: cdf falls with lambda
@@ -36,11 +32,7 @@ def _poisson_lower(k: int, conf: float) -> float:
     """The lambda at which P(X >= k) = 1 - conf (k >= 1)."""
 
     def sf(lam: float) -> float:  # P(X >= k)
-        term = total = math.exp(-lam)
-        for i in range(1, k):
-            term *= lam / i
-            total += term
-        return 1.0 - total
+        return 1.0 - _cdf(k - 1, lam)
 
     lo, hi = 0.0, 10.0 + 10.0 * k
     for _ in range(200):  # bisection: sf rises with lambda
@@ -55,3 +47,14 @@ def quantile(values: list[float], q: float) -> float:
         return 0.0
     v = sorted(values)
     return v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
+
+
+def _cdf(k: int, lam: float) -> float:
+    """P(X <= k) for X ~ Poisson(lam), summed in log space: the plain product underflows
+    (exp(-lam) is 0 past lam ~ 745), which made every bound of a count in the hundreds wrong."""
+    if lam <= 0.0:
+        return 1.0
+    logs = [-lam + i * math.log(lam) - math.lgamma(i + 1) for i in range(k + 1)]
+    top = max(logs)
+    return min(1.0, math.exp(top) * sum(math.exp(x - top) for x in logs))
+
