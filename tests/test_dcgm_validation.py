@@ -36,6 +36,8 @@ from tests.fixtures.slurm import node_state, wait_for
 STANDIN = Path(__file__).parent / "fixtures" / "standin_dcgmi"
 DCGMI = str(STANDIN / "dcgmi")
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+DCGM3_PASS = "dcgm3-issue139-pcie-pass"  # real bytes: tests/data/world/dcgm
+DCGM4_FAIL = "dcgm4-issue215-diagnostic-fail"
 
 
 def _run_standin(mode: str, level: int = 2, timeout_s: float = 60) -> diag.DiagResult:
@@ -310,9 +312,7 @@ def test_without_dcgmi_the_matmul_validates_and_says_so(tmp_path: Path):
 
 
 def test_a_real_dcgm_3x_healthy_document_returns_the_node(tmp_path: Path):
-    _, action, calls, _ = _validate(
-        tmp_path, "corpus:dcgm3-issue139-pcie-pass", Rung.RESET_GPU, "xid.79"
-    )
+    _, action, calls, _ = _validate(tmp_path, f"corpus:{DCGM3_PASS}", Rung.RESET_GPU, "xid.79")
     assert calls == ["diag -r 2 -j"]
     # passed: the Validator returns the node (the drain is lifted by the resume path)
     assert action.status == "done" and (action.outcome or "").startswith("passed")
@@ -320,9 +320,7 @@ def test_a_real_dcgm_3x_healthy_document_returns_the_node(tmp_path: Path):
 
 
 def test_a_real_dcgm_4x_failing_document_names_the_failed_test(tmp_path: Path):
-    node, action, _, firing = _validate(
-        tmp_path, "corpus:dcgm4-issue215-diagnostic-fail", Rung.REBOOT, "xid.79"
-    )
+    node, action, _, firing = _validate(tmp_path, f"corpus:{DCGM4_FAIL}", Rung.REBOOT, "xid.79")
     assert action.status == "failed" and "DRAIN" in node.flags
     assert "validation failed: dcgmi diag -r 3: diagnostic failed" in node.reason
     assert "[dcgmi diag -r 3: diagnostic fail]" in (action.outcome or "")
@@ -363,10 +361,15 @@ def sim(tmp_path: Path, receiver: Receiver, slurm_daemons: str) -> Iterator[SimC
     lib = build()
     node_dir = base / "nodes" / "{node}"
     validate = [sys.executable, "-m", "babysitter.cli.main", "validate", "--json"]
-    # DCGM is installed on every node (the stand-in on PATH); node3's diag fails its software
-    # test. --gpus 0: numpy cannot test the fake GPUs (as in tests/test_validation.py)
+    # DCGM is installed on every node (the stand-in on PATH), printing the real bytes of the
+    # corpus (tests/data/world/dcgm): node2 a DCGM 3.x document whose tests pass (its top-level
+    # object 'DCGM GPU Diagnostic' failed every 3.x validation before), node3 a DCGM 4.x one
+    # whose 'diagnostic' test failed. --gpus 0: numpy cannot test the fake GPUs (as in
+    # tests/test_validation.py)
     script = (
-        f"export PATH={STANDIN}:$PATH; [ {{node}} = node3 ] && export FAKE_DCGMI=fail:software; "
+        f"export PATH={STANDIN}:$PATH; case {{node}} in "
+        f"node2) export FAKE_DCGMI=corpus:{DCGM3_PASS};; "
+        f"node3) export FAKE_DCGMI=corpus:{DCGM4_FAIL};; esac; "
         f"exec {shlex.join(validate)} --stress-s 1 --gpus 0"
     )
     s = SimCluster(
@@ -415,10 +418,11 @@ def test_a_failing_dcgm_diag_keeps_the_node_drained_in_slurm(sim: SimCluster):
         300,
         "both validations finished",
     )
-    # node2: DCGM's diag (level 1: a cleared fault) and the matmul passed, each test recorded
-    assert "dcgmi diag -r 1 + matmul [dcgmi diag -r 1: software pass]" in outcomes()["node2"][1]
+    # node2: the real DCGM 3.x document (level 1: a cleared fault) and the matmul passed, each
+    # test recorded, and the node is back in service
+    assert "dcgmi diag -r 1 + matmul [dcgmi diag -r 1: PCIe pass" in outcomes()["node2"][1]
     wait_for(lambda: node_state(sim.info, "node2")[0] == "idle", 60, "node2 idle")
-    # node3: drained again, the failing test named in Slurm's reason
+    # node3: the real DCGM 4.x failure: drained again, the failing test named in Slurm's reason
     state, reason = node_state(sim.info, "node3")
     assert state in ("drain", "drng"), state
-    assert reason.startswith("babysitter: validation failed: dcgmi diag -r 1: software failed")
+    assert reason.startswith("babysitter: validation failed: dcgmi diag -r 1: diagnostic failed")
