@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +24,8 @@ from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from babysitter.agent.statefile import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -81,20 +81,7 @@ class OrderGate:
 
     def _save(self) -> None:
         body = json.dumps({"taken": self._taken, "answers": self.answers})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".orders-")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(body)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)  # a crash leaves the old file or the new, never half
-        except OSError as exc:
-            log.warning("cannot persist the orders taken to %s: %s", self.path, exc)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        write_atomically(self.path, body, "the orders taken")
 
     def admit(self, order: dict[str, Any]) -> tuple[Verdict, str]:
         """Whether to carry `order` out, and why not. A new id is remembered at once (the

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
 from pathlib import Path
 
+from babysitter.agent.statefile import write_atomically
 from babysitter.finding import Finding
 from babysitter.hardware import sticky as reasons
 
@@ -74,20 +73,7 @@ class StickyFindings:
                 "findings": [f.to_json_dict() for f in self.findings.values()],
             }
         )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".sticky-")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(body)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)  # a crash leaves the old file or the new, never half
-        except OSError as exc:
-            log.warning("cannot persist event findings to %s: %s", self.path, exc)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        write_atomically(self.path, body, "event findings")
 
     def add(self, findings: list[Finding]) -> list[Finding]:
         """Keep those of these event findings that the table gives a reason to stay
