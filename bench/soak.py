@@ -511,6 +511,9 @@ class Soak:
             if isinstance(c, KmsgXidCheck):
                 # a job-attributable XID ends with its job: the same simulated slurmd
                 c.local_jobs = lambda n=node: frozenset(n.user_jobs)  # type: ignore[misc]
+                # a follow-on XID's window, on the virtual clock (the soak's lines carry no
+                # kernel timestamp): on the wall clock its outcome hung on the machine's load
+                c.clock = self.clock
         node.agent = agent
         # as Agent.run starts: every check once, then a full report
         self._read(node)

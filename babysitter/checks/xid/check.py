@@ -108,6 +108,8 @@ class KmsgXidCheck(Check):
         self._reader = KmsgReader()
         # per component: the last XID that was not a follow-on one, and when (kernel seconds)
         self._last_xid: dict[str, tuple[int, float]] = {}
+        # when a line has no kernel timestamp: the time it is read (a simulation's own clock)
+        self.clock: Callable[[], float] = time.monotonic
         # the ids of the jobs running on this node (None: unknown); asked only while a
         # job-attributable XID is open (tests and simulations replace it)
         sl = self.ctx.config.slurm
@@ -168,7 +170,7 @@ class KmsgXidCheck(Check):
                 rule="kmsg: fallen off the bus",
                 **ids,
             )
-        now = line.stamp if line.stamp is not None else time.monotonic()
+        now = line.stamp if line.stamp is not None else self.clock()
         v = classify(line.xid, overrides, line.text)
         extra: dict[str, Any] = {"mig": line.mig} if line.mig else {}
         if v.job_attributable:
