@@ -57,4 +57,3 @@ def _cdf(k: int, lam: float) -> float:
     logs = [-lam + i * math.log(lam) - math.lgamma(i + 1) for i in range(k + 1)]
     top = max(logs)
     return min(1.0, math.exp(top) * sum(math.exp(x - top) for x in logs))
-
