@@ -25,7 +25,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from babysitter.agent.statefile import write_atomically
+from babysitter.agent.statefile import read_json, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,8 @@ class OrderGate:
         self._load()
 
     def _load(self) -> None:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as exc:
-            # unreadable: the controller's expiry and maintenance filter still hold
-            log.warning("ignoring unreadable %s: %s", self.path, exc)
-            return
+        # unreadable: the controller's expiry and maintenance filter still hold
+        data = read_json(self.path)
         if not isinstance(data, dict):
             return
         taken = data.get("taken")

@@ -4,6 +4,7 @@ never half of one."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -35,3 +36,15 @@ def write_atomically(path: Path, body: str, what: str) -> bool:
         except OSError:
             pass
         return False
+
+
+def read_json(path: Path) -> object | None:
+    """The state file's JSON; None when there is none yet or it cannot be read (logged): the
+    caller starts from nothing, as on a first start."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable %s: %s", path, exc)
+        return None

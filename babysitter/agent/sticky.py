@@ -16,7 +16,7 @@ import logging
 import threading
 from pathlib import Path
 
-from babysitter.agent.statefile import write_atomically
+from babysitter.agent.statefile import read_json, write_atomically
 from babysitter.finding import Finding
 from babysitter.hardware import sticky as reasons
 
@@ -45,12 +45,8 @@ class StickyFindings:
         self._load()
 
     def _load(self) -> None:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable %s: %s", self.path, exc)
+        data = read_json(self.path)
+        if data is None:
             return
         if not isinstance(data, dict) or data.get("boot_id") != self.boot_id:
             log.info("node rebooted since %s was written: event findings cleared", self.path)
