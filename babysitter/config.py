@@ -566,7 +566,7 @@ class ValidationConfig(Section):
 
 
 class FabricConfig(Section):
-    """Topology-aware correlation (controller/loop/fabric.py): fabric findings from several nodes
+    """Topology-aware correlation (loop/decide/fabric.py): fabric findings from several nodes
     under one switch are one `switch_suspected` incident, not a drain and a page per node.
     Defaults: a leaf failure takes every port below it down within seconds, so a minute's
     window catches it whole while independent node faults (a few a day on 2,000 nodes) almost
@@ -619,8 +619,8 @@ _Count = Annotated[int, Meta(ge=1, le=MAX_SCOPE_COUNT)]
 
 
 class BlastRadiusConfig(Section):
-    """Node-drain caps by scope (controller/loop/blast.py, enforced right before each drain by
-    controller/loop/admission.py): a tripped cap stops new node drains in its scope only;
+    """Node-drain caps by scope (loop/decide/blast.py, enforced right before each drain by
+    controller/loop/admit/admission.py): a tripped cap stops new node drains in its scope only;
     resumes and other scopes go on. A scope is capped when its fraction or count is set
     (limit = the smaller, at least 1). Drains done and pending count, a switch incident's
     included (its own switch's cap does not hold it back). On by default at half of a switch,
@@ -637,7 +637,7 @@ class BlastRadiusConfig(Section):
     ] = None
     domain_fraction: Annotated[
         _Fraction | None,
-        Meta(description="of the nodes of one NVLink domain (controller/loop/nvlink_domain.py)"),
+        Meta(description="of the nodes of one NVLink domain (loop/fabric/nvlink_domain.py)"),
     ] = 0.5
     domain_count: Annotated[
         _Count | None, Meta(description=f"nodes of one NVLink domain (at most {MAX_SCOPE_COUNT})")
@@ -654,7 +654,7 @@ class BlastRadiusConfig(Section):
     ] = None
 
 
-# the rungs of the remediation ladder (controller/loop/ladder.py `Rung` has exactly these)
+# the rungs of the remediation ladder (controller/loop/decide/ladder.py `Rung` has exactly these)
 RungName = Literal["reset_gpu", "restart_fabric", "reboot", "inspect", "rma"]
 
 
@@ -715,7 +715,7 @@ ROUTES = ("route_alertmanager", "route_slack", "route_pagerduty", "route_webhook
 
 
 class RmaConfig(Section):
-    """RMA evidence (controller/loop/rma.py, agent/rma.py): when a node becomes a lemon or a
+    """RMA evidence (controller/loop/heal/rma.py, agent/rma.py): when a node becomes a lemon or a
     reset / reboot rung fails, its agent collects `nvidia-bug-report.sh` output and the recent
     kernel log, and the controller stores them with the node's ledger history and findings as
     one archive, linked from the alert, the node page and `babysitter nodes NODE`."""

@@ -1,4 +1,4 @@
-"""Cost of one fabric-correlation decision (controller/loop/fabric.py `correlate`) as the fat tree
+"""Cost of one fabric-correlation decision (loop/decide/fabric.py `correlate`) as the fat tree
 grows from 2,048 to 32,768 nodes (leaves of 32 under one spine): the same fault picture each
 time (one failing leaf, a few stray faults, one open incident), so a flat cost shows the
 decision pays for the evidence, not for the tree. Also the cost of reading the topology
@@ -11,7 +11,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 
-from babysitter.controller.loop.fabric import Evidence, FabricSettings, Incident, correlate
+from babysitter.controller.loop.decide.fabric import Evidence, FabricSettings, Incident, correlate
 from babysitter.slurm.topology import Topology, parse_topology
 from bench.common import figure, summary, write_result
 

@@ -29,7 +29,7 @@ MEASURES: dict[str, tuple[str, ...]] = {
         "bench/agent_cost.py",
     ),
     "fabric_scale": (
-        "babysitter/controller/loop/fabric.py",
+        "babysitter/controller/loop/decide/fabric.py",
         "babysitter/slurm/topology.py",
         "bench/fabric_scale.py",
     ),

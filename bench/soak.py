@@ -121,9 +121,9 @@ from babysitter.controller.api.ingest import MAX_OPEN_FINDINGS, ReportWriter
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.jobs import babysit_spec
-from babysitter.controller.loop.ledger import Ledger
-from babysitter.controller.loop.policy import drain_worthy
+from babysitter.controller.loop.decide.policy import drain_worthy
+from babysitter.controller.loop.jobs.jobs import babysit_spec
+from babysitter.controller.loop.read.ledger import Ledger
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.devcluster import simib
 from babysitter.devcluster.fakenvml import FakeGpus, build, preload
@@ -181,7 +181,7 @@ READERS: dict[str, tuple[frozenset[str], tuple[float, ...]]] = {
 QUIET = frozenset({Severity.OK, Severity.INFO})  # below warning: not a problem the policy sees
 HOST_CHECK = "babysitter.checks.host.check._process_running"  # slurmd's presence, simulated
 # the alert sender's flush waits for its own thread in wall time: its clock stays the real one
-WALL_CLOCK_MODULES = frozenset({"babysitter.controller.loop.alerts.sender"})
+WALL_CLOCK_MODULES = frozenset({"babysitter.controller.loop.record.alerts.sender"})
 # what a folded report does to its node's row (Soak._flush_folded; ingest's _fold_report for a
 # full report with the same findings as the last, none above INFO): liveness, sending time, the
 # report's id, and the clean streak one longer per report (0 when the report is not clean)

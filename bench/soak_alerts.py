@@ -28,9 +28,9 @@ from collections import Counter
 from typing import Any
 
 from babysitter.config import parse_config
-from babysitter.controller.loop.alerts.model import JOB, ONCALL, Alert
-from babysitter.controller.loop.alerts.router import AlertRouter, sinks_from_config
-from babysitter.controller.loop.alerts.sinks import Sink
+from babysitter.controller.loop.record.alerts.model import JOB, ONCALL, Alert
+from babysitter.controller.loop.record.alerts.router import AlertRouter, sinks_from_config
+from babysitter.controller.loop.record.alerts.sinks import Sink
 from babysitter.finding import Severity
 from bench.poisson import poisson_interval  # the soak's own interval helper
 

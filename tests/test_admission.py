@@ -1,4 +1,4 @@
-"""The admission step (controller/loop/admission.py): every automatic drain, reboot, reset, resume
+"""The admission step (loop/admit/admission.py): every automatic drain, reboot, reset, resume
 and validation is asked right before it is carried out, against the caps counting done AND
 pending work, the ownership of the node's current reason, and whether what it needs is known.
 Regression tests of issue 42, each through the real engine where the bug was seen."""
@@ -20,10 +20,10 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import pending_drain_nodes
-from babysitter.controller.loop.admission import Act, Limits, Why, World, decide_admission
-from babysitter.controller.loop.blast import BlastSettings, Cap
-from babysitter.controller.loop.ledger import Ledger
-from babysitter.controller.loop.policy import Rule
+from babysitter.controller.loop.admit.admission import Act, Limits, Why, World, decide_admission
+from babysitter.controller.loop.decide.blast import BlastSettings, Cap
+from babysitter.controller.loop.decide.policy import Rule
+from babysitter.controller.loop.read.ledger import Ledger
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding
 from babysitter.report import Report
@@ -148,7 +148,7 @@ def test_forty_nodes_limit_four_two_faults_a_tick_through_a_slurmctld_outage_dra
 def test_forty_nodes_limit_four_held_by_the_admission_step_alone(tmp_path, monkeypatch):
     """The same with the decision-time guard blind to pending drains (as before): the
     execution-time admission alone keeps it at 4, the rest held pending, not failed."""
-    import babysitter.controller.loop.facts as facts
+    import babysitter.controller.loop.read.facts as facts
 
     monkeypatch.setattr(facts.FactGatherer, "_with_pending", lambda self, d, p: d)
     names = {f"n{i:02d}": "gpu" for i in range(40)}
@@ -204,7 +204,7 @@ def test_an_exception_in_the_fabric_step_leaves_the_caps_on(tmp_path, monkeypatc
     """Issue 42: the fabric step raising turned every scoped cap off for that tick. A
     partition capped at one node, two nodes failing in the tick the correlation raises: one
     drained."""
-    import babysitter.controller.loop.fabric_loop as fabric_loop
+    import babysitter.controller.loop.fabric.fabric_loop as fabric_loop
 
     def broken(*_a: object, **_k: object) -> None:
         raise RuntimeError("correlation bug")
@@ -319,7 +319,7 @@ def test_a_held_drain_whose_fault_cleared_meanwhile_is_skipped_not_run(tmp_path,
     node's fault had cleared meanwhile (drained on stale evidence). Limit 1 of 4: n1 drained,
     n2's drain held; both report clean; n1 returns to service, which makes room: n2's held
     drain is skipped, `fault cleared while held` (and audited), and n2 is never drained."""
-    import babysitter.controller.loop.facts as facts
+    import babysitter.controller.loop.read.facts as facts
 
     # the decision-time guard blind to pending drains: both drains decided, one held
     monkeypatch.setattr(facts.FactGatherer, "_with_pending", lambda self, d, p: d)

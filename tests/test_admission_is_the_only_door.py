@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import pytest
 
-from babysitter.controller.loop.admission import Act, Admission, Refusal, Why
-from babysitter.controller.loop.gate import GENERIC, SLURM_CHANGES, AdmittedSlurm, Held
+from babysitter.controller.loop.admit.admission import Act, Admission, Refusal, Why
+from babysitter.controller.loop.admit.gate import GENERIC, SLURM_CHANGES, AdmittedSlurm, Held
 from babysitter.slurm.base import Scontrol
 from babysitter.slurm.cli import CliSlurmClient
 from babysitter.slurm.pyslurm import PyslurmSlurmClient
@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CONTROLLER = ROOT / "babysitter" / "controller"
 # the layer allowed to change Slurm or to order an agent: it asks admission itself
 ALLOWED = {
-    "babysitter/controller/loop/gate.py",  # the door: node changes admitted first
-    "babysitter/controller/loop/executor.py",  # admits each action right before it runs
-    "babysitter/controller/loop/admission.py",
-    "babysitter/controller/loop/order_permission.py",  # the one place orders are issued
+    "babysitter/controller/loop/admit/gate.py",  # the door: node changes admitted first
+    "babysitter/controller/loop/act/executor.py",  # admits each action right before it runs
+    "babysitter/controller/loop/admit/admission.py",
+    "babysitter/controller/loop/admit/order_permission.py",  # the one place orders are issued
 }
 # what issues an agent order: its expiry stamp, its id, a ledger row moved into the order's
 # phase, an RMA collection's row
@@ -101,7 +101,7 @@ def test_no_controller_module_goes_around_admission() -> None:
 def test_a_direct_drain_in_the_healer_is_found() -> None:
     """A deliberately added `self.slurm.drain(...)` (on a copy of the source, the tree is not
     touched) is a hit naming its file and line; the same call through the door is not."""
-    rel = "babysitter/controller/loop/healer.py"
+    rel = "babysitter/controller/loop/heal/healer.py"
     text = (ROOT / rel).read_text()
     assert side_doors(text, rel) == []
     lines = text.splitlines()

@@ -2,7 +2,7 @@
 the controller merges into the node's open findings: the fault the rung was for stays open
 until the agent's next *full* report. The node must not be validated, resumed and drained
 again on that stale fault (a second reset, one more toward the lemon limit): the healer waits
-for a full report sent after the answer (controller/loop/after_rung.py). Through the real
+for a full report sent after the answer (controller/loop/heal/after_rung.py). Through the real
 engine and ingest over the in-memory Slurm (tests/fixtures/healing.py)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.db.actions import ActionKind, ActionStatus
-from babysitter.controller.loop.ladder import Rung
-from babysitter.controller.loop.ledger import Phase
+from babysitter.controller.loop.decide.ladder import Rung
+from babysitter.controller.loop.read.ledger import Phase
 from babysitter.finding import Finding, Severity
 from babysitter.report import Report
 from tests.fixtures.healing import Cluster, xid48

@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from babysitter.config import parse_config
-from babysitter.controller.loop.alerts import Alert, AlertRouter
-from babysitter.controller.loop.alerts.router import sinks_from_config
-from babysitter.controller.loop.alerts.sinks import AlertmanagerSink
-from babysitter.controller.loop.policy import JOB_ALERT_PREFIX
+from babysitter.controller.loop.decide.policy import JOB_ALERT_PREFIX
+from babysitter.controller.loop.record.alerts import Alert, AlertRouter
+from babysitter.controller.loop.record.alerts.router import sinks_from_config
+from babysitter.controller.loop.record.alerts.sinks import AlertmanagerSink
 from babysitter.finding import Severity
 from tests.fixtures.controller import which
 from tests.test_alerts import MemoryState, unhealthy

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from babysitter.config import parse_config
-from babysitter.controller.loop.alerts import Alert, AlertRouter
-from babysitter.controller.loop.alerts.router import sinks_from_config
+from babysitter.controller.loop.record.alerts import Alert, AlertRouter
+from babysitter.controller.loop.record.alerts.router import sinks_from_config
 from babysitter.finding import Severity
 from tests.fixtures.slurm import wait_for
 
@@ -126,7 +126,7 @@ def test_a_dead_sink_does_not_block_the_others(receiver):
 
 
 def test_a_delivery_whose_record_cannot_be_written_is_counted_and_logged(receiver, caplog):
-    from babysitter.controller.loop.alerts.sender import AlertSender
+    from babysitter.controller.loop.record.alerts.sender import AlertSender
 
     class RecordFails(MemoryState):
         def upsert_alert(self, key: str, **values: Any) -> None:
@@ -143,7 +143,7 @@ def test_a_delivery_whose_record_cannot_be_written_is_counted_and_logged(receive
         sender=sender,
         on_record_error=lambda: counted.append(1),
     )
-    with caplog.at_level("ERROR", logger="babysitter.controller.loop.alerts.router"):
+    with caplog.at_level("ERROR", logger="babysitter.controller.loop.record.alerts.router"):
         r.process([unhealthy("node2")], [], NOW)
         assert sender.flush()
     sender.close()

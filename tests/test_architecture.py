@@ -39,12 +39,12 @@ def test_contracts_kept():
     ("module", "forbidden"),
     [
         # a check must not reach into the controller (it runs on every node)
-        ("checks/host/check.py", "babysitter.controller.loop.policy"),
+        ("checks/host/check.py", "babysitter.controller.loop.decide.policy"),
         # checks/all.py is the composition root: a check importing it would bring back
         # registration by import (and a cycle waiting to happen)
         ("checks/gpu/check.py", "babysitter.checks.all"),
         # the controller is runtime -> api -> loop -> db: persistence knows nothing above it,
-        ("controller/db/store.py", "babysitter.controller.loop.policy"),
+        ("controller/db/store.py", "babysitter.controller.loop.decide.policy"),
         ("controller/db/models.py", "babysitter.controller.api.ingest"),
         # the loop decides and acts without the HTTP side,
         ("controller/loop/remediation.py", "babysitter.controller.api.auth"),

@@ -1,4 +1,4 @@
-"""Blast radius in layers as pure policy (controller/loop/blast.py, and the gate inside
+"""Blast radius in layers as pure policy (controller/loop/decide/blast.py, and the gate inside
 policy.decide): a tripped cap holds drains in its own scope only; resumes and other scopes go
 on."""
 
@@ -9,8 +9,14 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from babysitter.controller.loop.blast import BlastGate, BlastSettings, Cap, Scope, ScopeCounts
-from babysitter.controller.loop.policy import ClusterFacts, NodeFacts, PolicySettings, decide
+from babysitter.controller.loop.decide.blast import (
+    BlastGate,
+    BlastSettings,
+    Cap,
+    Scope,
+    ScopeCounts,
+)
+from babysitter.controller.loop.decide.policy import ClusterFacts, NodeFacts, PolicySettings, decide
 from babysitter.finding import Action, Finding, Severity
 from babysitter.slurm.topology import tree
 

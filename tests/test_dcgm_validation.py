@@ -23,10 +23,10 @@ from babysitter.checks.dcgm import diag
 from babysitter.config import ValidationConfig, parse_config
 from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.diag_level import level_for
-from babysitter.controller.loop.ladder import Rung
-from babysitter.controller.loop.ledger import Ledger, Phase
-from babysitter.controller.loop.validation import Validator
+from babysitter.controller.loop.decide.diag_level import level_for
+from babysitter.controller.loop.decide.ladder import Rung
+from babysitter.controller.loop.heal.validation import Validator
+from babysitter.controller.loop.read.ledger import Ledger, Phase
 from babysitter.devcluster.fakenvml import build
 from babysitter.devcluster.receiver import Receiver
 from babysitter.devcluster.sim import SimCluster

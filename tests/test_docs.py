@@ -133,8 +133,8 @@ def alert_conditions() -> set[str]:
 
 
 def test_operations_has_a_section_for_every_alert_the_controller_sends():
-    from babysitter.controller.loop.alerts.model import RUNBOOK
-    from babysitter.controller.loop.stragglers import CONDITION
+    from babysitter.controller.loop.decide.stragglers import CONDITION
+    from babysitter.controller.loop.record.alerts.model import RUNBOOK
 
     conditions = alert_conditions() | {CONDITION}  # facts.py raises it by the imported name
     # the scan must see the controller's alerts, or this test proves nothing

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from babysitter.controller.db.actions import ActionKind, ActionStatus
-from babysitter.controller.loop.ledger import Phase
+from babysitter.controller.loop.read.ledger import Phase
 from tests.fixtures.healing import Cluster, xid79
 
 AUTOMATIC = {"reboot", "drain", "drain_many", "resume", "resume_many", "start_validation"}

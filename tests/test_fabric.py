@@ -1,4 +1,4 @@
-"""Fabric correlation as pure policy (controller/loop/fabric.py): which fabric faults are one switch
+"""Fabric correlation as pure policy (loop/decide/fabric.py): which fabric faults are one switch
 incident, which stay node faults, and how the incident ends. Properties on a synthetic
 2,048-node fat tree (64 leaves of 32 nodes) with hypothesis, and the cost per decision as the
 tree grows."""
@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from babysitter.controller.loop.fabric import (
+from babysitter.controller.loop.decide.fabric import (
     Evidence,
     FabricSettings,
     Incident,

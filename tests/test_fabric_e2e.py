@@ -18,7 +18,7 @@ from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.db import audit
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.guard import guard_view
+from babysitter.controller.loop.read.guard import guard_view
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.devcluster import ClusterInfo, DevCluster
 from babysitter.devcluster.receiver import Receiver
@@ -392,7 +392,7 @@ def test_a_failing_correlation_leaves_node_faults_to_the_node_policy(
 ):
     """Fault isolation: when the fabric step raises, the tick goes on as if there were no
     correlation (an IB fault is a node fault again), and the error is counted."""
-    import babysitter.controller.loop.fabric_loop as fabric_loop
+    import babysitter.controller.loop.fabric.fabric_loop as fabric_loop
 
     def broken(*_a: object, **_k: object) -> None:
         raise RuntimeError("correlation bug")

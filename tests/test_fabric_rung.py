@@ -13,9 +13,9 @@ from babysitter.agent import fabric_restart
 from babysitter.config import RemediationConfig, parse_config
 from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.db.actions import ActionKind
-from babysitter.controller.loop.ladder import LadderTable, Rung, remediable
-from babysitter.controller.loop.ledger import Phase
-from babysitter.controller.loop.policy import Rule
+from babysitter.controller.loop.decide.ladder import LadderTable, Rung, remediable
+from babysitter.controller.loop.decide.policy import Rule
+from babysitter.controller.loop.read.ledger import Phase
 from babysitter.finding import Action, Finding
 from tests.fixtures.healing import Cluster, imex_down, not_trained
 
@@ -171,7 +171,7 @@ def test_a_single_node_never_restarts_imex_by_its_profile():
 
 
 def test_the_driver_asking_to_recover_the_imex_domain_restarts_imex():
-    from babysitter.controller.loop.fabric_rung import units_for
+    from babysitter.controller.loop.heal.fabric_rung import units_for
 
     assert units_for("recovery.recover_imex_domain") == ["nvidia-imex"]
     assert units_for("imex.domain_down") == ["nvidia-imex"]

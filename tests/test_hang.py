@@ -10,7 +10,7 @@ from pathlib import Path
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop import jobs
+from babysitter.controller.loop.jobs import jobs
 from babysitter.controller.loop.remediation import make_engine
 from babysitter.devcluster.receiver import Receiver
 from babysitter.report import Report

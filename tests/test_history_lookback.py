@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import update
 
 from babysitter.controller.db import models as m
-from babysitter.controller.loop.ladder import Rung
-from babysitter.controller.loop.ledger import Ledger, Phase
+from babysitter.controller.loop.decide.ladder import Rung
+from babysitter.controller.loop.read.ledger import Ledger, Phase
 from tests.fixtures.reports import DBE, WARN, wire_report
 
 

@@ -89,17 +89,17 @@ from hypothesis.stateful import (
 import babysitter.controller.api.ingest as ingest_mod
 import babysitter.controller.db.audit as audit_mod
 import babysitter.controller.db.store as store_mod
-import babysitter.controller.loop.maintenance as maint_mod
+import babysitter.controller.loop.admit.maintenance as maint_mod
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.api.orders import RESET_ORDER
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop import fabric_rung
-from babysitter.controller.loop.healer import RESET_METRIC
-from babysitter.controller.loop.nvlink_domain import INCIDENTS_KEY, is_domain_fault
-from babysitter.controller.loop.nvlink_domain import METRIC as DOMAIN_METRIC
-from babysitter.controller.loop.policy import Rule, job_owned
+from babysitter.controller.loop.decide.policy import Rule, job_owned
+from babysitter.controller.loop.fabric.nvlink_domain import INCIDENTS_KEY, is_domain_fault
+from babysitter.controller.loop.fabric.nvlink_domain import METRIC as DOMAIN_METRIC
+from babysitter.controller.loop.heal import fabric_rung
+from babysitter.controller.loop.heal.healer import RESET_METRIC
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding
 from babysitter.report import Report
@@ -203,7 +203,7 @@ def finding(kind: str, node: str) -> Finding:
             observed_at=at,
         ),
         # the node's NVSwitch fabric not trained (Fabric Manager down): a domain's evidence,
-        # healed first by the restart_fabric rung (controller/loop/ladder.py FABRIC_RESTART)
+        # healed first by the restart_fabric rung (controller/loop/decide/ladder.py FABRIC_RESTART)
         "fabric": lambda: not_trained(2, details={DOMAIN_METRIC: DOMAIN_OF[node]}, observed_at=at),
         # the rack's IMEX domain down: the same, the restart is nvidia-imex's
         "imex": lambda: imex_down(details={DOMAIN_METRIC: DOMAIN_OF[node]}, observed_at=at),
@@ -923,7 +923,7 @@ def test_safety_invariants_hold_over_generated_sequences(
 def test_a_broken_cap_is_caught(template_db, clock, monkeypatch):
     """The machine is not blind: a cap off by one (every scope lets one more node go, at
     decision and at execution alike) is found as a violated invariant."""
-    from babysitter.controller.loop import blast
+    from babysitter.controller.loop.decide import blast
 
     limit = blast.Cap.limit
     monkeypatch.setattr(blast.Cap, "limit", lambda self, size: limit(self, size) + 1)
@@ -939,7 +939,7 @@ def test_a_broken_cap_is_caught(template_db, clock, monkeypatch):
 def test_a_broken_domain_cap_is_caught(template_db, clock, monkeypatch):
     """The new scope is watched too: the NVLink domain cap off by one at the admission step
     (a third node of a domain drained by the node policy, every other cap intact) is found."""
-    from babysitter.controller.loop import blast
+    from babysitter.controller.loop.decide import blast
 
     class OffByOne(blast.Cap):
         def limit(self, size: int) -> int:

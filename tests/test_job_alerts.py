@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from babysitter.controller.loop.policy import (
+from babysitter.controller.loop.decide.policy import (
     ClusterFacts,
     DecisionKind,
     NodeFacts,
@@ -93,7 +93,7 @@ def test_a_job_alert_names_its_owner_from_the_job_listing(tmp_path):
     controller already reads (no Slurm call per alert), as the `owner` label and in the
     webhook's payload; the resolved alert carries the same label, so Alertmanager ends the
     firing one."""
-    from babysitter.controller.loop.alerts.sinks import AlertmanagerSink, WebhookSink
+    from babysitter.controller.loop.record.alerts.sinks import AlertmanagerSink, WebhookSink
     from babysitter.slurm.client import SlurmJob
 
     site = Site(tmp_path, dict.fromkeys(NODES, "gpu"))

@@ -15,8 +15,8 @@ from babysitter.checks.nccl.check import JobLogScanner
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.fabric import is_fabric, onsets
-from babysitter.controller.loop.link_hold import critical
+from babysitter.controller.loop.decide.fabric import is_fabric, onsets
+from babysitter.controller.loop.decide.link_hold import critical
 from babysitter.controller.loop.remediation import make_engine
 from babysitter.finding import Finding, job_owned
 from babysitter.report import Report

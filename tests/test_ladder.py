@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from babysitter.config import ConfigError, parse_config
-from babysitter.controller.loop.ladder import DEFAULT_LADDER, LadderTable, Rung
+from babysitter.controller.loop.decide.ladder import DEFAULT_LADDER, LadderTable, Rung
 from babysitter.finding import Action
 from babysitter.hardware.xids import CATALOG
 

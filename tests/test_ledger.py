@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.ladder import Rung
-from babysitter.controller.loop.ledger import Ledger, Phase
+from babysitter.controller.loop.decide.ladder import Rung
+from babysitter.controller.loop.read.ledger import Ledger, Phase
 
 NOW = datetime(2026, 11, 26, 4, 0, tzinfo=UTC)
 WEEK = timedelta(days=7)

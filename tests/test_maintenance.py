@@ -144,8 +144,8 @@ def test_self_healing_leaves_nodes_in_maintenance_alone(tmp_path, monkeypatch):
 
     from babysitter.config import parse_config
     from babysitter.controller.db.store import Store
-    from babysitter.controller.loop.context import LoopContext
-    from babysitter.controller.loop.healer import Healer
+    from babysitter.controller.loop.heal.healer import Healer
+    from babysitter.controller.loop.read.context import LoopContext
 
     store = Store(f"sqlite:///{tmp_path / 'h.db'}")
     store.upgrade()
@@ -157,7 +157,7 @@ def test_self_healing_leaves_nodes_in_maintenance_alone(tmp_path, monkeypatch):
     # both held nodes are babysitter's drains with a fault (their findings in one read)
     monkeypatch.setattr(healer, "_startable", lambda sn: True)
     monkeypatch.setattr(
-        "babysitter.controller.loop.healer.policy_rows",
+        "babysitter.controller.loop.heal.healer.policy_rows",
         lambda store, names: [{"name": n, "open_findings": []} for n in names],
     )
     monkeypatch.setattr(

@@ -88,8 +88,8 @@ def test_each_drained_node_shows_its_age_owner_and_remediation(secrets, tmp_path
     someone else, with the phase of its remediation; a resumed node's series goes away."""
     from datetime import timedelta
 
-    from babysitter.controller.loop.ladder import Rung
-    from babysitter.controller.loop.ledger import Ledger, Phase
+    from babysitter.controller.loop.decide.ladder import Rung
+    from babysitter.controller.loop.read.ledger import Ledger, Phase
 
     c = Controller(controller_config(secrets, f"sqlite:///{tmp_path / 'm.db'}"))
     c.setup()

@@ -20,12 +20,12 @@ from babysitter.checks.nccl.check import JobLogScanner
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.nccl_requeue import (
+from babysitter.controller.loop.decide.policy import NodeFacts
+from babysitter.controller.loop.jobs.nccl_requeue import (
     STALE_S,
     decide_nccl_requeue,
     network_failures,
 )
-from babysitter.controller.loop.policy import NodeFacts
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding, Severity
 from babysitter.report import Report

@@ -17,16 +17,16 @@ from babysitter.config import parse_config
 from babysitter.controller.api.ingest import FOLDED_CODE, ReportWriter
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.alerts import Alert
-from babysitter.controller.loop.policy import (
+from babysitter.controller.loop.decide.policy import (
     ClusterFacts,
     DecisionKind,
     NodeFacts,
     PolicySettings,
     decide,
 )
+from babysitter.controller.loop.heal.validation import AWAITING, Validator
+from babysitter.controller.loop.record.alerts import Alert
 from babysitter.controller.loop.remediation import make_engine
-from babysitter.controller.loop.validation import AWAITING, Validator
 from babysitter.finding import Action, Finding, Severity, job_owned
 from babysitter.report import Report
 from babysitter.slurm.base import OwnedClient

@@ -16,15 +16,15 @@ from babysitter.cli.read_cmd import guard_lines
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.fabric import FabricSettings, correlate
-from babysitter.controller.loop.guard import guard_view
-from babysitter.controller.loop.nvlink_domain import (
+from babysitter.controller.loop.decide.fabric import FabricSettings, correlate
+from babysitter.controller.loop.fabric.nvlink_domain import (
     domain_condition,
     domain_topology,
     is_domain_fault,
     members,
     onsets,
 )
+from babysitter.controller.loop.read.guard import guard_view
 from babysitter.controller.loop.remediation import make_engine
 from babysitter.finding import Finding
 from babysitter.report import Report
@@ -169,8 +169,8 @@ def test_one_node_with_an_untrained_fabric_is_drained_naming_the_fabric(engine):
 
 # ---- the domain cap (admission)
 def test_a_domain_cap_holds_one_by_one_drains_but_not_the_domains_own_incident():
-    from babysitter.controller.loop.admission import Act, Limits, Why, World, decide_admission
-    from babysitter.controller.loop.blast import BlastSettings, Cap
+    from babysitter.controller.loop.admit.admission import Act, Limits, Why, World, decide_admission
+    from babysitter.controller.loop.decide.blast import BlastSettings, Cap
     from babysitter.slurm.client import SlurmNode
 
     nodes = {n: SlurmNode(n, "IDLE", partitions=("gpu",)) for n in NODES}

@@ -17,7 +17,7 @@ from babysitter.controller.api import api_read, fastpath, ingest
 from babysitter.controller.api import app as api
 from babysitter.controller.db import models
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.policy import (
+from babysitter.controller.loop.decide.policy import (
     ClusterFacts,
     Decision,
     NodeFacts,

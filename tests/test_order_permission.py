@@ -27,9 +27,9 @@ from sqlalchemy import func, select
 from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import ActionKind, ActionStatus
-from babysitter.controller.loop import rma
-from babysitter.controller.loop.ladder import Rung
-from babysitter.controller.loop.ledger import Ledger, Phase, Remediation
+from babysitter.controller.loop.decide.ladder import Rung
+from babysitter.controller.loop.heal import rma
+from babysitter.controller.loop.read.ledger import Ledger, Phase, Remediation
 from babysitter.controller.runtime import Controller
 from babysitter.devcluster.fakenvml import FakeGpus
 from babysitter.finding import Finding

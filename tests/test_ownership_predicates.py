@@ -11,10 +11,10 @@ import pytest
 
 from babysitter.controller.api.cockpit_metrics import owner as metrics_owner
 from babysitter.controller.api.fleet_view import reason_owner as fleet_owner
-from babysitter.controller.loop.admission import Act, Limits, World, decide_admission
-from babysitter.controller.loop.ownership import Owner, episode_owner
-from babysitter.controller.loop.policy import drain_worthy, node_verdict
-from babysitter.controller.loop.sdc_schedule import slurm_why_not
+from babysitter.controller.loop.admit.admission import Act, Limits, World, decide_admission
+from babysitter.controller.loop.decide.ownership import Owner, episode_owner
+from babysitter.controller.loop.decide.policy import drain_worthy, node_verdict
+from babysitter.controller.loop.heal.sdc_schedule import slurm_why_not
 from babysitter.finding import Action, Finding, Severity, job_owned
 from babysitter.slurm.base import OwnedClient
 from babysitter.slurm.client import SlurmNode

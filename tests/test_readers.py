@@ -17,7 +17,7 @@ from babysitter.controller.api import cockpit_metrics
 from babysitter.controller.api.api_read import node_view
 from babysitter.controller.api.readers import Limit, ReaderGate
 from babysitter.controller.db.store import now
-from babysitter.controller.loop.metrics import ControllerMetrics
+from babysitter.controller.loop.record.metrics import ControllerMetrics
 from babysitter.controller.runtime import Controller
 from tests.fixtures.controller import controller_config, set_up
 from tests.fixtures.reports import DBE, WARN, wire_report

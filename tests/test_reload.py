@@ -95,7 +95,7 @@ def test_the_policy_loop_takes_the_reloaded_thresholds_caps_and_sinks(tmp_path: 
     from unittest import mock
 
     from babysitter.controller.db.store import Store
-    from babysitter.controller.loop.metrics import ControllerMetrics
+    from babysitter.controller.loop.record.metrics import ControllerMetrics
     from babysitter.controller.loop.remediation import RemediationEngine
 
     live = parse_config({"controller": {"database_url": f"sqlite:///{tmp_path / 'b.db'}"}})
@@ -137,8 +137,8 @@ def test_the_policy_loop_takes_the_reloaded_ladder_validation_and_alertmanager(t
     from unittest import mock
 
     from babysitter.controller.db.store import Store
-    from babysitter.controller.loop.ladder import Rung
-    from babysitter.controller.loop.metrics import ControllerMetrics
+    from babysitter.controller.loop.decide.ladder import Rung
+    from babysitter.controller.loop.record.metrics import ControllerMetrics
     from babysitter.controller.loop.remediation import RemediationEngine
     from babysitter.finding import Action
 

@@ -29,9 +29,9 @@ from babysitter.agent.daemon import Agent
 from babysitter.config import RmaConfig, parse_config
 from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.db.actions import ActionKind
-from babysitter.controller.loop import rma
-from babysitter.controller.loop.ladder import Rung
-from babysitter.controller.loop.ledger import Ledger, Phase
+from babysitter.controller.loop.decide.ladder import Rung
+from babysitter.controller.loop.heal import rma
+from babysitter.controller.loop.read.ledger import Ledger, Phase
 from babysitter.devcluster.receiver import Receiver
 from tests.fixtures.controller import Secrets, controller_config, free_port, set_up
 from tests.fixtures.healing import Cluster, sdc_mismatch
@@ -346,7 +346,7 @@ def _part(members: list[tuple[str, bytes]]) -> bytes:
 def test_a_node_part_that_decompresses_past_its_bound_is_unreadable_not_read_whole():
     """A node with its own token and an open order cannot make the controller inflate a gzip
     bomb while it looks for the node's manifest (the manifest comes last in the agent's part)."""
-    from babysitter.controller.loop.rma_archive import _node_manifest
+    from babysitter.controller.loop.heal.rma_archive import _node_manifest
 
     manifest = ("node-manifest.json", b'{"bug_report": "absent", "kernel_log": "3 lines"}')
     honest = _part([("kernel.log", b"a\nb\nc\n"), manifest])

@@ -330,7 +330,7 @@ def test_2511_up_json_and_down_leave_no_process(tmp_path, slurm2511_prefix):
 
 def test_topology_is_read_from_scontrol(versioned):
     """`scontrol show topology` of this version places every node under its leaf and the
-    spine (controller/loop/fabric.py correlates by it)."""
+    spine (controller/loop/decide/fabric.py correlates by it)."""
     _, info = versioned
     t = client(info).topology()
     assert t.kind == "tree" and not t.skipped

@@ -1,4 +1,4 @@
-"""Straggler policy (babysitter/controller/loop/stragglers.py) on synthetic fleets: pure functions,
+"""Straggler policy (controller/loop/decide/stragglers.py) on synthetic fleets: pure functions,
 so the fleets are data. Seeded noise, many measurement rounds."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from babysitter.config import parse_config
-from babysitter.controller.loop.stragglers import (
+from babysitter.controller.loop.decide.stragglers import (
     NodePerf,
     StragglerSettings,
     Streak,
@@ -246,7 +246,7 @@ def test_engine_drains_a_straggler_when_configured(tmp_path: Path):
 
 
 def test_perf_from_metrics_ignores_garbage():
-    from babysitter.controller.loop.stragglers import perf_from_metrics
+    from babysitter.controller.loop.decide.stragglers import perf_from_metrics
 
     assert perf_from_metrics("n1", {"perf_gflops": {"gflops": ["x"]}}) is None
     assert perf_from_metrics("n1", {"perf_busbw": "fast"}) is None

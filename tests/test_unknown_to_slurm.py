@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from babysitter.controller.loop.alerts import Alert
+from babysitter.controller.loop.record.alerts import Alert
 from tests.fixtures.healing import Cluster, xid79
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from babysitter.controller.loop.policy import ClusterFacts, NodeFacts, PolicySettings, decide
-from babysitter.controller.loop.validation import read_verdict
+from babysitter.controller.loop.decide.policy import ClusterFacts, NodeFacts, PolicySettings, decide
+from babysitter.controller.loop.heal.validation import read_verdict
 from babysitter.devcluster.fakenvml import build
 from babysitter.devcluster.receiver import Receiver
 from babysitter.devcluster.sim import SimCluster
@@ -181,7 +181,7 @@ def _argv_for(gres: str, tmp_path: Path) -> list[str]:
 
     from babysitter.config import parse_config
     from babysitter.controller.db.store import Store
-    from babysitter.controller.loop.validation import Validator
+    from babysitter.controller.loop.heal.validation import Validator
     from bench.slurm_standin import InMemorySlurm
 
     slurm_ = InMemorySlurm(["n1"])

@@ -1,6 +1,6 @@
 """The `restart_fabric` rung on the node: the controller orders a restart of
 nvidia-fabricmanager or nvidia-imex in its answer to a report (controller/api/orders.py,
-controller/loop/fabric_rung.py); the agent, never the controller over ssh, runs `systemctl
+controller/loop/heal/fabric_rung.py); the agent, never the controller over ssh, runs `systemctl
 restart` under a time limit, and only where the node's hardware profile says it runs that
 service and no GPU has a process on it (a restart retrains the fabric under a running job).
 Anything it cannot tell is a refusal, never a restart: the controller then climbs to the next
@@ -22,7 +22,7 @@ from babysitter.finding import Finding, Severity
 
 log = logging.getLogger(__name__)
 
-ORDER = "fabric.restart"  # the order's `check` (controller/loop/fabric_rung.py ORDER)
+ORDER = "fabric.restart"  # the order's `check` (controller/loop/heal/fabric_rung.py ORDER)
 METRIC = "fabric_restart"  # the answer, in every later report's metrics until the next order
 FABRIC_MANAGER = "nvidia-fabricmanager"
 IMEX = "nvidia-imex"

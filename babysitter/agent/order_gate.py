@@ -34,7 +34,7 @@ KEEP = 256  # order ids remembered (uuid4s: ~10 KB; a node gets a few orders a w
 # expired: NTP keeps a cluster within milliseconds, a node whose clock is minutes off is
 # better refused (the controller's own expiry then ends the episode) than acting on it
 CLOCK_SKEW_S = 30.0
-EXPIRES_AT = "expires_at"  # the order's field (controller/loop/order_permission.py)
+EXPIRES_AT = "expires_at"  # the order's field (controller/loop/admit/order_permission.py)
 ONCE = frozenset({"gpu.reset", "fabric.restart", "rma.collect"})  # change the node: never twice
 
 

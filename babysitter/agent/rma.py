@@ -1,4 +1,4 @@
-"""RMA evidence on the node: the controller orders it (controller/loop/rma.py, in its answer to a
+"""RMA evidence on the node: the controller orders it (loop/heal/rma.py, in its answer to a
 report) when the node became a lemon or a reset / reboot rung failed. On a thread of its own the
 agent runs `nvidia-bug-report.sh` in an empty temporary directory (bounded in time and size;
 not installed: recorded as absent), reads the recent kernel log (bounded), packs both with a

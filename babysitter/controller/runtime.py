@@ -30,10 +30,10 @@ from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.api.readers import ReaderGate, reader_limits
 from babysitter.controller.api.ui.routes import LOGIN_PATH
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.maintenance import Maintenance
-from babysitter.controller.loop.metrics import ControllerMetrics
+from babysitter.controller.loop.admit.maintenance import Maintenance
+from babysitter.controller.loop.decide.wake import DrainWake
+from babysitter.controller.loop.record.metrics import ControllerMetrics
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
-from babysitter.controller.loop.wake import DrainWake
 from babysitter.errors import ConfigError
 from babysitter.reload import CONTROLLER_RESTART, CONTROLLER_UNUSED, Outcome, reload
 from babysitter.sdnotify import notify, watchdog_interval_s
@@ -272,7 +272,7 @@ class Controller:
     def _wait_next_tick(self, started: float, interval: float) -> None:
         """Sleep until the next tick is due, or until ingest stores a new drain-worthy
         finding (then tick at once, but never sooner than MIN_TICK_GAP_S after the last;
-        news from several nodes is first gathered into one tick, see controller/loop/wake.py)."""
+        news from several nodes is first gathered into one tick, see loop/decide/wake.py)."""
         self._stop.wait(max(0.0, MIN_TICK_GAP_S - (time.monotonic() - started)))
         if self.wake.event.wait(max(0.0, interval - (time.monotonic() - started))):
             self.wake.gather(self._stop)
@@ -357,7 +357,7 @@ class Controller:
     def maintenance(self) -> Maintenance:
         """The maintenance windows service, with this controller's Slurm client (the
         engine's, or one of its own on a replica) and Alertmanager when configured."""
-        from babysitter.controller.loop.maintenance import Alertmanager
+        from babysitter.controller.loop.admit.maintenance import Alertmanager
         from babysitter.slurm.factory import make_client
 
         if self.engine is not None:

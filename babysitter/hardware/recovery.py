@@ -9,7 +9,7 @@ Drivers before it answer the two older fields, now deprecated in its favour:
 (`NVML_GPU_RECOVERY_ACTION_*`).
 
 Each action maps to the finding's recommended action, and so to its rung of the remediation
-ladder (controller/loop/ladder.py): none -> nothing; GPU reset, drain and reset, bus reset ->
+ladder (controller/loop/decide/ladder.py): none -> nothing; GPU reset, drain and reset, bus reset ->
 `reset_gpu`; node or system reboot -> `reboot`; drain P2P -> a drain whose reason says P2P (no
 rung: a human looks); recover the IMEX domain -> a drain whose reason says so, and the
 `restart_fabric` rung restarts nvidia-imex where the node's profile runs it (else the ladder

@@ -6,7 +6,7 @@ nothing. What each reading means is judge.py's; this module only reads.
 
 Every GPU in a fabric ships its NVLink domain (the fabric's cluster UUID and clique id) with
 the report (metric `nvlink_domain`) and in its findings' details: the controller groups nodes
-into NVLink domains by it (controller/loop/nvlink_domain.py).
+into NVLink domains by it (controller/loop/fabric/nvlink_domain.py).
 """
 
 from __future__ import annotations

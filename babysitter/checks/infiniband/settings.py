@@ -14,7 +14,7 @@ The defaults of the flap rules, and where they come from:
   (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html, NCCL_IB_RETRY_CNT).
   Counting the first send too, the queue pair errors at 8 x 4.3 = 34.4 s at the earliest: the
   hold ends at NCCL's 30 s, before that, so that a port down for good is drained while the job
-  still runs and its requeue is held and then done (controller/loop/link_hold.py; a job that
+  still runs and its requeue is held and then done (controller/loop/decide/link_hold.py; a job that
   failed before the drain is not one `jobs.babysat_on` lists). A port back within it is a flap
   the job's NCCL rode out: a warning, no drain.
 - `flap_count` in `flap_window_s`: 2 in 300 s, ByteRobust's rule for a network alert (it

@@ -10,9 +10,9 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from babysitter.controller.api.auth import Principal
 from babysitter.controller.db.store import Store, now
-from babysitter.controller.loop.ledger import Ledger
-from babysitter.controller.loop.policy import node_verdict, rule_description
-from babysitter.controller.loop.rma import archives
+from babysitter.controller.loop.decide.policy import node_verdict, rule_description
+from babysitter.controller.loop.heal.rma import archives
+from babysitter.controller.loop.read.ledger import Ledger
 from babysitter.finding import Finding, Severity
 
 LEDGER_IN_NODE_VIEW = 20
@@ -46,7 +46,7 @@ def read_router(
         since = history_since(runtime_state)
         ledger = Ledger(store).history(name, LEDGER_IN_NODE_VIEW, since=since)
         history = [r.to_json() for r in ledger]
-        # its RMA evidence archives, newest first (controller/loop/rma.py; url: this API)
+        # its RMA evidence archives, newest first (controller/loop/heal/rma.py; url: this API)
         evidence = [a.to_json() for a in archives(store, node=name, limit=10)]
         return {**node_view(n, runtime_state), "ledger": history, "rma_archives": evidence}
 

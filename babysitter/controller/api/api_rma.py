@@ -1,5 +1,5 @@
 """RMA evidence routes: the node's agent uploads its part of an ordered archive (its own node
-token, only for an order of its own: controller/loop/rma.py), and readers (admin or read token)
+token, only for an order of its own: controller/loop/heal/rma.py), and readers (admin or read token)
 list a node's archives and download one."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from babysitter.controller.api.auth import Authenticator, Principal
 from babysitter.controller.api.ingest import bearer_token
 from babysitter.controller.api.ui.session import COOKIE, Sessions
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop import rma
-from babysitter.controller.loop.rma_archive import Refused, path_of, receive
+from babysitter.controller.loop.heal import rma
+from babysitter.controller.loop.heal.rma_archive import Refused, path_of, receive
 from babysitter.report import NODE_NAME
 
 ORDER = r"^[0-9a-f-]{36}$"

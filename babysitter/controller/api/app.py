@@ -38,7 +38,7 @@ from babysitter.controller.api.ingest import (
 from babysitter.controller.api.metrics_snapshot import StoreMetrics
 from babysitter.controller.api.ui.routes import LOGIN_PATH, LOGOUT_PATH, MAX_LOGIN_BODY
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.metrics import ControllerMetrics
+from babysitter.controller.loop.record.metrics import ControllerMetrics
 from babysitter.report import Report
 from babysitter.wire import HEADER, WIRE_VERSION
 
@@ -58,7 +58,7 @@ Dependency = Callable[[Request], Principal]  # the reader / admin checks routes 
 class Order(BaseModel):
     check: str  # the ordered check the agent runs now (sdc.matmul)
     id: str  # the agent reports it back with the result
-    # its binding (controller/loop/order_permission.py): optional, an older agent ignores them
+    # its binding (controller/loop/admit/order_permission.py): optional, an older agent ignores them
     node: str | None = None  # the node it is for: an agent refuses another node's
     episode: int | None = None  # the ledger row that ordered it (none for an SDC test)
     expires_at: str | None = None  # ISO 8601; an agent refuses it after (with a clock margin)

@@ -13,8 +13,8 @@ from sqlalchemy import func, or_, select
 
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store, aware
-from babysitter.controller.loop.guard import GUARD_KEY
-from babysitter.controller.loop.metrics import ControllerMetrics
+from babysitter.controller.loop.read.guard import GUARD_KEY
+from babysitter.controller.loop.record.metrics import ControllerMetrics
 from babysitter.slurm.ownership import ReasonOwner, mark_owner, reason_owner
 
 

@@ -29,8 +29,8 @@ from babysitter.controller.api.api_read import node_view
 from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import JobRow, Store, aware, now, stored_finding
-from babysitter.controller.loop import maintenance
-from babysitter.controller.loop.guard import guard_view
+from babysitter.controller.loop.admit import maintenance
+from babysitter.controller.loop.read.guard import guard_view
 from babysitter.slurm import ownership
 from babysitter.slurm.ownership import ReasonOwner
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 
 from babysitter.controller.api.auth import Principal
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.guard import guard_view
+from babysitter.controller.loop.read.guard import guard_view
 
 
 def guard_router(store: Store, reader: Callable[[Request], Principal]) -> APIRouter:

@@ -32,9 +32,9 @@ from babysitter.controller.api.auth import NODE_HEADER, Authenticator, Principal
 from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store, aware, now, stored_severity
-from babysitter.controller.loop.metrics import ControllerMetrics
-from babysitter.controller.loop.policy import drain_worthy
-from babysitter.controller.loop.wake import DrainWake
+from babysitter.controller.loop.decide.policy import drain_worthy
+from babysitter.controller.loop.decide.wake import DrainWake
+from babysitter.controller.loop.record.metrics import ControllerMetrics
 from babysitter.finding import Action, Finding, Severity, job_of, job_owned, no_verdict
 from babysitter.report import Report
 from babysitter.slurm.base import node_name_problem

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from babysitter.controller.api.api_admin import who
 from babysitter.controller.api.auth import Principal
 from babysitter.controller.db.audit import actor_of
-from babysitter.controller.loop.maintenance import Maintenance, windows
+from babysitter.controller.loop.admit.maintenance import Maintenance, windows
 from babysitter.slurm.hostlist import expand
 
 MAX_NODES = 10_000

@@ -29,7 +29,7 @@ from babysitter.controller.api import cockpit_metrics
 from babysitter.controller.api.api_read import node_view
 from babysitter.controller.db import models
 from babysitter.controller.db.store import Store, aware, now, stored_finding
-from babysitter.controller.loop.metrics import ControllerMetrics
+from babysitter.controller.loop.record.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
 STALE_INTERVALS = 3

@@ -1,12 +1,12 @@
 """Orders for agents, handed out in the answer to their reports: a node learns what the
 controller wants from it without a request of its own (10,000 nodes polling would double the
-controller's load). The orders live in the database (controller/loop/sdc_schedule.py writes SDC
-tests, controller/loop/healer.py GPU resets: an open ledger row in phase `resetting`,
-controller/loop/fabric_rung.py fabric restarts, controller/loop/rma.py RMA evidence),
+controller's load). The orders live in the database (controller/loop/heal/sdc_schedule.py writes SDC
+tests, controller/loop/heal/healer.py GPU resets: an open ledger row in phase `resetting`,
+controller/loop/heal/fabric_rung.py fabric restarts, controller/loop/heal/rma.py RMA evidence),
 so any controller replica answers with them; each replica re-reads them at most once a second
 on a thread of its own, and the report path only looks a node up in a dict.
 
-An order cannot outlive its permission (controller/loop/order_permission.py): each carries its
+An order cannot outlive its permission (controller/loop/admit/order_permission.py): each carries its
 node, its episode (the ledger row) and when it expires; at every refresh the book leaves out
 the orders of a node in a maintenance window or under someone else's Slurm reason, and those
 answered already; at every hand-out it leaves out the expired ones. Kept server-side, an order
@@ -30,17 +30,17 @@ from sqlalchemy.engine import Connection
 from babysitter.config import Config
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store, aware
-from babysitter.controller.loop.fabric_rung import ORDER as FABRIC_ORDER
-from babysitter.controller.loop.ledger import Phase
-from babysitter.controller.loop.order_permission import (
+from babysitter.controller.loop.admit.order_permission import (
     EXPIRES_AT,
     OWNER_UNKNOWN,
     answered,
     expiry,
     withheld,
 )
-from babysitter.controller.loop.rma import ORDER as RMA_ORDER
-from babysitter.controller.loop.rma import ORDERED as RMA_ORDERED
+from babysitter.controller.loop.heal.fabric_rung import ORDER as FABRIC_ORDER
+from babysitter.controller.loop.heal.rma import ORDER as RMA_ORDER
+from babysitter.controller.loop.heal.rma import ORDERED as RMA_ORDERED
+from babysitter.controller.loop.read.ledger import Phase
 
 log = logging.getLogger(__name__)
 REFRESH_S = 1.0
@@ -157,7 +157,7 @@ class OrderBook:
         return out
 
     def _rma(self, c: Connection) -> list[tuple[str, datetime | None, dict[str, Any]]]:
-        """RMA evidence (controller/loop/rma.py): ordered, not collected yet."""
+        """RMA evidence (controller/loop/heal/rma.py): ordered, not collected yet."""
         t = m.rma_archives
         out = []
         for node, oid, ledger_id, created in c.execute(

@@ -27,7 +27,7 @@ class ActionKind(StrEnum):
     INSPECT = "inspect"
     RMA = "rma"
     LEMON = "lemon"
-    # RMA evidence collected from the node's agent (controller/loop/rma.py): running -> done
+    # RMA evidence collected from the node's agent (controller/loop/heal/rma.py): running -> done
     EVIDENCE = "rma_evidence"
     # a word in the database that no kind above reads (hand-written, another version): it is
     # shown, never executed (a pending one fails) and never counted as a drain

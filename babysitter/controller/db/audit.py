@@ -40,8 +40,8 @@ class Actor(StrEnum):
     POLICY = "policy"  # the remediation loop on its own
     ADMIN = "admin"  # an admin token (API or CLI)
     MAINTENANCE = "maintenance"  # a maintenance window ending on its deadline
-    FABRIC = "fabric"  # a switch incident (controller/loop/fabric_loop.py)
-    SDC = "sdc"  # the periodic SDC test's holds (controller/loop/sdc_schedule.py)
+    FABRIC = "fabric"  # a switch incident (controller/loop/fabric/fabric_loop.py)
+    SDC = "sdc"  # the periodic SDC test's holds (controller/loop/heal/sdc_schedule.py)
 
 
 _RESULTS = {str(r): r for r in AuditResult}

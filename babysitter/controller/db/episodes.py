@@ -15,7 +15,6 @@ is theirs and starts nothing.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, case, func, select, update
@@ -23,29 +22,14 @@ from sqlalchemy import Connection, case, func, select, update
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store, stored_status
-
-RUNNING, PASSED, FAILED = "running", "passed", "failed"
-
-
-@dataclass(frozen=True)
-class NodeValidation:
-    """A node's validations in its current drain episode."""
-
-    state: str = ""  # "" none | running | passed | failed: the latest one
-    failures: int = 0  # failed validations in this episode (what `max_attempts` counts)
-
-
-def state_of(status: ActionStatus) -> str:
-    """A validate action's status as a validation state (skipped, an admin's take-over:
-    not a pass)."""
-    return {ActionStatus.RUNNING: RUNNING, ActionStatus.DONE: PASSED}.get(status, FAILED)
-
-
-def validated_for_this_drain(state: str) -> bool:
-    """The one predicate "validated for this drain": the node's latest validation since
-    babysitter last drained it passed. The policy, the healer and the validator ask it; no
-    other test of a validation's pass exists."""
-    return state == PASSED
+from babysitter.controller.db.validation_state import (  # noqa: F401 (re-exported)
+    FAILED,
+    PASSED,
+    RUNNING,
+    NodeValidation,
+    state_of,
+    validated_for_this_drain,
+)
 
 
 def episode_start() -> Any:

@@ -152,7 +152,7 @@ jobs = Table(
 # The lemon ledger: one row per rung babysitter climbed (or decided not to) for a node's fault,
 # with the GPU it concerned (UUID and serial travel with the hardware: a node renamed keeps its
 # history through them). Rows of the node's current episode are `open`; an admin's clear sets
-# cleared_at and the rows stop counting towards a lemon (controller/loop/ledger.py).
+# cleared_at and the rows stop counting towards a lemon (controller/loop/read/ledger.py).
 remediations = Table(
     "remediations",
     metadata,
@@ -180,7 +180,7 @@ remediations = Table(
     Index("ix_remediations_gpu", "gpu_uuid"),
 )
 
-# RMA evidence archives (controller/loop/rma.py orders, controller/api/api_rma.py stores)
+# RMA evidence archives (controller/loop/heal/rma.py orders, controller/api/api_rma.py stores)
 rma_archives = Table(
     "rma_archives",
     metadata,
@@ -234,7 +234,7 @@ audit_log = Table(
     Index("ix_audit_node_at", "node", "at"),
 )
 
-# Maintenance windows (controller/loop/maintenance.py): nodes babysitter neither drains nor pages
+# Maintenance windows (loop/admit/maintenance.py): nodes babysitter neither drains nor pages
 # until `ends_at` or an admin ends the window early.
 maintenance_windows = Table(
     "maintenance_windows",
@@ -256,7 +256,7 @@ maintenance_windows = Table(
     Index("ix_maintenance_state", "state"),
 )
 
-# The periodic SDC test's schedule (controller/loop/sdc_schedule.py), one row per node: the order
+# The periodic SDC test's schedule (loop/heal/sdc_schedule.py), one row per node: the order
 # in flight (its Slurm hold and id, which the ingest hands the node's agent), the last test
 # that ran, and why the node is not being tested when it is due.
 sdc_schedule = Table(

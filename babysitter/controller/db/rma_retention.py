@@ -17,7 +17,7 @@ from babysitter.controller.db import store as store_mod
 from babysitter.controller.db.store import Store
 
 log = logging.getLogger(__name__)
-COLLECTED, EXPIRED = "collected", "expired"  # the states of controller/loop/rma.py
+COLLECTED, EXPIRED = "collected", "expired"  # the states of controller/loop/heal/rma.py
 
 
 def expire_archives(store: Store, archive_dir: Path, cutoff: datetime, batch: int = 200) -> int:

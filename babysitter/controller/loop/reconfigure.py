@@ -8,15 +8,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from babysitter.controller.loop.admission import Limits
-from babysitter.controller.loop.alerts import Alert
-from babysitter.controller.loop.alerts.router import sinks_from_config
-from babysitter.controller.loop.blast import BlastSettings
-from babysitter.controller.loop.fabric_loop import FabricSettings
-from babysitter.controller.loop.ladder import LadderTable
-from babysitter.controller.loop.maintenance import Alertmanager
-from babysitter.controller.loop.policy import PolicySettings
-from babysitter.controller.loop.stragglers import StragglerSettings
+from babysitter.controller.loop.admit.admission import Limits
+from babysitter.controller.loop.admit.maintenance import Alertmanager
+from babysitter.controller.loop.decide.blast import BlastSettings
+from babysitter.controller.loop.decide.ladder import LadderTable
+from babysitter.controller.loop.decide.policy import PolicySettings
+from babysitter.controller.loop.decide.stragglers import StragglerSettings
+from babysitter.controller.loop.fabric.fabric_loop import FabricSettings
+from babysitter.controller.loop.record.alerts import Alert
+from babysitter.controller.loop.record.alerts.router import sinks_from_config
 from babysitter.finding import Severity
 
 CONDITION = "config_reload_failed"

@@ -33,23 +33,10 @@ from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import record_actions
-from babysitter.controller.loop.admission import Admission
-from babysitter.controller.loop.alerts import Alert, AlertRouter
-from babysitter.controller.loop.alerts.router import sinks_from_config
-from babysitter.controller.loop.alerts.sender import AlertSender
-from babysitter.controller.loop.context import LoopContext
-from babysitter.controller.loop.executor import ActionExecutor, node_alert
-from babysitter.controller.loop.fabric_loop import FabricStep
-from babysitter.controller.loop.facts import FactGatherer
-from babysitter.controller.loop.guard import GUARD_KEY
-from babysitter.controller.loop.healer import Healer
-from babysitter.controller.loop.jobs import JobTracker
-from babysitter.controller.loop.maintenance import Alertmanager, Maintenance
-from babysitter.controller.loop.metrics import ControllerMetrics
-from babysitter.controller.loop.nccl_requeue import NcclRequeues
-from babysitter.controller.loop.nvlink_domain import DomainStep
-from babysitter.controller.loop.outcome import OutcomeWriter
-from babysitter.controller.loop.policy import (
+from babysitter.controller.loop.act.executor import ActionExecutor, node_alert
+from babysitter.controller.loop.admit.admission import Admission
+from babysitter.controller.loop.admit.maintenance import Alertmanager, Maintenance
+from babysitter.controller.loop.decide.policy import (
     JOB_ALERT_PREFIX,
     ClusterFacts,
     Decision,
@@ -59,12 +46,25 @@ from babysitter.controller.loop.policy import (
     PolicySettings,
     decide,
 )
+from babysitter.controller.loop.fabric.fabric_loop import FabricStep
+from babysitter.controller.loop.fabric.nvlink_domain import DomainStep
+from babysitter.controller.loop.heal.healer import Healer
+from babysitter.controller.loop.heal.rma import RmaEvidence
+from babysitter.controller.loop.heal.sdc_schedule import SdcScheduler
+from babysitter.controller.loop.heal.validation import Validator
+from babysitter.controller.loop.jobs.jobs import JobTracker
+from babysitter.controller.loop.jobs.nccl_requeue import NcclRequeues
+from babysitter.controller.loop.read.context import LoopContext
+from babysitter.controller.loop.read.facts import FactGatherer
+from babysitter.controller.loop.read.guard import GUARD_KEY
+from babysitter.controller.loop.read.snapshot import SlurmSnapshot
 from babysitter.controller.loop.reconfigure import CONDITION as RELOAD_FAILED
 from babysitter.controller.loop.reconfigure import reconfigure, reload_alert
-from babysitter.controller.loop.rma import RmaEvidence
-from babysitter.controller.loop.sdc_schedule import SdcScheduler
-from babysitter.controller.loop.snapshot import SlurmSnapshot
-from babysitter.controller.loop.validation import Validator
+from babysitter.controller.loop.record.alerts import Alert, AlertRouter
+from babysitter.controller.loop.record.alerts.router import sinks_from_config
+from babysitter.controller.loop.record.alerts.sender import AlertSender
+from babysitter.controller.loop.record.metrics import ControllerMetrics
+from babysitter.controller.loop.record.outcome import OutcomeWriter
 from babysitter.finding import Severity
 from babysitter.slurm.client import SlurmClient, SlurmNode
 

@@ -12,8 +12,8 @@ from babysitter.controller.api.api_read import history_since, node_view
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind
 from babysitter.controller.db.store import JobRow, Store, now
-from babysitter.controller.loop import maintenance
-from babysitter.controller.loop.rma import Archive, archives
+from babysitter.controller.loop.admit import maintenance
+from babysitter.controller.loop.heal.rma import Archive, archives
 
 LEMON_CONDITIONS = ("lemon_node", "validation_lemon")
 

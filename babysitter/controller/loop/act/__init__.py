@@ -1,0 +1,1 @@
+"""Act: the executor that carries out admitted actions, with pending/retry."""

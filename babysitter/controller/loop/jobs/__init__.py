@@ -1,0 +1,1 @@
+"""Jobs: babysat jobs tracked from Slurm, their requeues and NCCL requeues."""

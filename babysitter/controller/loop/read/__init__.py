@@ -1,0 +1,1 @@
+"""Read: the tick's view of the store and of Slurm, taken once at its start."""

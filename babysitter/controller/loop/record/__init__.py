@@ -1,0 +1,1 @@
+"""Record: what the tick leaves for its readers: verdicts, metrics, alerts."""

@@ -1,0 +1,113 @@
+"""Writing the tick's outcome for its readers (`babysitter status`, the API): each node's
+verdict and Slurm state columns, and the blast-radius guard's state and why; each written only
+when it changed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from babysitter.controller.db.store import Store
+from babysitter.controller.loop.decide.policy import (
+    ClusterFacts,
+    DecisionKind,
+    NodeFacts,
+    PolicyResult,
+    PolicySettings,
+    drain_limit,
+)
+from babysitter.controller.loop.read.guard import GUARD_INFO_KEY
+from babysitter.controller.loop.read.snapshot import SlurmSnapshot
+
+
+def _drained(values: dict[str, Any]) -> bool:
+    return "DRAIN" in str(values.get("slurm_state") or "").split("+")
+
+
+class OutcomeWriter:
+    def __init__(self, store: Store, settings: PolicySettings, snapshot: SlurmSnapshot) -> None:
+        self.store = store
+        self.settings = settings
+        self.snapshot = snapshot  # the nodes' Slurm state, written next to their verdicts
+        self._written: dict[str, dict[str, Any]] = {}  # node columns last written
+        self._guard_written: dict[str, Any] | None = None
+
+    def verdicts(self, result: PolicyResult, facts: list[NodeFacts]) -> None:
+        """Each decided node's verdict and Slurm state columns, written when they change."""
+        changes: dict[str, dict[str, Any]] = {}
+        written: dict[str, dict[str, Any]] = {}
+        facts_by_name = {f.name: f for f in facts}
+        for name, verdict in result.verdicts.items():
+            sn = self.snapshot.nodes.get(name)
+            running = facts_by_name.get(name)
+            if running is not None and running.validation == "running":
+                verdict = "validating"
+            values: dict[str, Any] = {"verdict": verdict}
+            if sn is not None:
+                values["slurm_state"] = "+".join([sn.state, *sorted(sn.flags)])
+                values["slurm_reason"] = sn.reason or None
+            old = self._written.get(name)
+            if old != values:
+                written[name] = changes[name] = values
+                if (
+                    _drained(values)
+                    and old is not None
+                    and not _drained(old)
+                    and not (running is not None and running.ours)
+                ):
+                    # a drain someone else made in Slurm: when it began, for the age of stuck
+                    # drains (babysitter's and an admin's drains set it themselves)
+                    changes[name] = {**values, "drained_at": datetime.now(UTC)}
+        if changes:
+            self.store.update_nodes(changes)
+            self._written.update(written)
+
+    def guard(self, result: PolicyResult, cluster: ClusterFacts, now: datetime) -> None:
+        """The guard's state and why, for `babysitter status` and GET /api/v1/guard."""
+        prev = self.store.kv_get(GUARD_INFO_KEY) or {}
+        trip = next((d for d in result.decisions if d.kind is DecisionKind.GUARD_TRIPPED), None)
+        unsized = next((d for d in result.decisions if d.rule == "guard_unknown"), None)
+        tripped = bool(result.guard_tripped)
+        if tripped and prev.get("tripped"):
+            rule, reason, since = prev.get("rule"), prev.get("reason"), prev.get("since")
+            if trip is not None:
+                reason = trip.reason
+        elif tripped:
+            rule = trip.rule if trip else "guard_tripped"
+            reason = trip.reason if trip else "breaker tripped earlier; needs an admin reset"
+            since = now.isoformat()
+        else:
+            rule, reason, since = "", "", None
+        s = self.settings
+        info: dict[str, Any] = {
+            "tripped": tripped,
+            "rule": rule,
+            "reason": reason,
+            "since": since,
+            "blocked": _names(trip.details.get("blocked") if trip else None),
+            "slurm_data": bool(cluster.partition_sizes),
+            "undecided": _names(unsized.details.get("blocked") if unsized else None),
+            "undecided_reason": unsized.reason if unsized else "",
+            "limits": {
+                "max_drained_fraction": s.max_drained_fraction,
+                "min_drainable": s.min_drainable,
+                "max_drains_per_hour": s.max_drains_per_hour,
+            },
+            "drains_last_hour": cluster.drains_last_hour,
+            "partitions": {
+                p: {
+                    "size": n,
+                    "drained_by_babysitter": cluster.drained_by_us.get(p, 0),
+                    "may_drain": int(drain_limit(n, s)),
+                }
+                for p, n in sorted(cluster.partition_sizes.items())
+            },
+        }
+        if info != self._guard_written:
+            self.store.kv_set(GUARD_INFO_KEY, info)
+            self._guard_written = info
+
+
+def _names(value: object) -> list[str]:
+    """The node names a decision's details carry (a list of str), or []."""
+    return [str(v) for v in value] if isinstance(value, list) else []
