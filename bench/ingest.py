@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.controller.api.auth import node_token
-from babysitter.controller.api.ingest import NODE_STATE_UPDATE
+from babysitter.controller.api.node_state import NODE_STATE_UPDATE
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store
 from bench.common import figure, missing, summary, wait_ready, write_result

@@ -21,6 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 # benchmark result name -> repository paths whose code it measures (its own script included)
 MEASURES: dict[str, tuple[str, ...]] = {
+    "equivalence": ("babysitter", "bench/soak.py", "bench/equivalence.py"),
+    "tick_cost": ("babysitter/controller", "bench/tick_cost.py", "bench/slurm_standin.py"),
     "sdc": ("babysitter/checks/sdc", "bench/sdc.py"),
     "agent_cost": (
         "babysitter/agent",

@@ -25,7 +25,9 @@ BENCHMARKS: list[tuple[str, int]] = [
     # make test-unit, make demo warm (3 runs) and cold (a fresh clone and venv): ~4 min
     ("bench.newcomer", 900),
     ("bench.agent_cost", 300),
-    ("bench.fabric_scale", 300),  # a few seconds: correlation cost, 2k -> 32k nodes
+    ("bench.fabric_scale", 300),
+    # the tick beside fc1c4ca's: CPU and SQL statements per tick, 64 and 10,000 nodes (~3 min)
+    ("bench.tick_cost", 900),  # a few seconds: correlation cost, 2k -> 32k nodes
     # real 10,000-node slurmctld (devcluster) with ingest at 2,000 reports/s
     ("bench.rack_failure", 900),
     ("bench.slurm_load", 1200),

@@ -117,12 +117,13 @@ from babysitter.checks.nccl.check import NcclLogCheck
 from babysitter.checks.nccl.local_jobs import GRACE_S as NCCL_GRACE_S
 from babysitter.checks.xid.check import EVENT_XID, KmsgXidCheck, NvmlEvents
 from babysitter.config import Config, parse_config
-from babysitter.controller.api.ingest import MAX_OPEN_FINDINGS, ReportWriter
+from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.api.node_state import MAX_OPEN_FINDINGS
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.decide.policy import drain_worthy
-from babysitter.controller.loop.jobs.jobs import babysit_spec
+from babysitter.controller.loop.decide.verdict import drain_worthy
+from babysitter.controller.loop.jobs.job_policy import babysit_spec
 from babysitter.controller.loop.read.ledger import Ledger
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.devcluster import simib
@@ -182,7 +183,7 @@ QUIET = frozenset({Severity.OK, Severity.INFO})  # below warning: not a problem 
 HOST_CHECK = "babysitter.checks.host.check._process_running"  # slurmd's presence, simulated
 # the alert sender's flush waits for its own thread in wall time: its clock stays the real one
 WALL_CLOCK_MODULES = frozenset({"babysitter.controller.loop.record.alerts.sender"})
-# what a folded report does to its node's row (Soak._flush_folded; ingest's _fold_report for a
+# what a folded report does to its node's row (Soak._flush_folded; node_state's fold_report for a
 # full report with the same findings as the last, none above INFO): liveness, sending time, the
 # report's id, and the clean streak one longer per report (0 when the report is not clean)
 FOLD_UPDATE = (
@@ -240,7 +241,7 @@ def _findings(agent: Agent) -> list[Finding]:
 
 
 def _clean(findings: list[Finding]) -> bool:
-    """A report counts towards a resume (ingest's _fold_report): nothing drain-worthy and no
+    """A report counts towards a resume (node_state's fold_report): nothing drain-worthy and no
     check without a verdict."""
     return not any(drain_worthy(f) or no_verdict(f) for f in findings)
 

@@ -50,6 +50,13 @@ def test_contracts_kept():
         ("controller/loop/remediation.py", "babysitter.controller.api.auth"),
         # and the API is assembled by runtime, never the other way
         ("controller/api/app.py", "babysitter.controller.runtime"),
+        # the tick's decide stage is pure: no store, no Slurm backend, no later stage
+        ("controller/loop/decide/policy.py", "babysitter.controller.db.store"),
+        ("controller/loop/decide/blast.py", "babysitter.controller.loop.admit.admission"),
+        ("controller/loop/decide/ladder.py", "babysitter.slurm.cli"),
+        # the executor runs no step; admission never acts
+        ("controller/loop/act/executor.py", "babysitter.controller.loop.heal.healer"),
+        ("controller/loop/admit/admission.py", "babysitter.controller.loop.act.executor"),
     ],
 )
 def test_contract_bites_when_a_module_imports_what_it_must_not(
@@ -221,3 +228,29 @@ def test_the_length_check_sees_methods_and_nested_functions():
         "m.outer": 83,
         "m.outer.inner": 81,
     }
+
+
+CONTROLLER_LIMITS = {"module": 500, "class": 400, "function": 60}
+
+
+def _controller_oversized() -> dict[str, int]:
+    """What in babysitter/controller/ is over its limit: modules over 500 lines, classes over
+    400, functions over 60 (issue 52: the tick's code a newcomer can hold in their head)."""
+    found: dict[str, int] = {}
+    for path in sorted((REPO / "babysitter" / "controller").rglob("*.py")):
+        rel = str(path.relative_to(REPO / "babysitter"))
+        text = path.read_text()
+        if (n := len(text.splitlines())) > CONTROLLER_LIMITS["module"]:
+            found[rel] = n
+        for node in ast.walk(ast.parse(text, rel)):
+            kind = "class" if isinstance(node, ast.ClassDef) else "function"
+            if not isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > CONTROLLER_LIMITS[kind]:
+                found[f"{rel}:{node.name}"] = lines
+    return found
+
+
+def test_controller_modules_classes_and_functions_within_their_limits():
+    assert _controller_oversized() == {}

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from babysitter.controller.api.app import create_app
 from babysitter.controller.api.auth import Principal
 from babysitter.controller.api.fastpath import IngestFastPath
-from babysitter.controller.api.ingest import Ingest, Refused
+from babysitter.controller.api.ingress import Ingest, Refused
 from tests.fixtures.reports import WARN, wire_report
 
 

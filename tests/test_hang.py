@@ -10,7 +10,7 @@ from pathlib import Path
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.jobs import jobs
+from babysitter.controller.loop.jobs import hang
 from babysitter.controller.loop.remediation import make_engine
 from babysitter.devcluster.receiver import Receiver
 from babysitter.report import Report
@@ -22,8 +22,8 @@ def test_heartbeat_age(tmp_path):
     hb = tmp_path / ".babysitter" / "heartbeat-7.json"
     hb.parent.mkdir()
     hb.write_text(json.dumps({"step": 3, "time": 1000.0}))
-    assert jobs.heartbeat_age(str(tmp_path), 7, 1600.0) == 600.0
-    assert jobs.heartbeat_age(str(tmp_path / "none"), 7, 1600.0) is None
+    assert hang.heartbeat_age(str(tmp_path), 7, 1600.0) == 600.0
+    assert hang.heartbeat_age(str(tmp_path / "none"), 7, 1600.0) is None
 
 
 def _stalled_job(cluster, tmp_path: Path) -> tuple[int, CliSlurmClient]:
@@ -97,9 +97,9 @@ def test_heartbeat_that_is_a_fifo_or_a_link_never_blocks(tmp_path):
     d.mkdir()
     os.mkfifo(d / "heartbeat-7.json")
     (tmp_path / "step1").write_text("x")
-    age = jobs.heartbeat_age(str(tmp_path), 7, 1e10)  # falls back to the newest file
+    age = hang.heartbeat_age(str(tmp_path), 7, 1e10)  # falls back to the newest file
     assert age is not None and age > 0
     secret = tmp_path / "elsewhere.json"
     secret.write_text('{"time": 1.0}')
     (d / "heartbeat-8.json").symlink_to(secret)
-    assert jobs.heartbeat_age(str(tmp_path), 8, 1e10) != 1e10 - 1.0
+    assert hang.heartbeat_age(str(tmp_path), 8, 1e10) != 1e10 - 1.0

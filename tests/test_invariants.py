@@ -95,13 +95,13 @@ from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.api.orders import RESET_ORDER
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.decide.policy import Rule, job_owned
+from babysitter.controller.loop.decide.rules import Rule
 from babysitter.controller.loop.fabric.nvlink_domain import INCIDENTS_KEY, is_domain_fault
 from babysitter.controller.loop.fabric.nvlink_domain import METRIC as DOMAIN_METRIC
 from babysitter.controller.loop.heal import fabric_rung
-from babysitter.controller.loop.heal.healer import RESET_METRIC
+from babysitter.controller.loop.heal.resetting import RESET_METRIC
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
-from babysitter.finding import Finding
+from babysitter.finding import Finding, job_owned
 from babysitter.report import Report
 from tests.fixtures.healing import imex_down, not_trained
 from tests.fixtures.invariants import (
@@ -340,6 +340,9 @@ class World:
     def reset(self) -> None:
         with self.store.engine.connect() as c:
             self.fresh.backup(c.connection.dbapi_connection)  # type: ignore[arg-type]
+        # the whole database replaced under the store, by sqlite's backup (no statement the
+        # store could see): what the tick remembers of it is gone
+        self.store.reads.forget()
 
     def close(self) -> None:
         self.store.close()

@@ -6,13 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from babysitter.controller.loop.decide.policy import (
-    ClusterFacts,
-    DecisionKind,
-    NodeFacts,
-    PolicySettings,
-    decide,
-)
+from babysitter.controller.loop.decide.decisions import DecisionKind
+from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
+from babysitter.controller.loop.decide.policy import decide
 from babysitter.finding import Finding
 from tests.test_admission import Site, disk
 

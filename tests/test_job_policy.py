@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from babysitter.controller.loop.decide.link_hold import HoldFacts, decide_hold, grace_for, job_phase
-from babysitter.controller.loop.jobs.jobs import decide_requeue, max_requeues
+from babysitter.controller.loop.jobs.job_policy import decide_requeue, max_requeues
 from babysitter.finding import Finding
 from tests.fixtures.slurm import wait_for
 

@@ -19,7 +19,8 @@ from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.heal.sdc_schedule import HOLD_PREFIX, SdcScheduler, schedule_rows
+from babysitter.controller.loop.heal.sdc_schedule import HOLD_PREFIX, SdcScheduler
+from babysitter.controller.loop.heal.sdc_store import schedule_rows
 from babysitter.controller.loop.read.context import LoopContext
 from babysitter.report import Report
 from babysitter.slurm.client import SlurmJob, SlurmNode

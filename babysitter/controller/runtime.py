@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from sqlalchemy import text
@@ -24,7 +24,8 @@ from babysitter.controller.api.budget import RequestBudget
 from babysitter.controller.api.connguard import connection_cap, guarded_protocol, raise_fd_limit
 from babysitter.controller.api.fastpath import IngestFastPath
 from babysitter.controller.api.fleet_view import FleetView
-from babysitter.controller.api.ingest import Ingest, ReportWriter
+from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.api.ingress import Ingest
 from babysitter.controller.api.metrics_snapshot import StoreMetrics
 from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.api.readers import ReaderGate, reader_limits
@@ -38,6 +39,9 @@ from babysitter.errors import ConfigError
 from babysitter.reload import CONTROLLER_RESTART, CONTROLLER_UNUSED, Outcome, reload
 from babysitter.sdnotify import notify, watchdog_interval_s
 from babysitter.secretfile import check_private, read_secret
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 Dependency = Callable[[Request], Principal]  # the API's reader / admin checks
@@ -99,14 +103,7 @@ class Controller:
         self._reload_asked = False  # set by SIGHUP's handler (a plain flag: see ask_reload)
         self.last_reload: Outcome | None = None
         c = cfg.controller
-        secret = read_secret(c.cluster_secret_file, "cluster secret")
-        admin = read_secret(c.admin_token_file, "admin token").decode()
-        self.auth = Authenticator(secret, admin, _token(c.read_token_file, "read token"))
-        self.metrics_token = _token(c.metrics_token_file, "metrics token")  # None: /metrics open
-        if bool(c.tls_cert_file) != bool(c.tls_key_file):
-            raise ConfigError("controller.tls_cert_file and tls_key_file go together")
-        if c.tls_key_file:
-            check_private(c.tls_key_file, "controller.tls_key_file")
+        self._read_secrets()
         self.store = Store(c.database_url)
         # ingest wakes the policy loop when a node newly reports a drain-worthy finding
         self.wake = DrainWake()
@@ -133,9 +130,37 @@ class Controller:
             "remediation": c.remediation,
         }
         self.leadership = Leadership(self.store, compete=c.remediation)
-        # the status page's snapshot of the fleet: rebuilt after each tick (at most once per
-        # page refresh period), read by every page request (controller/api/fleet_view.py)
-        self.fleet = FleetView(
+        self.fleet = self._fleet_view()
+        self.state["fleet_view"] = self.fleet
+        # /metrics' store-derived values, read on a thread of their own (metrics_snapshot.py)
+        self.store_metrics = StoreMetrics(
+            self.store, self.metrics, self.state, c.metrics_interval_s
+        )
+        self.loops: list[tuple[str, Callable[[], object]]] = []
+        self.engine: RemediationEngine | None = None
+        self._stop = threading.Event()
+        self.retention: Any = None
+        # monotonic time the policy loop last finished an iteration: the systemd watchdog is
+        # pinged only while this moves, so a stuck loop gets the service restarted
+        self.last_progress = time.monotonic()
+
+    def _read_secrets(self) -> None:
+        """The cluster secret and the tokens; the TLS key must be private (refused at start)."""
+        c = self.cfg.controller
+        secret = read_secret(c.cluster_secret_file, "cluster secret")
+        admin = read_secret(c.admin_token_file, "admin token").decode()
+        self.auth = Authenticator(secret, admin, _token(c.read_token_file, "read token"))
+        self.metrics_token = _token(c.metrics_token_file, "metrics token")  # None: /metrics open
+        if bool(c.tls_cert_file) != bool(c.tls_key_file):
+            raise ConfigError("controller.tls_cert_file and tls_key_file go together")
+        if c.tls_key_file:
+            check_private(c.tls_key_file, "controller.tls_key_file")
+
+    def _fleet_view(self) -> FleetView:
+        """The status page's snapshot of the fleet: rebuilt after each tick (at most once per
+        page refresh period), read by every page request (controller/api/fleet_view.py)."""
+        c = self.cfg.controller
+        fleet = FleetView(
             self.store,
             self.state,
             lambda: self.engine.snapshot.nodes if self.engine is not None else {},
@@ -158,19 +183,8 @@ class Controller:
             ),
             min_gap_s=min(c.ui_refresh_s, 2 * c.loop_interval_s),
         )
-        self.fleet.stale_after_s = max(60.0, 4 * c.loop_interval_s)
-        self.state["fleet_view"] = self.fleet
-        # /metrics' store-derived values, read on a thread of their own (metrics_snapshot.py)
-        self.store_metrics = StoreMetrics(
-            self.store, self.metrics, self.state, c.metrics_interval_s
-        )
-        self.loops: list[tuple[str, Callable[[], object]]] = []
-        self.engine: RemediationEngine | None = None
-        self._stop = threading.Event()
-        self.retention: Any = None
-        # monotonic time the policy loop last finished an iteration: the systemd watchdog is
-        # pinged only while this moves, so a stuck loop gets the service restarted
-        self.last_progress = time.monotonic()
+        fleet.stale_after_s = max(60.0, 4 * c.loop_interval_s)
+        return fleet
 
     def add_loop(self, name: str, fn: Callable[[], object]) -> None:
         self.loops.append((name, fn))
@@ -372,8 +386,6 @@ class Controller:
         )
 
     def serve(self) -> None:
-        import uvicorn
-
         host, _, port = self.cfg.controller.listen.rpartition(":")
         # `systemctl reload` (uvicorn handles SIGINT/SIGTERM only)
         signal.signal(signal.SIGHUP, lambda *_: self.ask_reload())
@@ -382,16 +394,28 @@ class Controller:
             self.orders.start()
         threading.Thread(target=self.loop_forever, name="policy-loop", daemon=True).start()
         self.store_metrics.start()
+        server = self._server(host, int(port))
+        self._notify_systemd(server)
+        _tune_gc()
+        _tune_switching()
+        try:
+            server.run()
+        finally:
+            self._shut_down()
+
+    def _server(self, host: str, port: int) -> uvicorn.Server:
+        import uvicorn
+
         c = self.cfg.controller
         # every HTTP connection is a descriptor: take what the hard limit allows, then keep
         # the connection cap below it, with room for the database, Slurm and alert sockets
         raise_fd_limit()
         cap = connection_cap(c.max_connections)
-        server = uvicorn.Server(
+        return uvicorn.Server(
             uvicorn.Config(
                 self.served_app(),
                 host=host or "0.0.0.0",
-                port=int(port),
+                port=port,
                 log_level="warning",
                 access_log=False,
                 http=guarded_protocol(c.header_timeout_s, cap, c.body_timeout_s),
@@ -402,6 +426,9 @@ class Controller:
                 ssl_keyfile=self.cfg.controller.tls_key_file,
             )
         )
+
+    def _notify_systemd(self, server: uvicorn.Server) -> None:
+        """READY=1 once the server listens; WATCHDOG=1 while it does and the loop moves."""
         wd = watchdog_interval_s()
 
         def watchdog() -> None:
@@ -418,21 +445,18 @@ class Controller:
         threading.Thread(target=ready, daemon=True).start()
         if wd:
             threading.Thread(target=watchdog, daemon=True).start()
-        _tune_gc()
-        _tune_switching()
-        try:
-            server.run()
-        finally:
-            self._stop.set()
-            self.wake.event.set()  # the policy loop may be waiting on it
-            self.store_metrics.stop()
-            if self.engine is not None:
-                self.engine.close()
-            if self.orders is not None:
-                self.orders.stop()
-            if self.retention is not None:
-                self.retention.stop()
-            self.close()
+
+    def _shut_down(self) -> None:
+        self._stop.set()
+        self.wake.event.set()  # the policy loop may be waiting on it
+        self.store_metrics.stop()
+        if self.engine is not None:
+            self.engine.close()
+        if self.orders is not None:
+            self.orders.stop()
+        if self.retention is not None:
+            self.retention.stop()
+        self.close()
 
 
 def _token(path: Path | None, what: str) -> str | None:

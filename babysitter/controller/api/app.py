@@ -1,6 +1,7 @@
 """The HTTP API (FastAPI): the app, the report route and the error shapes. Contract:
 docs/architecture.md. The read, admin and health routes are routers of their own (api_read,
-api_admin, api_health); accepting a report is controller/api/ingest.py's."""
+api_admin, api_health); accepting a report is controller/api/ingress.py's, writing it
+controller/api/ingest.py's."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from babysitter.controller.api.api_sdc import sdc_router
 from babysitter.controller.api.audit_api import audit_router
 from babysitter.controller.api.auth import NODE_HEADER, Authenticator, Principal
 from babysitter.controller.api.guard_api import guard_router
-from babysitter.controller.api.ingest import (
+from babysitter.controller.api.ingress import (
     Ingest,
     Refused,
     StoreUnavailable,
@@ -223,6 +224,29 @@ def report_router(ingest: Ingest) -> APIRouter:
     """POST /api/v1/reports."""
     router = APIRouter()
 
+    async def post_report(body: Report) -> Accepted:
+        """Declares the route for OpenAPI; requests are served by `handle_report`."""
+        raise NotImplementedError  # pragma: no cover
+
+    router.add_api_route(
+        REPORTS_PATH,
+        post_report,
+        methods=["POST"],
+        status_code=202,
+        response_model=Accepted,
+        responses={
+            200: {"model": Accepted, "description": "duplicate, stored before"},
+            401: {"description": "no bearer token"},
+            403: {"description": "token not valid for this node"},
+            413: {"description": "body larger than controller.max_body_bytes"},
+            503: {"description": "store unavailable"},
+        },
+        route_class_override=_handled_by(_report_handler(ingest)),
+    )
+    return router
+
+
+def _report_handler(ingest: Ingest) -> Callable[[Request], Awaitable[Response]]:
     async def handle_report(request: Request) -> Response:
         """POST /api/v1/reports, every case. Runs as the route's whole handler (see
         _handled_by): the headers first (token, node, declared length: 401/403/413 without
@@ -263,26 +287,7 @@ def report_router(ingest: Ingest) -> APIRouter:
             payload, status_code=status, media_type="application/json", headers=_WIRE_HEADERS
         )
 
-    async def post_report(body: Report) -> Accepted:
-        """Declares the route for OpenAPI; requests are served by `handle_report`."""
-        raise NotImplementedError  # pragma: no cover
-
-    router.add_api_route(
-        REPORTS_PATH,
-        post_report,
-        methods=["POST"],
-        status_code=202,
-        response_model=Accepted,
-        responses={
-            200: {"model": Accepted, "description": "duplicate, stored before"},
-            401: {"description": "no bearer token"},
-            403: {"description": "token not valid for this node"},
-            413: {"description": "body larger than controller.max_body_bytes"},
-            503: {"description": "store unavailable"},
-        },
-        route_class_override=_handled_by(handle_report),
-    )
-    return router
+    return handle_report
 
 
 def refused(exc: Refused) -> Response:

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from babysitter.controller.api.auth import NODE_HEADER, Authenticator, Principal
-from babysitter.controller.api.ingest import bearer_token
+from babysitter.controller.api.ingress import bearer_token
 
 _NODE = NODE_HEADER.encode()
 Key = tuple[str, str]

@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from babysitter.controller.api.app import REPORTS_PATH, refused, unavailable
 from babysitter.controller.api.auth import NODE_HEADER
-from babysitter.controller.api.ingest import Ingest, Refused, StoreUnavailable, report_problems
+from babysitter.controller.api.ingress import Ingest, Refused, StoreUnavailable, report_problems
 from babysitter.report import Report
 from babysitter.wire import HEADER_BYTES, WIRE_VERSION
 

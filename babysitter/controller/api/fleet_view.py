@@ -7,28 +7,37 @@ that may need a human: open findings, a verdict other than healthy, drained by b
 Slurm, silent past the heartbeat timeout (the same filter as the policy tick's,
 controller/db/tickstore.py). Every other node is healthy and only counted, per partition, leaf
 switch and NVLink domain. A store that cannot be read makes every node `unknown` (never healthy)
-with the error said on the page."""
+with the error said on the page.
+
+The snapshot's shape is fleet_snapshot.py's; a page's filters are fleet_query.py's."""
 
 from __future__ import annotations
 
 import logging
 import math
-import re
-import secrets
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import or_, select, true
 
 from babysitter.controller.api.api_read import node_view
+from babysitter.controller.api.fleet_snapshot import (
+    NO_PARTITION,
+    VERDICTS,
+    FleetSnapshot,
+    NodeRow,
+    Place,
+    empty_snapshot,
+    plain_row,
+)
 from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
-from babysitter.controller.db.store import JobRow, Store, aware, now, stored_finding
+from babysitter.controller.db.store import Store, aware, now, stored_finding
 from babysitter.controller.loop.admit import maintenance
 from babysitter.controller.loop.read.guard import guard_view
 from babysitter.slurm import ownership
@@ -36,9 +45,6 @@ from babysitter.slurm.ownership import ReasonOwner
 
 log = logging.getLogger(__name__)
 
-VERDICTS = ("unhealthy", "suspect", "unknown", "validating", "healthy")
-OWNERS = ("babysitter", "admin", "healthcheck", "none")
-NO_PARTITION = "(no Slurm partition known)"
 PROBLEM_CHARS = 120  # a finding's message on a tile: the whole text is on the node's page
 MAX_ALERTS = 50  # firing alerts kept in a snapshot (the rest are counted)
 MAX_JOBS = 50
@@ -50,129 +56,6 @@ NAMES_S = 60.0
 # name -> the Slurm node (its .partitions, .state, .flags, .reason): the engine's snapshot
 SlurmNodes = Callable[[], Mapping[str, Any]]
 PlaceOf = Callable[[str], str | None]  # node -> its leaf switch / NVLink domain (None: unknown)
-
-
-@dataclass(frozen=True)
-class Place:
-    partitions: tuple[str, ...]
-    switch: str | None
-    domain: str | None
-
-
-@dataclass(frozen=True)
-class NodeRow:
-    """A node that needs a human (or any node, when healthy ones are asked for)."""
-
-    name: str
-    verdict: str
-    drained: bool
-    maintenance: bool
-    problem: str  # the first open finding's message, cut at PROBLEM_CHARS
-    problems: int  # open findings
-    owner: str  # whose Slurm reason holds it: OWNERS
-    reason: str
-    slurm_state: str
-    # not shown on the fleet page: a node reporting the same fault again changes nothing there
-    last_report_at: datetime | None = field(compare=False)
-    place: Place
-
-
-@dataclass(frozen=True)
-class FleetSnapshot:
-    version: int  # moves only when what a page shows changed
-    instance: str  # this process: versions of two controllers never compare equal
-    changed_at: datetime  # when what a page shows last changed
-    built_at: float  # time.monotonic() of the build (a page older than a few ticks says so)
-    build_s: float
-    error: str | None  # the store could not be read: every node is unknown
-    total: int
-    counts: Mapping[str, int]  # verdict -> nodes
-    by_partition: Mapping[str, Mapping[str, int]]  # partition -> verdict -> nodes
-    by_switch: Mapping[str, Mapping[str, int]]
-    by_domain: Mapping[str, Mapping[str, int]]
-    needs_human: tuple[NodeRow, ...]  # not healthy, or drained: worst first, then by name
-    healthy: tuple[str, ...]  # the other nodes' names, sorted
-    places: Mapping[str, Place]  # every node's place (filters on healthy nodes)
-    guard: Mapping[str, Any]
-    alerts: tuple[Mapping[str, Any], ...]  # firing, most severe first (MAX_ALERTS of them)
-    alerts_total: int
-    windows: tuple[maintenance.Window, ...]
-    jobs: tuple[JobRow, ...]
-    jobs_total: int
-    recent: tuple[audit.AuditEntry, ...]
-
-    def content(self) -> tuple[Any, ...]:
-        """What a page shows: equal contents keep the version (a conditional GET stays 304)."""
-        return (
-            self.error,
-            self.total,
-            tuple(self.counts.items()),
-            _nested(self.by_partition),
-            _nested(self.by_switch),
-            _nested(self.by_domain),
-            self.needs_human,
-            self.healthy,
-            _shown(self.guard, GUARD_SHOWN),
-            _incidents(self.guard),
-            tuple(_shown(a, ALERT_SHOWN) for a in self.alerts),
-            self.alerts_total,
-            repr(self.windows),
-            tuple(_shown(j, JOB_SHOWN) for j in self.jobs),
-            self.jobs_total,
-            tuple(e.id for e in self.recent),
-        )
-
-
-# the fields the page shows (rows also carry times that move on every write)
-GUARD_SHOWN = ("state", "tripped", "since", "rule", "rule_description", "reason", "blocked")
-ALERT_SHOWN = ("severity", "node", "condition", "summary", "started_at")
-JOB_SHOWN = (
-    *("job_id", "name", "user", "state", "nodes", "babysit"),
-    *("restart_count", "requeues", "resume_point"),
-)
-
-
-def _shown(row: Mapping[str, Any], keys: tuple[str, ...]) -> str:
-    return repr([row.get(k) for k in keys])
-
-
-def _incidents(guard: Mapping[str, Any]) -> str:
-    return repr(
-        [
-            (i.get("switch"), i.get("opened_at"), i.get("nodes"), i.get("jobs"))
-            for i in guard.get("switch_incidents") or []
-        ]
-    )
-
-
-def _nested(d: Mapping[str, Mapping[str, int]]) -> tuple[Any, ...]:
-    return tuple((k, tuple(v.items())) for k, v in d.items())
-
-
-def empty_snapshot(error: str | None = None) -> FleetSnapshot:
-    return FleetSnapshot(
-        version=0,
-        instance=secrets.token_hex(4),
-        changed_at=now(),
-        built_at=time.monotonic(),
-        build_s=0.0,
-        error=error,
-        total=0,
-        counts=dict.fromkeys(VERDICTS, 0),
-        by_partition={},
-        by_switch={},
-        by_domain={},
-        needs_human=(),
-        healthy=(),
-        places={},
-        guard={"state": "unknown", "tripped": False, "blocked": [], "switch_incidents": []},
-        alerts=(),
-        alerts_total=0,
-        windows=(),
-        jobs=(),
-        jobs_total=0,
-        recent=(),
-    )
 
 
 def reason_owner(reason: str, babysitter_drained: bool, prefix: str) -> str:
@@ -415,7 +298,7 @@ def _by_group(
 def _unknown(prev: FleetSnapshot, error: str) -> FleetSnapshot:
     """The store could not be read: every node known so far is unknown, never healthy."""
     names = sorted({*prev.healthy, *(n.name for n in prev.needs_human)})
-    rows = tuple(_plain_row(prev, name, "unknown", "the store could not be read") for name in names)
+    rows = tuple(plain_row(prev, name, "unknown", "the store could not be read") for name in names)
 
     def unknown(groups: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
         return {
@@ -492,122 +375,3 @@ def _read_nodes(
         r["last_report_at"] = aware(r["last_report_at"])
         r["open_findings"] = [stored_finding(f) for f in r["open_findings"] or []]
     return names, rows
-
-
-@dataclass
-class Query:
-    """A fleet page's filters, from its query string."""
-
-    verdict: str = ""  # "" = needs a human; a verdict; "drained"; "all"
-    partition: str = ""
-    switch: str = ""
-    domain: str = ""
-    owner: str = ""
-    q: str = ""  # a node name (substring) or a Slurm hostlist
-    page: int = 1
-    errors: list[str] = field(default_factory=list)
-
-
-PAGE_SIZE = 100
-
-
-def select_nodes(snap: FleetSnapshot, query: Query) -> list[NodeRow | str]:
-    """The nodes a page lists, each once (a node in several partitions is one row): a NodeRow
-    for a node that needs a human, the name of a healthy one (rows(): only for the page shown,
-    there may be 10,000 of them)."""
-    from babysitter.slurm.hostlist import expand
-
-    wanted: set[str] | None = None
-    needle = query.q.strip()
-    if needle and any(ch in needle for ch in "[],"):
-        try:
-            if hostlist_size(needle) > MAX_SEARCH_NAMES:
-                raise ValueError(f"more than {MAX_SEARCH_NAMES} names")
-            wanted = set(expand(needle))
-        except (ValueError, IndexError) as exc:
-            query.errors.append(f"not a Slurm hostlist: {exc}")
-            wanted = set()
-    low = needle.lower()
-
-    def named(name: str) -> bool:
-        if wanted is not None:
-            return name in wanted
-        return not needle or low in name.lower()
-
-    def placed(p: Place) -> bool:
-        return (
-            (not query.partition or query.partition in p.partitions)
-            and (not query.switch or p.switch == query.switch)
-            and (not query.domain or p.domain == query.domain)
-        )
-
-    def keep(r: NodeRow) -> bool:
-        if query.verdict == "drained":
-            if not r.drained:
-                return False
-        elif query.verdict not in ("", "all") and r.verdict != query.verdict:
-            return False
-        if query.owner and r.owner != query.owner:
-            return False
-        return placed(r.place) and named(r.name)
-
-    out: list[NodeRow | str] = [r for r in snap.needs_human if keep(r)]
-    # healthy nodes are listed when asked for: by verdict, or by name (a search shows a node
-    # whatever its verdict); a healthy node is held by nobody and not drained
-    healthy_too = query.verdict in ("healthy", "all") or (bool(needle) and not query.verdict)
-    if healthy_too and query.owner in ("", "none"):
-        places = snap.places
-        none = Place((NO_PARTITION,), None, None)
-        out += [n for n in snap.healthy if named(n) and placed(places.get(n) or none)]
-    return out
-
-
-MAX_SEARCH_NAMES = 100_000  # a search's hostlist names at most this many nodes
-_BRACKETS = re.compile(r"\[([^\]]*)\]")
-_SPAN = re.compile(r"^\s*(\d+)(?:-(\d+))?\s*$")
-
-
-def hostlist_size(expr: str) -> int:
-    """How many names a hostlist expands to, counted without expanding it (a viewer's search
-    must not make the controller list millions of names); malformed parts count as one."""
-    total, depth = 0, 0
-    item: list[str] = []
-    for ch in [*expr, ","]:
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if ch == "," and depth <= 0:
-            size = 1
-            for body in _BRACKETS.findall("".join(item)):
-                spans = [_SPAN.match(r) for r in body.split(",")]
-                # a backwards range ([5-3]) is malformed: one, never a negative count that
-                # would hide a huge item elsewhere in the search
-                size *= sum(max(1, int(m[2] or m[1]) - int(m[1]) + 1) if m else 1 for m in spans)
-            total += size
-            item = []
-        else:
-            item.append(ch)
-    return total
-
-
-def rows(snap: FleetSnapshot, items: list[NodeRow | str]) -> list[NodeRow]:
-    return [i if isinstance(i, NodeRow) else _healthy_row(snap, i) for i in items]
-
-
-def _healthy_row(snap: FleetSnapshot, name: str) -> NodeRow:
-    return _plain_row(snap, name, "healthy", "")
-
-
-def _plain_row(snap: FleetSnapshot, name: str, verdict: str, problem: str) -> NodeRow:
-    """A node the snapshot holds only by name: not drained, no finding, no Slurm reason."""
-    return NodeRow(
-        name=name,
-        verdict=verdict,
-        drained=False,
-        maintenance=False,
-        problem=problem,
-        problems=0,
-        owner="none",
-        reason="",
-        slurm_state="",
-        last_report_at=None,
-        place=snap.places.get(name) or Place((NO_PARTITION,), None, None),
-    )

@@ -119,9 +119,14 @@ def evidence(store: Store, nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
     names = sorted({n for n in nodes if n})
     if not names:
         return {}
-    q = select(m.nodes.c.name, m.nodes.c.open_findings).where(m.nodes.c.name.in_(names))
-    with store.engine.connect() as c:
-        return {name: list(found or [])[:MAX_EVIDENCE] for name, found in c.execute(q)}
+
+    def read() -> dict[str, list[dict[str, Any]]]:
+        q = select(m.nodes.c.name, m.nodes.c.open_findings).where(m.nodes.c.name.in_(names))
+        with store.reading() as c:
+            return {name: list(found or [])[:MAX_EVIDENCE] for name, found in c.execute(q)}
+
+    got = store.reads.read(("nodes",), ("audit_evidence", tuple(names)), read)
+    return {name: list(found) for name, found in got.items()}
 
 
 def _result(status: str, dry_run: bool) -> AuditResult | None:
@@ -142,7 +147,7 @@ def record_actions(
     if not action_ids:
         return []
     a = m.actions
-    with store.engine.connect() as c:
+    with store.reading() as c:
         q = select(a).where(a.c.id.in_(sorted(action_ids)))
         rows = [stored_action_row(r._mapping) for r in c.execute(q)]
     found = evidence(store, [r.node for r in rows if r.node])
@@ -183,7 +188,7 @@ def entries(
         q = q.where(t.c.node == node)
     if since:
         q = q.where(t.c.at >= since)
-    with store.engine.connect() as c:
+    with store.reading() as c:
         rows = [r._asdict() for r in c.execute(q)]
     return [
         AuditEntry(

@@ -52,11 +52,8 @@ def start_drain_episodes(store: Store, nodes: Collection[str]) -> None:
         start_episodes(c, nodes)
 
 
-def validation_history(
-    store: Store, names: Collection[str] | None = None
-) -> dict[str, NodeValidation]:
-    """Per node (of `names`, or every node with one): its validations in its current drain
-    episode. A node without a row, or never drained by babysitter, counts all of its own."""
+def _validations_query(names: Collection[str] | None) -> Any:
+    """The latest validation per node in its current episode, and its episode's failures."""
     a, n = m.actions.c, m.nodes.c
     failed = func.sum(case((a.status == str(ActionStatus.FAILED), 1), else_=0))
     per = (
@@ -68,10 +65,25 @@ def validation_history(
     if names is not None:
         per = per.where(a.node.in_(sorted(names)))
     sub = per.subquery()
-    q = select(sub.c.node, a.status, sub.c.failures).join(m.actions, a.id == sub.c.latest)
-    out: dict[str, NodeValidation] = {}
-    with store.engine.connect() as c:
-        for node, status, failures in c.execute(q):
-            if node:
-                out[str(node)] = NodeValidation(state_of(stored_status(status)), int(failures or 0))
-    return out
+    return select(sub.c.node, a.status, sub.c.failures).join(m.actions, a.id == sub.c.latest)
+
+
+def validation_history(
+    store: Store, names: Collection[str] | None = None
+) -> dict[str, NodeValidation]:
+    """Per node (of `names`, or every node with one): its validations in its current drain
+    episode. A node without a row, or never drained by babysitter, counts all of its own."""
+
+    def read() -> dict[str, NodeValidation]:  # built only when not remembered
+        q = _validations_query(names)
+        out: dict[str, NodeValidation] = {}
+        with store.reading() as c:
+            for node, status, failures in c.execute(q):
+                if node:
+                    state = state_of(stored_status(status))
+                    out[str(node)] = NodeValidation(state, int(failures or 0))
+        return out
+
+    key = ("validations", None if names is None else tuple(sorted(names)))
+    # the ingest's writes to nodes touch no drain_episode: they leave this read good
+    return dict(store.reads.read(("actions", "nodes.drain_episode"), key, read))

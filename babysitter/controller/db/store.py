@@ -4,15 +4,18 @@ come in through the batching writer in controller/api/ingest.py."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypedDict, TypeVar, cast
 
 from sqlalchemy import (
+    Connection,
     Engine,
     RowMapping,
     String,
@@ -28,6 +31,7 @@ from sqlalchemy import (
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.tick_reads import TickReads
 from babysitter.finding import Action, Finding, Severity
 from babysitter.job import BabysitSpec
 
@@ -227,6 +231,7 @@ class Store:
         self.url = url
         self.engine = make_engine(url)
         self.insert = _insert(self.engine)
+        self.reads = TickReads(self.engine)  # the tick reads each table once (tick_reads.py)
 
     # ---- lifecycle
     def upgrade(self) -> None:
@@ -239,7 +244,7 @@ class Store:
 
     def ping(self) -> bool:
         try:
-            with self.engine.connect() as c:
+            with self.engine.connect() as c:  # a fresh one: ping tests the database
                 c.execute(select(1))
             return True
         except Exception:
@@ -247,13 +252,13 @@ class Store:
 
     # ---- reads
     def node_rows(self) -> list[dict[str, Any]]:
-        with self.engine.connect() as c:
+        with self.reading() as c:
             return [
                 self._node(r._asdict()) for r in c.execute(select(m.nodes).order_by(m.nodes.c.name))
             ]
 
     def node(self, name: str) -> dict[str, Any] | None:
-        with self.engine.connect() as c:
+        with self.reading() as c:
             row = c.execute(select(m.nodes).where(m.nodes.c.name == name)).first()
         return self._node(row._asdict()) if row else None
 
@@ -282,7 +287,7 @@ class Store:
             q = q.where(m.findings.c.observed_at >= since)
         if severity:
             q = q.where(m.findings.c.severity.in_([str(s) for s in Severity if s >= severity]))
-        with self.engine.connect() as c:
+        with self.reading() as c:
             rows = [r._asdict() for r in c.execute(q)]
         for r in rows:
             r["observed_at"] = aware(r["observed_at"])
@@ -292,11 +297,11 @@ class Store:
 
     def count(self, table: str) -> int:
         t = m.metadata.tables[table]
-        with self.engine.connect() as c:
+        with self.reading() as c:
             return int(c.execute(select(func.count()).select_from(t)).scalar_one())
 
     def report_ids(self) -> list[str]:
-        with self.engine.connect() as c:
+        with self.reading() as c:
             return [r[0] for r in c.execute(select(m.reports.c.report_id))]
 
     # ---- node state written by the policy loop
@@ -356,16 +361,20 @@ class Store:
 
     def actions(self, status: str | None = None, limit: int = 1000) -> list[Recorded]:
         """Actions, newest first; `status`: an ActionStatus (another word matches none)."""
-        q = select(m.actions).order_by(m.actions.c.id.desc()).limit(limit)
-        if status:
-            q = q.where(m.actions.c.status == str(status))
-        with self.engine.connect() as c:
-            return [stored_action_row(r._mapping) for r in c.execute(q)]
+
+        def read() -> list[Recorded]:  # built only when not remembered
+            q = select(m.actions).order_by(m.actions.c.id.desc()).limit(limit)
+            if status:
+                q = q.where(m.actions.c.status == str(status))
+            with self.reading() as c:
+                return [stored_action_row(r._mapping) for r in c.execute(q)]
+
+        return list(self.reads.read(("actions",), ("actions", status, limit), read))
 
     def action(self, action_id: int) -> Recorded | None:
         """One action by its id, however many came after it."""
         q = select(m.actions).where(m.actions.c.id == action_id)
-        with self.engine.connect() as c:
+        with self.reading() as c:
             row = c.execute(q).first()
         return stored_action_row(row._mapping) if row is not None else None
 
@@ -393,7 +402,7 @@ class Store:
                 )
 
     def jobs(self) -> list[JobRow]:
-        with self.engine.connect() as c:
+        with self.reading() as c:
             rows = [r._asdict() for r in c.execute(select(m.jobs).order_by(m.jobs.c.job_id))]
         for r in rows:
             r["first_seen_at"] = aware(r["first_seen_at"])
@@ -409,7 +418,7 @@ class Store:
                 c.execute(m.alerts.insert().values(key=key, **values))
 
     def alerts(self) -> list[dict[str, Any]]:
-        with self.engine.connect() as c:
+        with self.reading() as c:
             rows = [r._asdict() for r in c.execute(select(m.alerts))]
         for r in rows:
             r["severity"] = stored_severity(r["severity"])
@@ -419,19 +428,36 @@ class Store:
         """The alerts firing now. Every tick reads them: resolved rows (one per node|condition
         and job key ever seen) grow for ever and were read and decoded each time (the soak's
         ticks slowed ~3x over five simulated days of job alerts)."""
-        with self.engine.connect() as c:
-            rows = [
-                r._asdict() for r in c.execute(select(m.alerts).where(m.alerts.c.state == "firing"))
-            ]
-        for r in rows:
-            r["severity"] = stored_severity(r["severity"])
-        return rows
+
+        def read() -> list[dict[str, Any]]:
+            q = select(m.alerts).where(m.alerts.c.state == "firing")
+            with self.reading() as c:
+                rows = [r._asdict() for r in c.execute(q)]
+            for r in rows:
+                r["severity"] = stored_severity(r["severity"])
+            return rows
+
+        return [dict(r) for r in self.reads.read(("alerts",), ("firing_alerts",), read)]
 
     # ---- kv
     def kv_get(self, key: str, default: Any = None) -> Any:
-        with self.engine.connect() as c:
+        if self.reads.active:  # the tick reads the whole (small) table once
+            return copy.deepcopy(self.reads.read(("kv",), ("kv",), self._kv_all).get(key, default))
+        with self.reading() as c:
             row = c.execute(select(m.kv.c.value).where(m.kv.c.key == key)).first()
         return row[0] if row else default
+
+    def _kv_all(self) -> dict[str, Any]:
+        with self.reading() as c:
+            return {str(k): v for k, v in c.execute(select(m.kv.c.key, m.kv.c.value))}
+
+    def reading(self) -> AbstractContextManager[Connection]:
+        """A connection to read with (the tick's one inside the tick: tick_reads.py)."""
+        return self.reads.connection()
+
+    def tick_reads(self) -> AbstractContextManager[None]:
+        """The span of one tick: its repeated reads come from memory (tick_reads.py)."""
+        return self.reads.tick()
 
     def kv_set(self, key: str, value: Any) -> None:
         ts = now()

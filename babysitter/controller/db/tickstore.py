@@ -33,6 +33,25 @@ from babysitter.controller.db.store import Store, aware, stored_finding
 MAX_NAMED = 500
 
 
+_POLICY_COLUMNS = select(
+    m.nodes.c.name,
+    m.nodes.c.open_findings,
+    m.nodes.c.consecutive_clean,
+    m.nodes.c.last_report_at,
+    m.nodes.c.babysitter_drained,
+    m.nodes.c.slurm_reason,
+).order_by(m.nodes.c.name)
+_POLICY_STEADY = _POLICY_COLUMNS.where(
+    or_(
+        m.nodes.c.worst_severity != "ok",
+        m.nodes.c.verdict != "healthy",
+        m.nodes.c.babysitter_drained == true(),
+        m.nodes.c.last_report_at.is_(None),
+        m.nodes.c.last_report_at < bindparam("stale"),
+    )
+)
+
+
 def policy_rows(
     store: Store,
     *,
@@ -44,15 +63,11 @@ def policy_rows(
     that may need a decision (see the module doc: `stale_before` = now - heartbeat timeout,
     None for `names` only)."""
     n = m.nodes
-    q = select(
-        n.c.name,
-        n.c.open_findings,
-        n.c.consecutive_clean,
-        n.c.last_report_at,
-        n.c.babysitter_drained,
-        n.c.slurm_reason,
-    ).order_by(n.c.name)
-    if not full:
+    params: dict[str, Any] = {}
+    q = _POLICY_COLUMNS
+    if not full and stale_before is not None and not names:
+        q, params = _POLICY_STEADY, {"stale": stale_before}  # every tick's shape: built once
+    elif not full:
         if len(names) > MAX_NAMED:
             full = True
         else:
@@ -68,8 +83,8 @@ def policy_rows(
             if names:
                 conds.append(n.c.name.in_(sorted(names)))
             q = q.where(or_(*conds) if conds else false())
-    with store.engine.connect() as c:
-        rows = [r._asdict() for r in c.execute(q)]
+    with store.reading() as c:
+        rows = [r._asdict() for r in c.execute(q, params)]
     for r in rows:
         r["last_report_at"] = aware(r["last_report_at"])
         r["open_findings"] = [stored_finding(f) for f in r["open_findings"] or []]
@@ -84,7 +99,7 @@ def perf_metrics(store: Store) -> list[tuple[str, Any]]:
     text = cast(n.c.metrics, String)
     q = select(n.c.name, text).where(and_(n.c.metrics.is_not(None), text.like("%perf%")))
     out = []
-    with store.engine.connect() as c:
+    with store.reading() as c:
         for name, raw in c.execute(q):
             try:
                 out.append((name, json.loads(raw) if isinstance(raw, str) else raw))
@@ -93,17 +108,22 @@ def perf_metrics(store: Store) -> list[tuple[str, Any]]:
     return out
 
 
+_XIDS = select(
+    m.findings.c.node, m.findings.c.component, m.findings.c.code, m.findings.c.observed_at
+).where(
+    m.findings.c.severity == "critical",
+    m.findings.c.observed_at >= bindparam("since"),
+    m.findings.c.code.like("xid.%"),
+)
+
+
 def xid_history(store: Store, since: datetime) -> dict[str, list[tuple[str, int, datetime]]]:
     """Per node, the critical `xid.<n>` findings observed since `since`: (component, xid,
     when). Four columns of the matching rows only (the general findings read decoded whole
     rows, up to 10,000 a tick once a rack had been failing for a while)."""
-    f = m.findings
-    q = select(f.c.node, f.c.component, f.c.code, f.c.observed_at).where(
-        f.c.severity == "critical", f.c.observed_at >= since, f.c.code.like("xid.%")
-    )
     out: dict[str, list[tuple[str, int, datetime]]] = {}
-    with store.engine.connect() as c:
-        for node, comp, code, when in c.execute(q):
+    with store.reading() as c:
+        for node, comp, code, when in c.execute(_XIDS, {"since": since}):
             code = str(code)
             if code[4:].isascii() and code[4:].isdigit():
                 at = aware(when)
@@ -120,18 +140,22 @@ def drains_since(store: Store, since: datetime) -> int:
     """Automatic drains carried out since `since` (the drain budget's rolling hour), counted
     in the database: every one of them, however many other actions there are."""
     a = m.actions.c
-    q = (
-        select(func.count())
-        .select_from(m.actions)
-        .where(
+
+    def read(start: datetime) -> list[datetime]:
+        q = select(a.done_at).where(
             a.kind == "drain",
             a.status == str(ActionStatus.DONE),
             a.requested_by.in_(AUTOMATIC_DRAINERS),
-            a.done_at >= since,
+            a.done_at >= start,
         )
-    )
-    with store.engine.connect() as c:
-        return int(c.execute(q).scalar_one())
+        with store.reading() as c:
+            return [t for (at,) in c.execute(q) if (t := aware(at)) is not None]
+
+    return len(store.reads.read_since(("actions",), ("drains_since",), since, read, _itself))
+
+
+def _itself(t: datetime) -> datetime:
+    return t
 
 
 def pending_drain_nodes(
@@ -142,18 +166,22 @@ def pending_drain_nodes(
     pending actions, so in a long slurmctld outage on a big fleet the drains queued first
     (behind thousands of requeues) went uncounted and a cap could be exceeded. `dry_run`:
     False (default) real drains only, True dry-run ones only, None both."""
-    a = m.actions.c
-    q = (
-        select(a.node)
-        .distinct()
-        .where(a.kind == "drain", a.status == str(ActionStatus.PENDING), a.node.is_not(None))
-    )
-    if before_action is not None:
-        q = q.where(a.id < before_action)
-    if dry_run is not None:
-        q = q.where(a.dry_run == (true() if dry_run else false()))
-    with store.engine.connect() as c:
-        return {str(n) for (n,) in c.execute(q)}
+
+    def read() -> set[tuple[str, bool]]:  # built only when not remembered
+        a = m.actions.c
+        q = (
+            select(a.node, a.dry_run)
+            .distinct()
+            .where(a.kind == "drain", a.status == str(ActionStatus.PENDING), a.node.is_not(None))
+        )
+        if before_action is not None:
+            q = q.where(a.id < before_action)
+        with store.reading() as c:
+            return {(str(n), bool(d)) for n, d in c.execute(q)}
+
+    # one read a tick for every kind of drain the steps ask about (facts, caps)
+    rows = store.reads.read(("actions",), ("pending_drains", before_action), read)
+    return {n for n, d in rows if dry_run is None or d == dry_run}
 
 
 def policy_drain_times(store: Store, since: datetime) -> dict[str, list[datetime]]:
@@ -162,20 +190,26 @@ def policy_drain_times(store: Store, since: datetime) -> dict[str, list[datetime
     newest actions would miss drains behind thousands of other actions."""
     a = m.actions.c
     when = func.coalesce(a.done_at, a.created_at)
-    q = select(a.node, when).where(
-        a.kind == "drain",
-        a.status == str(ActionStatus.DONE),
-        a.requested_by == "policy",
-        a.node.is_not(None),
-        when >= since,
-    )
+
+    def read(start: datetime) -> list[tuple[str, datetime]]:
+        q = select(a.node, when).where(
+            a.kind == "drain",
+            a.status == str(ActionStatus.DONE),
+            a.requested_by == "policy",
+            a.node.is_not(None),
+            when >= start,
+        )
+        with store.reading() as c:
+            return [(str(node), t) for node, at in c.execute(q) if (t := aware(at)) is not None]
+
     out: dict[str, list[datetime]] = {}
-    with store.engine.connect() as c:
-        for node, at in c.execute(q):
-            t = aware(at)
-            if t is not None:
-                out.setdefault(node, []).append(t)
+    for node, t in store.reads.read_since(("actions",), ("drain_times",), since, read, _second):
+        out.setdefault(node, []).append(t)
     return out
+
+
+def _second(row: tuple[str, datetime]) -> datetime:
+    return row[1]
 
 
 def record_actions(store: Store, actions: list[Action], at: datetime) -> list[Action]:
@@ -219,6 +253,8 @@ class Settled:
 
 
 def settle(store: Store, s: Settled, at: datetime) -> None:
+    if not (s.drained or s.resumed or s.follow_ups or s.actions):
+        return  # a steady tick: no transaction to open
     n, a = m.nodes, m.actions
     with store.engine.begin() as c:
         if s.drained:

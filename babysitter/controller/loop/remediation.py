@@ -29,23 +29,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from babysitter.config import Config
-from babysitter.controller.db import audit
-from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
-from babysitter.controller.db.tickstore import record_actions
-from babysitter.controller.loop.act.executor import ActionExecutor, node_alert
+from babysitter.controller.loop.act.executor import ActionExecutor
 from babysitter.controller.loop.admit.admission import Admission
 from babysitter.controller.loop.admit.maintenance import Alertmanager, Maintenance
-from babysitter.controller.loop.decide.policy import (
-    JOB_ALERT_PREFIX,
-    ClusterFacts,
-    Decision,
-    DecisionKind,
-    NodeFacts,
-    PolicyResult,
-    PolicySettings,
-    decide,
-)
+from babysitter.controller.loop.apply import DecisionApplier
+from babysitter.controller.loop.decide.decisions import Decision, DecisionKind, PolicyResult
+from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
+from babysitter.controller.loop.decide.job_alerts import JOB_ALERT_PREFIX
+from babysitter.controller.loop.decide.policy import decide
 from babysitter.controller.loop.fabric.fabric_loop import FabricStep
 from babysitter.controller.loop.fabric.nvlink_domain import DomainStep
 from babysitter.controller.loop.heal.healer import Healer
@@ -56,7 +48,6 @@ from babysitter.controller.loop.jobs.jobs import JobTracker
 from babysitter.controller.loop.jobs.nccl_requeue import NcclRequeues
 from babysitter.controller.loop.read.context import LoopContext
 from babysitter.controller.loop.read.facts import FactGatherer
-from babysitter.controller.loop.read.guard import GUARD_KEY
 from babysitter.controller.loop.read.snapshot import SlurmSnapshot
 from babysitter.controller.loop.reconfigure import CONDITION as RELOAD_FAILED
 from babysitter.controller.loop.reconfigure import reconfigure, reload_alert
@@ -65,7 +56,6 @@ from babysitter.controller.loop.record.alerts.router import sinks_from_config
 from babysitter.controller.loop.record.alerts.sender import AlertSender
 from babysitter.controller.loop.record.metrics import ControllerMetrics
 from babysitter.controller.loop.record.outcome import OutcomeWriter
-from babysitter.finding import Severity
 from babysitter.slurm.client import SlurmClient, SlurmNode
 
 log = logging.getLogger(__name__)
@@ -97,6 +87,18 @@ class RemediationEngine:
         self.metrics = metrics
         self.slurm = slurm or make_client(cfg)
         self.settings = PolicySettings.from_config(cfg)
+        self._workers = 4
+        self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="bounded-item")
+        self._inflight: dict[str, Future[Any]] = {}
+        self._inflight_lock = threading.Lock()
+        self._quiet: set[str] = set()  # nodes in an open maintenance window, this tick
+        # the last refused config reload (its error, since when): alerts until a good one
+        self.config_problem: tuple[str, datetime] | None = None
+        self._alerting(cfg, metrics)
+        self._acting(cfg, metrics)
+        self._steps(cfg, metrics)
+
+    def _alerting(self, cfg: Config, metrics: ControllerMetrics) -> None:
         self.sender = AlertSender(
             cfg.alerts.queue_size,
             on_sent=lambda sink, state: metrics.alerts.labels(sink, state).inc(),
@@ -104,16 +106,16 @@ class RemediationEngine:
         )
         self.router = AlertRouter(
             sinks_from_config(cfg),
-            store,
+            self.store,
             repeat_interval=timedelta(seconds=cfg.alerts.repeat_interval_s),
             group_threshold=cfg.alerts.group_threshold,
             sender=self.sender,
             on_record_error=metrics.alert_record_errors.inc,
         )
-        self._workers = 4
-        self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="bounded-item")
-        self._inflight: dict[str, Future[Any]] = {}
-        self._inflight_lock = threading.Lock()
+
+    def _acting(self, cfg: Config, metrics: ControllerMetrics) -> None:
+        """The executor and what it works with: the jobs, the node snapshot, admission."""
+        store = self.store
         self.jobs = JobTracker(
             cfg, store, self.slurm, metrics, self.router, self.bounded, ITEM_TIMEOUT_S
         )
@@ -134,12 +136,18 @@ class RemediationEngine:
             ITEM_TIMEOUT_S,
             self.admission,
         )
+
+    def _steps(self, cfg: Config, metrics: ControllerMetrics) -> None:
+        """The tick's steps: facts, outcome, validation, fabric, domains, healer, maintenance,
+        SDC, RMA evidence."""
+        store = self.store
         self.gatherer = FactGatherer(
             cfg, store, self.settings, self.snapshot, self.router, self._isolated
         )
         self.outcome = OutcomeWriter(store, self.settings, self.snapshot)
         self.validator = Validator(cfg, store, self.slurm)
         self.validator.admission = self.admission
+        self.applier = DecisionApplier(store, self.executor, self.validator, lambda: self.slurm_ok)
         ctx = LoopContext(cfg, store, self.slurm, self.snapshot)
         self.fabric = FabricStep(
             ctx, self.jobs, metrics, self.settings, self._isolated, self.admission
@@ -156,9 +164,6 @@ class RemediationEngine:
             Alertmanager(am) if am else None,
             cfg.controller.maintenance_reservation_user,
         )
-        self._quiet: set[str] = set()  # nodes in an open maintenance window, this tick
-        # the last refused config reload (its error, since when): alerts until a good one
-        self.config_problem: tuple[str, datetime] | None = None
         self.sdc = SdcScheduler(ctx)
         self.rma = RmaEvidence(cfg, store)  # lemons' and failed rungs' evidence archives
 
@@ -235,7 +240,10 @@ class RemediationEngine:
 
     # ---- the loop body
     def tick(self, now: datetime | None = None) -> list[Decision]:
-        now = now or datetime.now(UTC)
+        with self.store.tick_reads():  # each table read once unless written (db/tick_reads.py)
+            return self._tick(now or datetime.now(UTC))
+
+    def _tick(self, now: datetime) -> list[Decision]:
         read = self._read_slurm()
         quiet = self._isolated("maintenance", lambda: self._maintenance(now))
         self._quiet = self.maintenance.quiet_now(quiet)  # unreadable: the last known set
@@ -330,11 +338,11 @@ class RemediationEngine:
         self.executor.batch = []
         # the tick's drains/resumes are recorded in one transaction (a rack: one, not 32)
         moves = [d for d in result.decisions if d.kind in (DecisionKind.DRAIN, DecisionKind.RESUME)]
-        recorded = self._isolated("record actions", lambda: self._record_moves(moves, now))
+        recorded = self._isolated("record actions", lambda: self.applier.record_moves(moves, now))
         for d in result.decisions:
             self._isolated(
                 f"decision {d.kind} {d.node or ''}",
-                lambda d=d: self._apply(  # type: ignore[misc]
+                lambda d=d: self.applier.apply(  # type: ignore[misc]
                     d, cluster, now, firing, clearing, (recorded or {}).get(id(d))
                 ),
             )
@@ -368,121 +376,6 @@ class RemediationEngine:
         else:
             firing.append(reload_alert(*self.config_problem))
         self._isolated("alerts", lambda: self._alert(firing, clearing, now))
-
-    def _record_moves(self, moves: list[Decision], now: datetime) -> dict[int, Action]:
-        """Pending actions of the tick's drain/resume decisions: id(decision) -> action."""
-        if not moves:
-            return {}
-        recorded = record_actions(self.store, [self._action_of(d) for d in moves], now)
-        return dict(zip(map(id, moves), recorded, strict=True))
-
-    @staticmethod
-    def _action_of(d: Decision) -> Action:
-        """The pending action of a drain/resume decision."""
-        return Action(
-            ActionKind(d.kind), node=d.node, reason=d.reason, rule=d.rule, dry_run=d.dry_run
-        )
-
-    def _apply(
-        self,
-        d: Decision,
-        cluster: ClusterFacts,
-        now: datetime,
-        firing: list[Alert],
-        clearing: list[tuple[str | None, str]],
-        action: Action | None = None,
-    ) -> None:
-        """Carry out one decision: a drain/resume through the executor, the rest as alerts,
-        the breaker or a validation job."""
-        if d.kind in (DecisionKind.DRAIN, DecisionKind.RESUME):
-            self._move(d, now, firing, clearing, action)
-        elif d.kind is DecisionKind.GUARD_TRIPPED:
-            self._trip_guard(d, cluster, now, firing)
-        elif d.kind is DecisionKind.KEEP_ALERT:
-            held = {
-                "node_unhealthy": "node held drained by babysitter until clean checks",
-                "guard_tripped": "stopped draining (resumes still allowed)",
-            }
-            firing.append(
-                Alert(d.node, d.condition, d.severity, d.reason, held.get(d.condition, ""), now)
-            )
-        elif d.kind in (DecisionKind.ALERT, DecisionKind.ESCALATE):
-            firing.append(
-                Alert(
-                    d.node,
-                    d.condition,
-                    d.severity,
-                    d.reason,
-                    "nothing changed in Slurm",
-                    now,
-                    nodes=list(d.nodes),
-                )
-            )
-        elif d.kind is DecisionKind.RESOLVE_ALERT:
-            clearing.append((d.node, d.condition))
-        elif d.kind is DecisionKind.VALIDATE and d.node:
-            self._validate(d, now)
-
-    def _move(
-        self,
-        d: Decision,
-        now: datetime,
-        firing: list[Alert],
-        clearing: list[tuple[str | None, str]],
-        action: Action | None,
-    ) -> None:
-        """A drain/resume: batched after every decision when it goes to Slurm, else (dry run,
-        Slurm away) executed now, which records or reschedules it."""
-        if action is None:
-            action = self.store.record(self._action_of(d))
-        if not d.dry_run and self.slurm_ok and d.node:
-            self.executor.batch.append((action, d))
-            return
-        node_alert(d, self.executor.execute(action, now), firing, clearing, now)
-
-    def _trip_guard(
-        self, d: Decision, cluster: ClusterFacts, now: datetime, firing: list[Alert]
-    ) -> None:
-        """The blast-radius breaker trips (recorded once, when it trips) and pages."""
-        if not cluster.guard_tripped:
-            self.store.kv_set(GUARD_KEY, True)
-            aid = self.store.record_action(
-                ActionKind.GUARD,
-                reason=d.reason,
-                rule=d.rule or None,
-                requested_by="policy",
-                status=ActionStatus.DONE,
-                outcome="breaker tripped: drains stopped",
-            )
-            audit.record_actions(self.store, [aid], now)
-        firing.append(
-            Alert(
-                None,
-                "guard_tripped",
-                Severity.CRITICAL,
-                d.reason,
-                "stopped draining (resumes still allowed)",
-                now,
-                details=d.details,
-            )
-        )
-
-    def _validate(self, d: Decision, now: datetime) -> None:
-        """A validation job before the node returns (a dry run records only that it would)."""
-        assert d.node is not None
-        if not d.dry_run:
-            self.validator.start(d.node, d.reason, now)
-            return
-        vid = self.store.record_action(
-            ActionKind.VALIDATE,
-            node=d.node,
-            reason=d.reason,
-            rule=d.rule or None,
-            status=ActionStatus.DONE,
-            outcome="dry-run: no validation job",
-            dry_run=True,
-        )
-        audit.record_actions(self.store, [vid], now)
 
     def _alert(
         self, firing: list[Alert], clearing: list[tuple[str | None, str]], now: datetime

@@ -18,9 +18,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FunctionLoader, select_autoescape
 from starlette.requests import ClientDisconnect
 
+from babysitter.controller.api import fleet_query as fq
+from babysitter.controller.api import fleet_snapshot as fs
 from babysitter.controller.api import fleet_view as fv
 from babysitter.controller.api.auth import Authenticator
-from babysitter.controller.api.ingest import bearer_token
+from babysitter.controller.api.ingress import bearer_token
 from babysitter.controller.api.ui import views
 from babysitter.controller.api.ui.session import COOKIE, LIFETIME_S, Sessions
 from babysitter.controller.api.ui.throttle import LoginThrottle
@@ -83,56 +85,75 @@ def ui_router(
 ) -> APIRouter:
     router = APIRouter(prefix="/ui", include_in_schema=False)
     env = environment()
+    _add_page_routes(router, store, runtime_state, fleet, _Viewer(auth, sessions, env, refresh_s))
+    _add_login_routes(router, env, auth, sessions, secure_cookie, throttle or LoginThrottle(5))
+    return router
 
-    def viewer(request: Request) -> str | None:
+
+class _Viewer:
+    """Who looks at a page (a bearer token or the login cookie), and a page rendered for them
+    or the way to the login form."""
+
+    def __init__(
+        self, auth: Authenticator, sessions: Sessions, env: Environment, refresh_s: float
+    ) -> None:
+        self.auth, self.sessions, self.env, self.refresh_s = auth, sessions, env, refresh_s
+
+    def role(self, request: Request) -> str | None:
         """The viewer's role, from a bearer token or the login cookie; None: not logged in."""
         token = bearer_token(request.headers.get("authorization", ""))
         if token is not None:
-            p = auth.identify(token)
+            p = self.auth.identify(token)
             return p.role if p is not None and p.role in ("admin", "read") else None
-        return sessions.role(request.cookies.get(COOKIE))
+        return self.sessions.role(request.cookies.get(COOKIE))
 
+    @staticmethod
     def login_first(request: Request) -> Response:
         # a script with a wrong token gets a 401; a browser goes to the login form
         if request.headers.get("authorization"):
             return HTMLResponse("token not valid for the status page", status_code=401)
         return RedirectResponse(LOGIN_PATH, status_code=303)
 
-    def page(request: Request, template: str, status: int = 200, **ctx: Any) -> Response:
-        role = viewer(request)
+    def page(self, request: Request, template: str, status: int = 200, **ctx: Any) -> Response:
+        role = self.role(request)
         if role is None:
-            return login_first(request)
-        html = env.get_template(template).render(
-            role=role, refresh_s=refresh_s, path=request.url.path, **ctx
+            return self.login_first(request)
+        html = self.env.get_template(template).render(
+            role=role, refresh_s=self.refresh_s, path=request.url.path, **ctx
         )
         return HTMLResponse(html, status_code=status, headers=_headers())
 
+
+def _add_page_routes(
+    router: APIRouter,
+    store: Store,
+    runtime_state: dict[str, Any],
+    fleet: fv.FleetView,
+    v: _Viewer,
+) -> None:
     @router.get("", response_class=HTMLResponse)
     def fleet_page(request: Request) -> Response:
         """The fleet from the published snapshot (fleet_view.py): never a store read. A
         refresh with nothing changed is a 304 (ETag: the snapshot's version, the viewer's role
         and whether the snapshot is stale)."""
-        role = viewer(request)
+        role = v.role(request)
         if role is None:
-            return login_first(request)
-        return _fleet(env, fleet, request, role, refresh_s)
+            return v.login_first(request)
+        return _fleet(v.env, fleet, request, role, v.refresh_s)
 
     @router.get("/nodes/{name}", response_class=HTMLResponse)
     def node_page(request: Request, name: str = Path(pattern=NODE_NAME)) -> Response:
-        if viewer(request) is None:
-            return page(request, "fleet.html")  # the login redirect, before any lookup
+        if v.role(request) is None:
+            return v.page(request, "fleet.html")  # the login redirect, before any lookup
         data = views.node_page(store, runtime_state, name)
         if data is None:
-            return page(request, "missing.html", status=404, name=name)
-        return page(request, "node.html", p=data)
+            return v.page(request, "missing.html", status=404, name=name)
+        return v.page(request, "node.html", p=data)
 
     @router.get("/audit", response_class=HTMLResponse)
     def audit_page(request: Request, node: str | None = None) -> Response:
-        rows = audit.entries(store, node=node, limit=500) if viewer(request) else []
-        return page(request, "audit.html", entries=rows, node=node)
-
-    _add_login_routes(router, env, auth, sessions, secure_cookie, throttle or LoginThrottle(5))
-    return router
+        rows = audit.entries(store, node=node, limit=500) if v.role(request) else []
+        return v.page(request, "audit.html", entries=rows, node=node)
 
 
 def _add_login_routes(
@@ -211,10 +232,10 @@ def _fleet(
     if tag in _tags(request.headers.get("if-none-match", "")):
         return Response(status_code=304, headers=headers)
     query = _query(request)
-    items = fv.select_nodes(snap, query)
-    pages = max(1, math.ceil(len(items) / fv.PAGE_SIZE))
+    items = fq.select_nodes(snap, query)
+    pages = max(1, math.ceil(len(items) / fq.PAGE_SIZE))
     query.page = min(query.page, pages)
-    first = (query.page - 1) * fv.PAGE_SIZE
+    first = (query.page - 1) * fq.PAGE_SIZE
     html = env.get_template("fleet.html").render(
         role=role,
         refresh_s=refresh_s,
@@ -222,19 +243,19 @@ def _fleet(
         snap=snap,
         stale=stale,
         q=query,
-        nodes=fv.rows(snap, items[first : first + fv.PAGE_SIZE]),
+        nodes=fq.rows(snap, items[first : first + fq.PAGE_SIZE]),
         matched=len(items),
         pages=pages,
         first=first,
         link=_linker(query),
         top=_top,
-        verdicts=fv.VERDICTS,
-        owners=fv.OWNERS,
+        verdicts=fs.VERDICTS,
+        owners=fs.OWNERS,
     )
     return HTMLResponse(html, headers=headers)
 
 
-def _etag(snap: fv.FleetSnapshot, role: str, stale: bool, query: str) -> str:
+def _etag(snap: fs.FleetSnapshot, role: str, stale: bool, query: str) -> str:
     digest = hashlib.sha1(query.encode(), usedforsecurity=False).hexdigest()[:8]
     return f'W/"{snap.instance}-{snap.version}-{role}-{int(stale)}-{digest}"'
 
@@ -246,10 +267,10 @@ def _tags(header: str) -> set[str]:
 FILTERS = ("verdict", "partition", "switch", "domain", "owner", "q")
 
 
-def _query(request: Request) -> fv.Query:
+def _query(request: Request) -> fq.Query:
     p = request.query_params
     given = {k: (p.get(k) or "").strip()[:1024] for k in FILTERS}
-    query = fv.Query(
+    query = fq.Query(
         verdict=given["verdict"],
         partition=given["partition"],
         switch=given["switch"],
@@ -257,10 +278,10 @@ def _query(request: Request) -> fv.Query:
         owner=given["owner"],
         q=given["q"],
     )
-    if query.verdict and query.verdict not in (*fv.VERDICTS, "drained", "all"):
+    if query.verdict and query.verdict not in (*fs.VERDICTS, "drained", "all"):
         query.errors.append(f"no such verdict: {query.verdict!r}")
         query.verdict = ""
-    if query.owner and query.owner not in fv.OWNERS:
+    if query.owner and query.owner not in fs.OWNERS:
         query.errors.append(f"no such reason owner: {query.owner!r}")
         query.owner = ""
     try:
@@ -270,7 +291,7 @@ def _query(request: Request) -> fv.Query:
     return query
 
 
-def _linker(query: fv.Query) -> Any:
+def _linker(query: fq.Query) -> Any:
     """link(**filters): the fleet page's URL with these filters changed (and the first page;
     `keep=False`: only these filters)."""
 

@@ -277,7 +277,6 @@ def decide_admission(
     c = _counts(w, listing, exclude=set(nodes) - placed) if act is Act.DRAIN else _Counts()
     rate = w.drains_last_hour
     rebooting = set(w.rebooting) - set(nodes)
-    switch_cap = lim.blast.switch.active and not switch_incident
     for n in nodes:
         sn = listing.get(n)
         if n in w.quiet:
@@ -299,19 +298,9 @@ def decide_admission(
         ):
             out[n] = None  # not a new drain (a re-reason of our own drain adds nothing)
             continue
-        if switch_cap and w.topology is None:
-            out[n] = Refusal(Why.UNKNOWN, "count unknown: topology unreadable (switch cap)")
+        out[n] = _drain_refusal(n, sn, w, lim, c, rate, n in placed, switch_incident)
+        if out[n] is not None or rate is None:
             continue
-        if rate is None:
-            out[n] = Refusal(Why.UNKNOWN, "count unknown: drains of the last hour unreadable")
-            continue
-        if rate + 1 > lim.max_drains_per_hour:
-            out[n] = Refusal(Why.CAP_RATE, f"cap rate {rate}/{lim.max_drains_per_hour} per hour")
-            continue
-        if n not in placed and (cap := _cap_refusal(n, sn, w, lim, c, switch_incident)):
-            out[n] = cap
-            continue
-        out[n] = None
         rate += 1
         if n in placed:
             continue
@@ -319,6 +308,28 @@ def decide_admission(
         if not switch_incident:
             c.add([("guard", p) for p in _parts(sn)])
     return out
+
+
+def _drain_refusal(
+    n: str,
+    sn: SlurmNode,
+    w: World,
+    lim: Limits,
+    c: _Counts,
+    rate: int | None,
+    placed: bool,
+    switch_incident: bool,
+) -> Refusal | None:
+    """Why a new drain of `n` is refused (None: admitted): a count it needs is unknown, the
+    hourly rate or a cap of one of its scopes is reached. `rate`: drains of the last hour,
+    this batch's admitted ones included; `placed`: its place is its own already."""
+    if lim.blast.switch.active and not switch_incident and w.topology is None:
+        return Refusal(Why.UNKNOWN, "count unknown: topology unreadable (switch cap)")
+    if rate is None:
+        return Refusal(Why.UNKNOWN, "count unknown: drains of the last hour unreadable")
+    if rate + 1 > lim.max_drains_per_hour:
+        return Refusal(Why.CAP_RATE, f"cap rate {rate}/{lim.max_drains_per_hour} per hour")
+    return None if placed else _cap_refusal(n, sn, w, lim, c, switch_incident)
 
 
 def _reboot_refusal(

@@ -105,12 +105,16 @@ def _window(r: dict[str, Any]) -> Window:
 
 
 def windows(store: Store, active_only: bool = True, limit: int = 200) -> list[Window]:
-    t = m.maintenance_windows
-    q = select(t).order_by(t.c.id.desc()).limit(limit)
-    if active_only:
-        q = q.where(t.c.state == WindowState.ACTIVE)
-    with store.engine.connect() as c:
-        return [_window(r._asdict()) for r in c.execute(q)]
+
+    def read() -> list[Window]:  # built only when not remembered
+        t = m.maintenance_windows
+        q = select(t).order_by(t.c.id.desc()).limit(limit)
+        if active_only:
+            q = q.where(t.c.state == WindowState.ACTIVE)
+        with store.reading() as c:
+            return [_window(r._asdict()) for r in c.execute(q)]
+
+    return list(store.reads.read(("maintenance_windows",), ("windows", active_only, limit), read))
 
 
 def nodes_in_maintenance(store: Store) -> dict[str, Window]:
@@ -249,7 +253,7 @@ class Maintenance:
 
     def get(self, wid: int) -> Window | None:
         t = m.maintenance_windows
-        with self.store.engine.connect() as c:
+        with self.store.reading() as c:
             r = c.execute(select(t).where(t.c.id == wid)).first()
         return _window(r._asdict()) if r else None
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -151,13 +151,17 @@ class FabricView:
 
 
 def onsets(
-    findings: Mapping[str, Sequence[Finding]], previous: Mapping[str, Evidence], now: datetime
+    findings: Mapping[str, Sequence[Finding]],
+    previous: Mapping[str, Evidence],
+    now: datetime,
+    fault: Callable[[Finding], bool] = is_fabric,
 ) -> dict[str, Evidence]:
-    """Each node's fabric evidence: its onset carried over while the trouble lasts, `now` for
-    a node that just started; nodes without fabric findings drop out."""
+    """Each node's evidence (its findings `fault` picks; the switch's by default): its onset
+    carried over while the trouble lasts, `now` for a node that just started; nodes without
+    such findings drop out."""
     out: dict[str, Evidence] = {}
     for node, fs in findings.items():
-        mine = [f for f in fs if is_fabric(f)]
+        mine = [f for f in fs if fault(f)]
         if mine:
             prev = previous.get(node)
             out[node] = Evidence(
@@ -183,6 +187,16 @@ def _densest(times: list[tuple[datetime, str]], window: timedelta) -> list[tuple
     return best
 
 
+@dataclass(frozen=True)
+class _Carried:
+    """What became of the incidents open before this decision."""
+
+    still: tuple[Incident, ...]
+    resolved: tuple[Incident, ...]
+    joined: Mapping[str, frozenset[str]]  # switch -> its new nodes
+    covered: frozenset[str]  # the nodes of the ones still open
+
+
 def correlate(
     topology: Topology,
     evidence: Mapping[str, Evidence],
@@ -196,8 +210,30 @@ def correlate(
 
     `clean`: consecutive clean reports of the nodes the node policy looked at this tick; a
     node it did not look at is healthy and reporting (controller/loop/read/facts.py), so clean."""
-    hold = timedelta(seconds=s.hold_s)
-    window = timedelta(seconds=s.window_s)
+    carried = _carry_over(topology, evidence, incidents, clean, s.clean_reports)
+    by_leaf = _unclaimed_by_leaf(topology, evidence, carried)
+    ready, held = _suspects(topology, by_leaf, s, now)
+    opened = _merge_up(topology, ready, now)
+    covered = carried.covered.union(*(inc.nodes for inc in opened))
+    return FabricView(
+        open=(*carried.still, *opened),
+        opened=tuple(opened),
+        joined=carried.joined,
+        resolved=carried.resolved,
+        held=frozenset(held - covered),
+        covered=covered,
+    )
+
+
+def _carry_over(
+    topology: Topology,
+    evidence: Mapping[str, Evidence],
+    incidents: Iterable[Incident],
+    clean: Mapping[str, int],
+    enough: int,
+) -> _Carried:
+    """Each open incident takes in the new troubled nodes below its switch, or resolves once
+    none of its nodes is troubled and every one has reported clean `enough` times."""
     still: list[Incident] = []
     resolved: list[Incident] = []
     joined: dict[str, frozenset[str]] = {}
@@ -208,7 +244,7 @@ def correlate(
         new = frozenset(n for n in evidence if n in below and n not in inc.nodes)
         nodes = inc.nodes | new
         troubled = any(n in evidence for n in nodes)
-        if not troubled and all(clean.get(n, s.clean_reports) >= s.clean_reports for n in nodes):
+        if not troubled and all(clean.get(n, enough) >= enough for n in nodes):
             resolved.append(inc)
             continue
         if new:
@@ -216,20 +252,40 @@ def correlate(
             inc = Incident(inc.switch, inc.level, nodes, inc.opened_at, inc.jobs)
         still.append(inc)
         covered |= nodes
+    return _Carried(tuple(still), tuple(resolved), joined, frozenset(covered))
+
+
+def _unclaimed_by_leaf(
+    topology: Topology, evidence: Mapping[str, Evidence], carried: _Carried
+) -> dict[str, list[tuple[datetime, str]]]:
+    """The onsets of the troubled nodes no open incident claims, by leaf switch."""
     # the nodes of a switch already under suspicion belong to it, not to a new incident
     suspect_below = {
-        n: inc.switch
-        for inc in still
+        n
+        for inc in carried.still
         if (sw := topology.switches.get(inc.switch)) is not None
         for n in sw.nodes & evidence.keys()
     }
     by_leaf: dict[str, list[tuple[datetime, str]]] = {}
     for node, ev in evidence.items():
-        if node in covered or node in suspect_below:
+        if node in carried.covered or node in suspect_below:
             continue
         leaf = topology.leaf(node)
         if leaf is not None:
             by_leaf.setdefault(leaf, []).append((ev.since, node))
+    return by_leaf
+
+
+def _suspects(
+    topology: Topology,
+    by_leaf: Mapping[str, list[tuple[datetime, str]]],
+    s: FabricSettings,
+    now: datetime,
+) -> tuple[dict[str, frozenset[str]], set[str]]:
+    """The leaves whose troubled nodes are a switch incident now (-> those nodes), and the
+    nodes held back from the node policy while their siblings may still report."""
+    hold = timedelta(seconds=s.hold_s)
+    window = timedelta(seconds=s.window_s)
     held: set[str] = set()
     ready: dict[str, frozenset[str]] = {}
     for leaf, times in by_leaf.items():
@@ -247,17 +303,7 @@ def correlate(
         held.update(n for t, n in times if t + hold > now)
         if len(run) >= need:
             held |= members
-    opened = _merge_up(topology, ready, now)
-    for inc in opened:
-        covered |= inc.nodes
-    return FabricView(
-        open=(*still, *opened),
-        opened=tuple(opened),
-        joined=joined,
-        resolved=tuple(resolved),
-        held=frozenset(held - covered),
-        covered=frozenset(covered),
-    )
+    return ready, held
 
 
 def _merge_up(

@@ -74,14 +74,18 @@ def archives(
     store: Store, node: str | None = None, state: str | None = None, limit: int = 50
 ) -> list[Archive]:
     """Newest first."""
-    t = m.rma_archives
-    q = select(t).order_by(t.c.id.desc()).limit(limit)
-    if node:
-        q = q.where(t.c.node == node)
-    if state:
-        q = q.where(t.c.state == state)
-    with store.engine.connect() as c:
-        return [Archive.from_row(r._asdict()) for r in c.execute(q)]
+
+    def read() -> list[Archive]:  # built only when not remembered
+        t = m.rma_archives
+        q = select(t).order_by(t.c.id.desc()).limit(limit)
+        if node:
+            q = q.where(t.c.node == node)
+        if state:
+            q = q.where(t.c.state == state)
+        with store.reading() as c:
+            return [Archive.from_row(r._asdict()) for r in c.execute(q)]
+
+    return list(store.reads.read(("rma_archives",), ("rma_archives", node, state, limit), read))
 
 
 def archive(
@@ -93,7 +97,7 @@ def archive(
         if archive_id
         else select(t).where(t.c.order_id == order)
     )
-    with store.engine.connect() as c:
+    with store.reading() as c:
         row = c.execute(q).first()
     return Archive.from_row(row._asdict()) if row else None
 
@@ -136,7 +140,7 @@ class RmaEvidence:
             waited = (now - a.created_at).total_seconds()
             if waited > self.cfg.collect_timeout_s:
                 self.fail(a, now, f"the agent sent nothing within {self.cfg.collect_timeout_s:g} s")
-        for a in archives(self.store, limit=200):
+        for a in archives(self.store, limit=500)[:200]:  # the read _triggers made
             if a.state != ORDERED and not a.alerted:
                 firing.append(self._alert(a, now))
                 set_archive(self.store, a.id, alerted=True)

@@ -24,6 +24,9 @@ Slurm cost: one RPC per batch created, one per shrink/delete, one listing of res
 start; all drawn from a token bucket of `max_slurm_rpc_per_s` (default 0.2/s, a tenth of the
 2 RPC/s budget at 10,000 nodes). A failing test is an ordinary critical finding of the node:
 the policy drains it and validation/the ladder take over from there.
+
+Which nodes are due and may be tested is sdc_due.py's (pure); the schedule's table is
+sdc_store.py's.
 """
 
 from __future__ import annotations
@@ -37,17 +40,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, bindparam, cast, select, update
+from sqlalchemy import String, cast, select
 
 from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
 from babysitter.controller.db.audit import Actor, AuditEntry, AuditResult
-from babysitter.controller.db.store import Store, aware
 from babysitter.controller.loop.admit.gate import AdmittedSlurm
+from babysitter.controller.loop.heal.sdc_due import NodeSchedule, due_nodes
+from babysitter.controller.loop.heal.sdc_store import load_rows, save_rows
 from babysitter.controller.loop.read.context import LoopContext
 from babysitter.finding import Severity
-from babysitter.slurm.client import SlurmBusy, SlurmError, SlurmNode
-from babysitter.slurm.ownership import automatic_reason
+from babysitter.slurm.client import SlurmBusy, SlurmError
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +60,6 @@ HOLD_PREFIX = "babysitter_sdc_"
 BURST = 5  # Slurm calls the schedule may make back to back
 AGENTS_TTL = timedelta(seconds=15)  # see SdcScheduler._agents
 READY_KEY = "sdc_ready"  # in an agent's report metrics: it runs sdc.matmul when ordered
-FAILED = "sdc.failed"  # the code of a run that found corruption (checks/sdc/check.py)
-# a node that was due but could not be tested (skipped, refused, no answer) is tried again
-# after this long, or after interval_s when that is shorter
-RETRY_S = 1800.0
 
 
 class TokenBucket:
@@ -85,60 +84,9 @@ class TokenBucket:
 
 
 @dataclass
-class NodeSchedule:
-    """One row of sdc_schedule."""
-
-    node: str
-    hold: str | None = None
-    order_id: str | None = None
-    ordered_at: datetime | None = None
-    last_attempt_at: datetime | None = None
-    last_run_at: datetime | None = None
-    last_code: str | None = None
-    last_library: str | None = None
-    last_message: str | None = None
-    last_gflops: dict[str, float] | None = None
-    waiting: str | None = None
-
-    @property
-    def failed(self) -> bool:
-        return self.last_code == FAILED
-
-    def due_at(self, interval_s: float) -> datetime | None:
-        """When the next test is due (None: never tested, due now). After a failure, sooner:
-        the re-test is what can clear the node (or confirm the fault)."""
-        times = []
-        if self.last_run_at is not None:
-            every = min(interval_s, RETRY_S) if self.failed else interval_s
-            times.append(self.last_run_at + timedelta(seconds=every))
-        if self.last_attempt_at is not None:
-            times.append(self.last_attempt_at + timedelta(seconds=min(interval_s, RETRY_S)))
-        return max(times) if times else None
-
-    def row(self, now: datetime) -> dict[str, Any]:
-        return {**self.__dict__, "updated_at": now}
-
-
-@dataclass
 class _Hold:
     nodes: set[str]  # still held
     done: set[str] = field(default_factory=set)  # answered or given up: to release
-
-
-def slurm_why_not(sn: SlurmNode | None, retest: bool = False, prefix: str = "") -> str:
-    """Why Slurm's view of a node rules a test out now ("" when it is idle and free).
-    retest: the node's last test failed; drained by babysitter (`prefix`) with no job left,
-    it is tested again (that re-test is what clears it, or confirms the fault)."""
-    if sn is None:
-        return "not in Slurm's node list"
-    drained_by_us = sn.flags <= {"DRAIN", "DRAINED"} and automatic_reason(sn.reason, prefix)
-    if retest and prefix and sn.state == "IDLE" and drained_by_us:
-        return ""
-    if sn.state != "IDLE" or sn.flags:
-        state = "+".join([sn.state, *sorted(sn.flags)])
-        busy = " (jobs running)" if sn.state in ("ALLOCATED", "MIXED", "COMPLETING") else ""
-        return f"Slurm shows it {state}{busy}: tested only while idle"
-    return ""
 
 
 class SdcScheduler:
@@ -198,13 +146,7 @@ class SdcScheduler:
             )
             self._warned = True
             return False
-        with self.store.engine.connect() as c:
-            for r in c.execute(select(m.sdc_schedule)):
-                d = r._asdict()
-                d.pop("updated_at", None)
-                for k in ("ordered_at", "last_attempt_at", "last_run_at"):
-                    d[k] = aware(d[k])
-                self.rows[d["node"]] = NodeSchedule(**d)
+        self.rows.update(load_rows(self.store))
         changed = []
         for row in self.rows.values():
             if row.hold and row.hold in in_slurm and row.node in in_slurm[row.hold]:
@@ -324,26 +266,17 @@ class SdcScheduler:
 
     def _eligible(self, now: datetime) -> tuple[list[str], dict[str, str]]:
         """Due nodes that may be tested now (longest untested first), and why each other due
-        node may not."""
-        agents = self._agents(now)
-        due: list[tuple[datetime, str]] = []
-        why: dict[str, str] = {}
-        epoch = datetime.min.replace(tzinfo=UTC)
+        node may not (sdc_due.py)."""
         held = {n for h in self.holds.values() for n in h.nodes}
-        for name, sn in self.snapshot.nodes.items():
-            row = self.rows.get(name)
-            at = row.due_at(self.cfg.interval_s) if row else None
-            if (at is not None and at > now) or name in held:
-                continue
-            retest = row is not None and row.failed
-            reason = slurm_why_not(sn, retest, self.prefix) or (
-                "" if retest else agents.get(name, "no report from its agent yet")
-            )
-            if reason:
-                why[name] = reason
-            else:
-                due.append((row.last_run_at or epoch if row else epoch, name))
-        return [n for _, n in sorted(due)], why
+        return due_nodes(
+            self.rows,
+            self.snapshot.nodes,
+            held,
+            self._agents(now),
+            self.cfg.interval_s,
+            self.prefix,
+            now,
+        )
 
     def _agents(self, now: datetime) -> dict[str, str]:
         """Per node with a row: "" when its agent reports, runs the SDC check (says so in
@@ -454,30 +387,9 @@ class SdcScheduler:
             ),
         )
 
-    # ---- storage
+    # ---- storage (sdc_store.py)
     def _save(self, rows: Iterable[NodeSchedule], now: datetime | None) -> None:
-        rows = list(rows)
-        if not rows:
-            return
-        at = now or datetime.now(UTC)
-        t = m.sdc_schedule
-        with self.store.engine.begin() as c:
-            have = set(
-                c.execute(select(t.c.node).where(t.c.node.in_([r.node for r in rows]))).scalars()
-            )
-            new = [r.row(at) for r in rows if r.node not in have]
-            old = [{f"b_{k}": v for k, v in r.row(at).items()} for r in rows if r.node in have]
-            if new:
-                c.execute(t.insert(), new)
-            if old:  # one executemany: a due cluster changes thousands of rows at once
-                c.execute(_UPDATE, old)
-
-
-_UPDATE = (
-    update(m.sdc_schedule)
-    .where(m.sdc_schedule.c.node == bindparam("b_node"))
-    .values({c.name: bindparam(f"b_{c.name}") for c in m.sdc_schedule.c if c.name != "node"})
-)
+        save_rows(self.store, rows, now)
 
 
 def _answer(metrics: Any, order: str) -> dict[str, Any] | None:
@@ -500,16 +412,3 @@ def _time(v: Any) -> datetime | None:
         return datetime.fromtimestamp(float(v), UTC)
     except (TypeError, ValueError, OverflowError, OSError):
         return None
-
-
-def schedule_rows(store: Store) -> list[dict[str, Any]]:
-    """The schedule as the API shows it, by node."""
-    with store.engine.connect() as c:
-        rows = [
-            r._asdict() for r in c.execute(select(m.sdc_schedule).order_by(m.sdc_schedule.c.node))
-        ]
-    for r in rows:
-        for k in ("ordered_at", "last_attempt_at", "last_run_at", "updated_at"):
-            r[k] = aware(r[k])
-        r["testing"] = r["hold"] is not None
-    return rows

@@ -40,9 +40,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from babysitter.controller.db.store import HistoryEntry, JobRow
+from babysitter.controller.loop.decide.facts_model import NodeFacts
 from babysitter.controller.loop.decide.link_hold import LINK_CODES, JobPhase, job_phase
-from babysitter.controller.loop.decide.policy import NodeFacts
-from babysitter.controller.loop.jobs.jobs import NCCL_RULE, JobDecision, JobTracker, babysit_spec
+from babysitter.controller.loop.jobs.job_policy import JobDecision, babysit_spec
+from babysitter.controller.loop.jobs.jobs import NCCL_RULE, JobTracker
 from babysitter.finding import Finding, Severity, job_of, job_owned
 from babysitter.slurm.client import SlurmError, SlurmNotFound
 
@@ -185,7 +186,7 @@ class NcclRequeues:
                 self.jobs.store.update_action(queued, next_attempt_at=now)
             outcome = "requeue queued" if queued else "a requeue of it was queued already"
         log.info("job %s on %s: %s (%s)", f.job_id, ",".join(f.nodes), why, outcome)
-        self.jobs._append(
+        self.jobs.history.append(
             f.job_id,
             {
                 "event": EVENT,

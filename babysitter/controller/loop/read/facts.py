@@ -22,13 +22,8 @@ from babysitter.controller.db.tickstore import (
     policy_rows,
     xid_history,
 )
-from babysitter.controller.loop.decide.policy import (
-    ClusterFacts,
-    Decision,
-    DecisionKind,
-    NodeFacts,
-    PolicySettings,
-)
+from babysitter.controller.loop.decide.decisions import Decision, DecisionKind
+from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
 from babysitter.controller.loop.decide.stragglers import (
     CONDITION,
     NodePerf,

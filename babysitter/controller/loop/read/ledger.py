@@ -6,6 +6,7 @@ counting towards a lemon; the clear is a row of its own (who, when)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -198,21 +199,31 @@ class Ledger:
             )
 
     def open_rows(self) -> list[Remediation]:
-        q = select(m.remediations).where(m.remediations.c.open.is_(True))
-        with self.store.engine.connect() as c:
-            return [Remediation.from_row(r._asdict()) for r in c.execute(q)]
+        def read() -> list[Remediation]:
+            q = select(m.remediations).where(m.remediations.c.open.is_(True))
+            with self.store.reading() as c:
+                return [Remediation.from_row(r._asdict()) for r in c.execute(q)]
+
+        # copies: a step changes its rows in memory before it writes them
+        rows = self.store.reads.read(("remediations",), ("open_remediations",), read)
+        return [dataclasses.replace(r) for r in rows]
 
     def history(
         self, node: str | None = None, limit: int = 200, since: datetime | None = None
     ) -> list[Remediation]:
         """Newest first; `since`: only those created then or later."""
-        q = select(m.remediations).order_by(m.remediations.c.id.desc()).limit(limit)
-        if node:
-            q = q.where(m.remediations.c.node == node)
-        if since is not None:
-            q = q.where(m.remediations.c.created_at >= since)
-        with self.store.engine.connect() as c:
-            return [Remediation.from_row(r._asdict()) for r in c.execute(q)]
+
+        def read() -> list[Remediation]:  # built only when not remembered
+            q = select(m.remediations).order_by(m.remediations.c.id.desc()).limit(limit)
+            if node:
+                q = q.where(m.remediations.c.node == node)
+            if since is not None:
+                q = q.where(m.remediations.c.created_at >= since)
+            with self.store.reading() as c:
+                return [Remediation.from_row(r._asdict()) for r in c.execute(q)]
+
+        key = ("remediation_history", node, limit, since)
+        return [dataclasses.replace(r) for r in self.store.reads.read(("remediations",), key, read)]
 
     def counted(self, node: str, gpus: Collection[str], since: datetime) -> list[Remediation]:
         """The remediations that count towards a lemon: automatic rungs actually carried out
@@ -233,7 +244,7 @@ class Ledger:
             .where(t.created_at >= since)
             .order_by(t.id)
         )
-        with self.store.engine.connect() as c:
+        with self.store.reading() as c:
             rows = [Remediation.from_row(r._asdict()) for r in c.execute(q)]
         return [r for r in rows if carried_out(r)]
 

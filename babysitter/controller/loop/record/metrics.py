@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind
-from babysitter.controller.loop.decide.policy import Rule
+from babysitter.controller.loop.decide.rules import Rule
 from babysitter.controller.loop.record.alerts.sinks import (
     AlertmanagerSink,
     PagerDutySink,
@@ -174,6 +174,11 @@ class ControllerMetrics:
     def _read_from_store(self, r: CollectorRegistry) -> None:
         """Read from the store every controller.metrics_interval_s, not per scrape
         (controller/api/cockpit_metrics.py, controller/api/metrics_snapshot.py)."""
+        self._node_gauges(r)
+        self._alert_and_store_gauges(r)
+
+    def _node_gauges(self, r: CollectorRegistry) -> None:
+        """The nodes' verdicts, drains and silence."""
         self.nodes = Gauge("babysitter_nodes", "Nodes by verdict.", ["verdict"], registry=r)
         self.guard_tripped = Gauge(
             "babysitter_guard_tripped", "1 while the blast-radius guard stops drains.", registry=r
@@ -197,6 +202,9 @@ class ControllerMetrics:
             "Nodes that reported once and then not within controller.heartbeat_timeout_s.",
             registry=r,
         )
+
+    def _alert_and_store_gauges(self, r: CollectorRegistry) -> None:
+        """Firing alerts, maintenance, whether the store could be read, nodes by switch."""
         self.firing = Gauge(
             "babysitter_alerts_firing",
             "Alerts babysitter has firing, by condition (node_unhealthy, lemon_node, ...).",

@@ -1,0 +1,63 @@
+"""A babysat job's row in the store as the tracker writes it: its history (what babysitter did
+or hit, capped), its errors (once per distinct error) and what the scan last wrote of it, so an
+unchanged job is not rewritten every scan."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from babysitter.controller.db.store import HistoryEntry, JobRow, Store
+
+log = logging.getLogger(__name__)
+HISTORY_MAX = 50  # entries kept per job (a job failing every tick must not grow a row forever)
+
+
+class JobHistory:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        # job -> what the scan last wrote of it: an unchanged job is not rewritten every scan
+        # (thousands of babysat jobs, one transaction each, every job_scan_s)
+        self._scanned: dict[int, dict[str, object]] = {}
+
+    def row(self, job_id: int) -> JobRow | None:
+        return next((r for r in self.store.jobs() if r.get("job_id") == job_id), None)
+
+    def entries(self, job_id: int) -> list[HistoryEntry]:
+        row = self.row(job_id)
+        return list((row or {}).get("history") or [])
+
+    def append(self, job_id: int, entry: HistoryEntry, **values: object) -> None:
+        history = self.entries(job_id)
+        history.append(entry)
+        self.save(job_id, history, **values)
+
+    def save(self, job_id: int, history: list[HistoryEntry], **values: object) -> None:
+        """Write the job's row with its (capped) history."""
+        self._scanned.pop(job_id, None)  # the row moved: the next scan writes it again
+        self.store.upsert_job(job_id, history=history[-HISTORY_MAX:], **values)
+
+    def record_error(self, job_id: int, what: str, exc: BaseException, now: datetime) -> None:
+        """A job whose handling failed: the error goes into its history (shown by
+        /api/v1/jobs and `babysitter jobs`), once per distinct error."""
+        err = f"{what}: {type(exc).__name__}: {str(exc)[:300]}"
+        try:
+            history = self.entries(job_id)
+            last = history[-1] if history else None
+            if last and last.get("event") == "error" and last.get("error") == err:
+                return  # recorded (and logged) once
+            log.warning("job %s: %s", job_id, err)
+            self.append(job_id, {"event": "error", "at": now.isoformat(), "error": err})
+        except Exception:
+            log.exception("cannot record the error of job %s", job_id)
+
+    def write_scan(self, job_id: int, values: dict[str, object]) -> None:
+        if self._scanned.get(job_id) == values:
+            return
+        self.store.upsert_job(job_id, **values)
+        self._scanned[job_id] = values
+
+    def forget_all_but(self, live: set[int]) -> None:
+        """Forget jobs that left the queue: a long-running controller sees millions of ids."""
+        for gone in self._scanned.keys() - live:
+            del self._scanned[gone]
