@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from babysitter.checks.xid.check import xid_finding
-from babysitter.controller.loop.decide.verdict import drain_worthy
+from babysitter.controller.loop.decide.node.verdict import drain_worthy
 from bench.common import BENCH_DIR, RESULTS_DIR, figure, write_result
 from bench.poisson import poisson_interval
 

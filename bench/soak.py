@@ -122,7 +122,7 @@ from babysitter.controller.api.node_state import MAX_OPEN_FINDINGS
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.decide.verdict import drain_worthy
+from babysitter.controller.loop.decide.node.verdict import drain_worthy
 from babysitter.controller.loop.jobs.job_policy import babysit_spec
 from babysitter.controller.loop.read.ledger import Ledger
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine

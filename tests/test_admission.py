@@ -22,7 +22,7 @@ from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import pending_drain_nodes
 from babysitter.controller.loop.admit.admission import Act, Limits, Why, World, decide_admission
 from babysitter.controller.loop.decide.blast import BlastSettings, Cap
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.read.ledger import Ledger
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding

@@ -15,7 +15,7 @@ import pytest
 
 from babysitter.controller.loop.admit.admission import Act, Admission, Refusal, Why
 from babysitter.controller.loop.admit.gate import GENERIC, SLURM_CHANGES, AdmittedSlurm, Held
-from babysitter.controller.loop.heal.states import TABLE
+from babysitter.controller.loop.heal.episode.states import TABLE
 from babysitter.slurm.base import Scontrol
 from babysitter.slurm.cli import CliSlurmClient
 from babysitter.slurm.pyslurm import PyslurmSlurmClient
@@ -103,12 +103,12 @@ HEAL = CONTROLLER / "loop" / "heal"
 
 
 def _healer_modules() -> list[str]:
-    """healer.py and every step of its state machine (heal/states.py): the modules that take
-    the healer as `h` (heal/base.py's HealerBase)."""
+    """healer.py and every step of its state machine (heal/episode/states.py): the modules
+    that take the healer as `h` (heal/episode/base.py's HealerBase)."""
     found = sorted(
         f.relative_to(ROOT).as_posix()
-        for f in HEAL.glob("*.py")
-        if f.name == "healer.py" or "heal.base import" in f.read_text()
+        for f in HEAL.rglob("*.py")
+        if f.name == "healer.py" or "heal.episode.base import" in f.read_text()
     )
     # each transition of the table is among them: a new one cannot slip past this test
     for t in TABLE.values():

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from babysitter.config import parse_config
-from babysitter.controller.loop.decide.job_alerts import JOB_ALERT_PREFIX
+from babysitter.controller.loop.decide.node.job_alerts import JOB_ALERT_PREFIX
 from babysitter.controller.loop.record.alerts import Alert, AlertRouter
 from babysitter.controller.loop.record.alerts.router import sinks_from_config
 from babysitter.controller.loop.record.alerts.sinks import AlertmanagerSink

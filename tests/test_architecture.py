@@ -39,19 +39,19 @@ def test_contracts_kept():
     ("module", "forbidden"),
     [
         # a check must not reach into the controller (it runs on every node)
-        ("checks/host/check.py", "babysitter.controller.loop.decide.policy"),
+        ("checks/host/check.py", "babysitter.controller.loop.decide.node.policy"),
         # checks/all.py is the composition root: a check importing it would bring back
         # registration by import (and a cycle waiting to happen)
         ("checks/gpu/check.py", "babysitter.checks.all"),
         # the controller is runtime -> api -> loop -> db: persistence knows nothing above it,
-        ("controller/db/store.py", "babysitter.controller.loop.decide.policy"),
+        ("controller/db/store.py", "babysitter.controller.loop.decide.node.policy"),
         ("controller/db/models.py", "babysitter.controller.api.ingest"),
         # the loop decides and acts without the HTTP side,
         ("controller/loop/remediation.py", "babysitter.controller.api.auth"),
         # and the API is assembled by runtime, never the other way
         ("controller/api/app.py", "babysitter.controller.runtime"),
         # the tick's decide stage is pure: no store, no Slurm backend, no later stage
-        ("controller/loop/decide/policy.py", "babysitter.controller.db.store"),
+        ("controller/loop/decide/node/policy.py", "babysitter.controller.db.store"),
         ("controller/loop/decide/blast.py", "babysitter.controller.loop.admit.admission"),
         ("controller/loop/decide/ladder.py", "babysitter.slurm.cli"),
         # the executor runs no step; admission never acts

@@ -16,8 +16,12 @@ from babysitter.controller.loop.decide.blast import (
     Scope,
     ScopeCounts,
 )
-from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.policy import decide
+from babysitter.controller.loop.decide.node.facts_model import (
+    ClusterFacts,
+    NodeFacts,
+    PolicySettings,
+)
+from babysitter.controller.loop.decide.node.policy import decide
 from babysitter.finding import Action, Finding, Severity
 from babysitter.slurm.topology import tree
 

@@ -14,7 +14,7 @@ from babysitter.config import RemediationConfig, parse_config
 from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.loop.decide.ladder import LadderTable, Rung, remediable
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.read.ledger import Phase
 from babysitter.finding import Action, Finding
 from tests.fixtures.healing import Cluster, imex_down, not_trained

@@ -14,7 +14,7 @@ import pytest
 from babysitter.checks.xid.check import EVENT_RECOVERY_ACTION, parse_kmsg_line, xid_finding
 from babysitter.config import parse_config
 from babysitter.controller.loop.decide.ladder import LadderTable, Rung, fault_class, remediable
-from babysitter.controller.loop.decide.verdict import drain_worthy
+from babysitter.controller.loop.decide.node.verdict import drain_worthy
 from babysitter.controller.loop.heal.fabric_rung import units_for
 from babysitter.finding import Action, Finding, Severity
 from babysitter.hardware.recovery import RecoveryAction, from_reset_status, parse_xid154

@@ -1,10 +1,10 @@
-"""The healer's state machine (controller/loop/heal/states.py) as a contract: every phase a
+"""The healer's state machine (controller/loop/heal/episode/states.py) as a contract: every phase a
 `remediations` row can be in has exactly one handler, a terminal phase has none, and a
 phase added to the ledger without either fails here."""
 
 from __future__ import annotations
 
-from babysitter.controller.loop.heal.states import ENTRY, TABLE, TERMINAL, transition
+from babysitter.controller.loop.heal.episode.states import ENTRY, TABLE, TERMINAL, transition
 from babysitter.controller.loop.read.ledger import ACTIVE, HELD, Phase
 
 

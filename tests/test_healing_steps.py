@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from babysitter.controller.db.actions import ActionKind, ActionStatus
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.heal.lemons import drain_lemons
 from babysitter.controller.loop.read.ledger import Phase, Remediation
 from babysitter.slurm.client import SlurmNode, SlurmNodeSettling, SlurmUnavailable

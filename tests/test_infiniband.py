@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from babysitter.checks.base import CheckContext
 from babysitter.checks.infiniband.check import InfinibandCheck, parse_rate, parse_state
 from babysitter.config import parse_config
-from babysitter.controller.loop.decide.verdict import drain_worthy
+from babysitter.controller.loop.decide.node.verdict import drain_worthy
 from babysitter.devcluster import simib
 
 

@@ -95,11 +95,11 @@ from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.api.orders import RESET_ORDER
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.fabric.nvlink_domain import INCIDENTS_KEY, is_domain_fault
 from babysitter.controller.loop.fabric.nvlink_domain import METRIC as DOMAIN_METRIC
 from babysitter.controller.loop.heal import fabric_rung
-from babysitter.controller.loop.heal.resetting import RESET_METRIC
+from babysitter.controller.loop.heal.episode.resetting import RESET_METRIC
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding, job_owned
 from babysitter.report import Report

@@ -6,9 +6,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from babysitter.controller.loop.decide.decisions import DecisionKind
-from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.policy import decide
+from babysitter.controller.loop.decide.node.decisions import DecisionKind
+from babysitter.controller.loop.decide.node.facts_model import (
+    ClusterFacts,
+    NodeFacts,
+    PolicySettings,
+)
+from babysitter.controller.loop.decide.node.policy import decide
 from babysitter.finding import Finding
 from tests.test_admission import Site, disk
 

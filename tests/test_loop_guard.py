@@ -9,7 +9,7 @@ import sys
 
 import httpx
 
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.rules import Rule
 from tests.fixtures.controller import ControllerProcess, controller_config, free_port
 from tests.fixtures.slurm import node_state, wait_for
 from tests.test_leader import post_fault

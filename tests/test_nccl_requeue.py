@@ -20,7 +20,7 @@ from babysitter.checks.nccl.check import JobLogScanner
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.decide.facts_model import NodeFacts
+from babysitter.controller.loop.decide.node.facts_model import NodeFacts
 from babysitter.controller.loop.jobs.nccl_requeue import (
     STALE_S,
     decide_nccl_requeue,

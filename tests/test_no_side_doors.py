@@ -18,9 +18,13 @@ from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.api.node_state import FOLDED_CODE
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.decide.decisions import DecisionKind
-from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.policy import decide
+from babysitter.controller.loop.decide.node.decisions import DecisionKind
+from babysitter.controller.loop.decide.node.facts_model import (
+    ClusterFacts,
+    NodeFacts,
+    PolicySettings,
+)
+from babysitter.controller.loop.decide.node.policy import decide
 from babysitter.controller.loop.heal.validation import AWAITING, Validator
 from babysitter.controller.loop.record.alerts import Alert
 from babysitter.controller.loop.remediation import make_engine

@@ -17,11 +17,15 @@ from babysitter.controller.api import api_read, fastpath, ingest
 from babysitter.controller.api import app as api
 from babysitter.controller.db import models
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.decide.decisions import Decision
-from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.policy import decide
-from babysitter.controller.loop.decide.rules import Rule
-from babysitter.controller.loop.decide.verdict import node_verdict
+from babysitter.controller.loop.decide.node.decisions import Decision
+from babysitter.controller.loop.decide.node.facts_model import (
+    ClusterFacts,
+    NodeFacts,
+    PolicySettings,
+)
+from babysitter.controller.loop.decide.node.policy import decide
+from babysitter.controller.loop.decide.node.rules import Rule
+from babysitter.controller.loop.decide.node.verdict import node_verdict
 from babysitter.controller.runtime import Controller
 from babysitter.finding import Action, Finding, Severity
 from babysitter.report import Report

@@ -12,9 +12,9 @@ import pytest
 from babysitter.controller.api.cockpit_metrics import owner as metrics_owner
 from babysitter.controller.api.fleet_view import reason_owner as fleet_owner
 from babysitter.controller.loop.admit.admission import Act, Limits, World, decide_admission
+from babysitter.controller.loop.decide.node.verdict import drain_worthy, node_verdict
 from babysitter.controller.loop.decide.ownership import Owner, episode_owner
-from babysitter.controller.loop.decide.verdict import drain_worthy, node_verdict
-from babysitter.controller.loop.heal.sdc_due import slurm_why_not
+from babysitter.controller.loop.sdc.due import slurm_why_not
 from babysitter.finding import Action, Finding, Severity, job_owned
 from babysitter.slurm.base import OwnedClient
 from babysitter.slurm.client import SlurmNode

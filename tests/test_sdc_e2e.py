@@ -23,7 +23,7 @@ import pytest
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import perf_metrics
 from babysitter.controller.loop.decide.stragglers import perf_from_metrics
-from babysitter.controller.loop.heal.sdc_schedule import HOLD_PREFIX
+from babysitter.controller.loop.sdc.schedule import HOLD_PREFIX
 from babysitter.devcluster.sim import SimCluster
 from tests.fixtures.slurm import node_state, slurm, submit, wait_for
 

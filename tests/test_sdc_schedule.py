@@ -1,4 +1,4 @@
-"""The SDC schedule (loop/heal/sdc_schedule.py) against the in-memory Slurm stand-in and a
+"""The SDC schedule (loop/sdc/schedule.py) against the in-memory Slurm stand-in and a
 real store: what it holds and when, what it never touches, what it costs slurmctld at 10,000
 nodes, and how it picks up after a restart. The same schedule on a real Slurm devcluster is in
 tests/test_sdc_e2e.py."""
@@ -19,9 +19,9 @@ from babysitter.controller.api.ingest import ReportWriter
 from babysitter.controller.api.orders import OrderBook
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.heal.sdc_schedule import HOLD_PREFIX, SdcScheduler
-from babysitter.controller.loop.heal.sdc_store import schedule_rows
 from babysitter.controller.loop.read.context import LoopContext
+from babysitter.controller.loop.sdc.schedule import HOLD_PREFIX, SdcScheduler
+from babysitter.controller.loop.sdc.store import schedule_rows
 from babysitter.report import Report
 from babysitter.slurm.client import SlurmJob, SlurmNode
 from bench.slurm_standin import InMemorySlurm

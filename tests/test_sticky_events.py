@@ -170,7 +170,7 @@ def test_every_drain_worthy_event_finding_has_a_reason_to_stay():
     from babysitter.checks.base import CheckContext
     from babysitter.checks.xid.events import EVENT_FINDINGS, EVENT_RECOVERY_ACTION, NvmlEvents
     from babysitter.config import load_config
-    from babysitter.controller.loop.decide.verdict import drain_worthy
+    from babysitter.controller.loop.decide.node.verdict import drain_worthy
     from babysitter.hardware import sticky
     from babysitter.hardware.recovery import RecoveryAction
     from babysitter.hardware.xids import ENTRIES

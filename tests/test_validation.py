@@ -12,8 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.policy import decide
+from babysitter.controller.loop.decide.node.facts_model import (
+    ClusterFacts,
+    NodeFacts,
+    PolicySettings,
+)
+from babysitter.controller.loop.decide.node.policy import decide
 from babysitter.controller.loop.heal.validation import read_verdict
 from babysitter.devcluster.fakenvml import build
 from babysitter.devcluster.receiver import Receiver

@@ -88,7 +88,7 @@ def select_checks(
     names or name prefixes. An invasive check runs only when one of them names it (or with
     include_invasive): the default set never takes the GPUs from a job. include_ordered (the
     agent): invasive checks that run only on the controller's order are in the default set,
-    since the controller's Slurm hold is what makes them safe (loop/heal/sdc_schedule.py)."""
+    since the controller's Slurm hold is what makes them safe (loop/sdc/schedule.py)."""
     if only:
         _known_names(only, "--only", UsageError)
     check_config(ctx.config)

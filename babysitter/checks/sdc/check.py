@@ -1,5 +1,5 @@
 """The SDC test as an agent check. On by default, but the agent never starts it on its own: the
-controller orders it (loop/heal/sdc_schedule.py) for an idle node it has put under a short
+controller orders it (loop/sdc/schedule.py) for an idle node it has put under a short
 Slurm hold, so no job can start on the GPUs while the test runs. Right before it takes the
 GPUs the check asks NVML once more whether any GPU is in use, and skips (saying why) when one
 is or when it cannot tell. `babysitter check --only sdc.matmul` runs it directly (an Epilog or
@@ -36,7 +36,7 @@ class SdcCheck(Check):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.last_findings: list[Finding] = []  # kept when a run is skipped
-        # tells the controller this agent takes SDC orders (controller/loop/heal/sdc_schedule.py
+        # tells the controller this agent takes SDC orders (controller/loop/sdc/schedule.py
         # READY_KEY): a node whose agent does not is never held for nothing
         self.metrics["sdc_ready"] = True
 

@@ -15,7 +15,7 @@ from babysitter.controller.api.auth import Principal
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.report import NODE_NAME
 
 

@@ -14,7 +14,7 @@ from babysitter.controller.api.auth import Principal
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store, now
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.read.ledger import Ledger
 from babysitter.report import NODE_NAME
 

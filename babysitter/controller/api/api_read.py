@@ -10,8 +10,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from babysitter.controller.api.auth import Principal
 from babysitter.controller.db.store import Store, now
-from babysitter.controller.loop.decide.rules import rule_description
-from babysitter.controller.loop.decide.verdict import node_verdict
+from babysitter.controller.loop.decide.node.rules import rule_description
+from babysitter.controller.loop.decide.node.verdict import node_verdict
 from babysitter.controller.loop.heal.rma import archives
 from babysitter.controller.loop.read.ledger import Ledger
 from babysitter.finding import Finding, Severity

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 
 from babysitter.controller.api.auth import Principal
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.heal.sdc_store import schedule_rows
+from babysitter.controller.loop.sdc.store import schedule_rows
 
 
 def sdc_router(store: Store, reader: Callable[[Request], Principal]) -> APIRouter:

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import aware, stored_severity
-from babysitter.controller.loop.decide.verdict import drain_worthy
+from babysitter.controller.loop.decide.node.verdict import drain_worthy
 from babysitter.finding import Action, Finding, Severity, job_of, job_owned, no_verdict
 from babysitter.report import Report
 

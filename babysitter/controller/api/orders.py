@@ -1,6 +1,6 @@
 """Orders for agents, handed out in the answer to their reports: a node learns what the
 controller wants from it without a request of its own (10,000 nodes polling would double the
-controller's load). The orders live in the database (controller/loop/heal/sdc_schedule.py writes SDC
+controller's load). The orders live in the database (controller/loop/sdc/schedule.py writes SDC
 tests, controller/loop/heal/healer.py GPU resets: an open ledger row in phase `resetting`,
 controller/loop/heal/fabric_rung.py fabric restarts, controller/loop/heal/rma.py RMA evidence),
 so any controller replica answers with them; each replica re-reads them at most once a second

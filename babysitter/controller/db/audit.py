@@ -41,7 +41,7 @@ class Actor(StrEnum):
     ADMIN = "admin"  # an admin token (API or CLI)
     MAINTENANCE = "maintenance"  # a maintenance window ending on its deadline
     FABRIC = "fabric"  # a switch incident (controller/loop/fabric/fabric_loop.py)
-    SDC = "sdc"  # the periodic SDC test's holds (controller/loop/heal/sdc_schedule.py)
+    SDC = "sdc"  # the periodic SDC test's holds (controller/loop/sdc/schedule.py)
 
 
 _RESULTS = {str(r): r for r in AuditResult}

@@ -256,7 +256,7 @@ maintenance_windows = Table(
     Index("ix_maintenance_state", "state"),
 )
 
-# The periodic SDC test's schedule (loop/heal/sdc_schedule.py), one row per node: the order
+# The periodic SDC test's schedule (loop/sdc/schedule.py), one row per node: the order
 # in flight (its Slurm hold and id, which the ingest hands the node's agent), the last test
 # that ran, and why the node is not being tested when it is due.
 sdc_schedule = Table(

@@ -13,8 +13,8 @@ from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import record_actions
 from babysitter.controller.loop.act.executor import ActionExecutor, node_alert
-from babysitter.controller.loop.decide.decisions import Decision, DecisionKind
-from babysitter.controller.loop.decide.facts_model import ClusterFacts
+from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind
+from babysitter.controller.loop.decide.node.facts_model import ClusterFacts
 from babysitter.controller.loop.heal.validation import Validator
 from babysitter.controller.loop.read.guard import GUARD_KEY
 from babysitter.controller.loop.record.alerts import Alert

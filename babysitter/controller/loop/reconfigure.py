@@ -12,8 +12,8 @@ from babysitter.controller.loop.admit.admission import Limits
 from babysitter.controller.loop.admit.maintenance import Alertmanager
 from babysitter.controller.loop.decide.blast import BlastSettings
 from babysitter.controller.loop.decide.fabric import FabricSettings
-from babysitter.controller.loop.decide.facts_model import PolicySettings
 from babysitter.controller.loop.decide.ladder import LadderTable
+from babysitter.controller.loop.decide.node.facts_model import PolicySettings
 from babysitter.controller.loop.decide.stragglers import StragglerSettings
 from babysitter.controller.loop.record.alerts import Alert
 from babysitter.controller.loop.record.alerts.router import sinks_from_config

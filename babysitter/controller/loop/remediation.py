@@ -34,15 +34,18 @@ from babysitter.controller.loop.act.executor import ActionExecutor
 from babysitter.controller.loop.admit.admission import Admission
 from babysitter.controller.loop.admit.maintenance import Alertmanager, Maintenance
 from babysitter.controller.loop.apply import DecisionApplier
-from babysitter.controller.loop.decide.decisions import Decision, DecisionKind, PolicyResult
-from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.job_alerts import JOB_ALERT_PREFIX
-from babysitter.controller.loop.decide.policy import decide
+from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind, PolicyResult
+from babysitter.controller.loop.decide.node.facts_model import (
+    ClusterFacts,
+    NodeFacts,
+    PolicySettings,
+)
+from babysitter.controller.loop.decide.node.job_alerts import JOB_ALERT_PREFIX
+from babysitter.controller.loop.decide.node.policy import decide
 from babysitter.controller.loop.fabric.fabric_loop import FabricStep
 from babysitter.controller.loop.fabric.nvlink_domain import DomainStep
 from babysitter.controller.loop.heal.healer import Healer
 from babysitter.controller.loop.heal.rma import RmaEvidence
-from babysitter.controller.loop.heal.sdc_schedule import SdcScheduler
 from babysitter.controller.loop.heal.validation import Validator
 from babysitter.controller.loop.jobs.jobs import JobTracker
 from babysitter.controller.loop.jobs.nccl_requeue import NcclRequeues
@@ -56,6 +59,7 @@ from babysitter.controller.loop.record.alerts.router import sinks_from_config
 from babysitter.controller.loop.record.alerts.sender import AlertSender
 from babysitter.controller.loop.record.metrics import ControllerMetrics
 from babysitter.controller.loop.record.outcome import OutcomeWriter
+from babysitter.controller.loop.sdc.schedule import SdcScheduler
 from babysitter.slurm.client import SlurmClient, SlurmNode
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from babysitter.controller.db.store import Store, aware
 from babysitter.controller.db.tickstore import Drained, Outcome, Settled, settle
 from babysitter.controller.loop.act.held_drain import cleared_while_held
 from babysitter.controller.loop.admit.admission import HOLD_RETRY_S, Act, Admission, Refusal
-from babysitter.controller.loop.decide.decisions import Decision, DecisionKind
 from babysitter.controller.loop.decide.link_hold import POLL_S
+from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind
 from babysitter.controller.loop.jobs.jobs import HELD_RULE, NCCL_RULE, REQUEUE_RULE, JobTracker
 from babysitter.controller.loop.read.guard import GUARD_KEY
 from babysitter.controller.loop.read.snapshot import SlurmSnapshot

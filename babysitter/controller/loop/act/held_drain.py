@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from babysitter.controller.db.actions import Action, ActionKind
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.decide.rules import Rule
-from babysitter.controller.loop.decide.verdict import drain_worthy
+from babysitter.controller.loop.decide.node.rules import Rule
+from babysitter.controller.loop.decide.node.verdict import drain_worthy
 
 CLEARED = "fault cleared while held"
 NODE_POLICY_DRAINS = frozenset({Rule.CRITICAL_FINDING.value, Rule.DRAIN_ACTION.value})

@@ -37,8 +37,8 @@ from babysitter.controller.db.store import Store
 from babysitter.controller.loop.admit.admission import Act, Admission, Refusal
 from babysitter.controller.loop.admit.maintenance import nodes_in_maintenance
 from babysitter.controller.loop.decide.ladder import Rung
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.decide.ownership import Owner, episode_owner
-from babysitter.controller.loop.decide.rules import Rule
 from babysitter.controller.loop.read.ledger import Ledger, Phase, Remediation
 from babysitter.slurm.client import SlurmNode
 

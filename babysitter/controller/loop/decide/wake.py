@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from babysitter.controller.loop.decide.verdict import drain_worthy
+from babysitter.controller.loop.decide.node.verdict import drain_worthy
 from babysitter.report import Report
 
 Key = tuple[str, str, str]

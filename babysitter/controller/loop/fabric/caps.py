@@ -14,8 +14,8 @@ from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import pending_drain_nodes
 from babysitter.controller.loop.decide.blast import CLUSTER, BlastSettings, Scope, ScopeCounts, Trip
 from babysitter.controller.loop.decide.fabric import Incident
-from babysitter.controller.loop.decide.facts_model import ClusterFacts
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.facts_model import ClusterFacts
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.read.snapshot import SlurmSnapshot
 from babysitter.controller.loop.record.alerts import Alert
 from babysitter.finding import Severity

@@ -39,8 +39,12 @@ from babysitter.controller.loop.decide.fabric import (
     is_fabric,
     switch_reason,
 )
-from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.facts_model import (
+    ClusterFacts,
+    NodeFacts,
+    PolicySettings,
+)
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.fabric.caps import (
     CAP_CONDITION,
     cap_alert,

@@ -27,7 +27,6 @@ from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.episodes import start_drain_episodes
 from babysitter.controller.loop.admit.admission import Admission
 from babysitter.controller.loop.admit.gate import AdmittedSlurm, Held
-from babysitter.controller.loop.decide.decisions import PolicyResult
 from babysitter.controller.loop.decide.fabric import (
     Evidence,
     FabricSettings,
@@ -35,9 +34,10 @@ from babysitter.controller.loop.decide.fabric import (
     Incident,
     onsets,
 )
-from babysitter.controller.loop.decide.facts_model import NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.rules import Rule
-from babysitter.controller.loop.decide.verdict import drain_worthy, facts_verdict
+from babysitter.controller.loop.decide.node.decisions import PolicyResult
+from babysitter.controller.loop.decide.node.facts_model import NodeFacts, PolicySettings
+from babysitter.controller.loop.decide.node.rules import Rule
+from babysitter.controller.loop.decide.node.verdict import drain_worthy, facts_verdict
 from babysitter.controller.loop.read.context import LoopContext
 from babysitter.controller.loop.record.alerts import Alert
 from babysitter.finding import Finding

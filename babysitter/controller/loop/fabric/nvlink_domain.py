@@ -39,8 +39,8 @@ from babysitter.controller.db.store import Store
 from babysitter.controller.loop.admit.admission import Admission
 from babysitter.controller.loop.decide import fabric
 from babysitter.controller.loop.decide.fabric import Evidence, FabricView, Incident, correlate
-from babysitter.controller.loop.decide.facts_model import NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.facts_model import NodeFacts, PolicySettings
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.fabric.incidents import Grouping, IncidentStep, Troubled
 from babysitter.controller.loop.read.context import LoopContext
 from babysitter.controller.loop.read.guard import NVLINK_DOMAIN_KEY

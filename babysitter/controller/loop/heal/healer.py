@@ -35,21 +35,21 @@ from datetime import UTC, datetime
 from babysitter.controller.db.tickstore import policy_rows
 from babysitter.controller.loop.admit.maintenance import MAINTENANCE_UNKNOWN, maintenance_unknown
 from babysitter.controller.loop.admit.order_permission import expire_quiet
-from babysitter.controller.loop.decide.decisions import Decision, DecisionKind
+from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind
 from babysitter.controller.loop.decide.ownership import Owner, episode_owner
-from babysitter.controller.loop.heal.base import (
+from babysitter.controller.loop.heal.episode.base import (
     CONFIG_TTL_S,
     LEMON_CONDITION,
     REBOOT_FLAGS,
     HealerBase,
     Tick,
 )
-from babysitter.controller.loop.heal.fault import Fault
-from babysitter.controller.loop.heal.lemon_episode import drain_lemon, lemon_alert
+from babysitter.controller.loop.heal.episode.fault import Fault
+from babysitter.controller.loop.heal.episode.lemon_episode import drain_lemon, lemon_alert
+from babysitter.controller.loop.heal.episode.resetting import RESET_METRIC
+from babysitter.controller.loop.heal.episode.start import start
+from babysitter.controller.loop.heal.episode.states import Handler, transition
 from babysitter.controller.loop.heal.lemons import drain_lemons
-from babysitter.controller.loop.heal.resetting import RESET_METRIC
-from babysitter.controller.loop.heal.start import start
-from babysitter.controller.loop.heal.states import Handler, transition
 from babysitter.controller.loop.heal.takeover import end_taken_over
 from babysitter.controller.loop.read.ledger import ACTIVE, Phase, Remediation
 from babysitter.controller.loop.record.alerts import Alert

@@ -15,7 +15,7 @@ from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.admit.gate import AdmittedSlurm
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.heal.validation import cancel_validation_job, reservation_name
 from babysitter.controller.loop.read.ledger import Ledger, Phase, Remediation
 from babysitter.slurm.client import SlurmClient, SlurmError, SlurmNode

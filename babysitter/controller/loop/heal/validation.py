@@ -34,7 +34,7 @@ from babysitter.controller.db.store import Store
 from babysitter.controller.loop.admit.admission import Act, Admission, Refusal, Why
 from babysitter.controller.loop.admit.gate import AdmittedSlurm
 from babysitter.controller.loop.decide.diag_level import LEVEL_ENV, level_for
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.read.ledger import Ledger
 from babysitter.controller.loop.record.alerts import Alert
 from babysitter.finding import Severity

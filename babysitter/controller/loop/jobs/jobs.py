@@ -36,7 +36,7 @@ from babysitter.controller.loop.decide.link_hold import (
     grace_for,
     job_phase,
 )
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.jobs.hang import HangWatch
 from babysitter.controller.loop.jobs.job_history import JobHistory
 from babysitter.controller.loop.jobs.job_policy import babysit_spec, max_requeues

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from babysitter.controller.db.store import HistoryEntry, JobRow
-from babysitter.controller.loop.decide.facts_model import NodeFacts
 from babysitter.controller.loop.decide.link_hold import LINK_CODES, JobPhase, job_phase
+from babysitter.controller.loop.decide.node.facts_model import NodeFacts
 from babysitter.controller.loop.jobs.job_policy import JobDecision, babysit_spec
 from babysitter.controller.loop.jobs.jobs import NCCL_RULE, JobTracker
 from babysitter.finding import Finding, Severity, job_of, job_owned

@@ -22,8 +22,12 @@ from babysitter.controller.db.tickstore import (
     policy_rows,
     xid_history,
 )
-from babysitter.controller.loop.decide.decisions import Decision, DecisionKind
-from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
+from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind
+from babysitter.controller.loop.decide.node.facts_model import (
+    ClusterFacts,
+    NodeFacts,
+    PolicySettings,
+)
 from babysitter.controller.loop.decide.stragglers import (
     CONDITION,
     NodePerf,

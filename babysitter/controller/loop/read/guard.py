@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.decide.rules import rule_description
+from babysitter.controller.loop.decide.node.rules import rule_description
 
 GUARD_KEY = "guard_tripped"
 GUARD_INFO_KEY = "guard"

@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import ActionKind
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.record.alerts.sinks import (
     AlertmanagerSink,
     PagerDutySink,

@@ -8,9 +8,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from babysitter.controller.db.store import Store
-from babysitter.controller.loop.decide.decisions import DecisionKind, PolicyResult
-from babysitter.controller.loop.decide.drain_guard import drain_limit
-from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
+from babysitter.controller.loop.decide.node.decisions import DecisionKind, PolicyResult
+from babysitter.controller.loop.decide.node.drain_guard import drain_limit
+from babysitter.controller.loop.decide.node.facts_model import (
+    ClusterFacts,
+    NodeFacts,
+    PolicySettings,
+)
 from babysitter.controller.loop.read.guard import GUARD_INFO_KEY
 from babysitter.controller.loop.read.snapshot import SlurmSnapshot
 

@@ -4,7 +4,7 @@ ends when someone returns the node to service (`babysitter resume`)."""
 
 from __future__ import annotations
 
-from babysitter.controller.loop.heal.base import LEMON_CONDITION, HealerBase, Tick
+from babysitter.controller.loop.heal.episode.base import LEMON_CONDITION, HealerBase, Tick
 from babysitter.controller.loop.read.ledger import Remediation
 
 

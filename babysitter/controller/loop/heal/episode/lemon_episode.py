@@ -9,8 +9,8 @@ from typing import Any
 
 from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.loop.decide.ladder import Rung
-from babysitter.controller.loop.heal.base import LEMON_CONDITION, HealerBase, log
-from babysitter.controller.loop.heal.fault import Fault
+from babysitter.controller.loop.heal.episode.base import LEMON_CONDITION, HealerBase, log
+from babysitter.controller.loop.heal.episode.fault import Fault
 from babysitter.controller.loop.heal.lemons import DrainLemon
 from babysitter.controller.loop.read.ledger import Phase, Remediation
 from babysitter.controller.loop.record.alerts import Alert

@@ -12,8 +12,8 @@ from babysitter.controller.loop.admit.admission import Act
 from babysitter.controller.loop.admit.gate import Held
 from babysitter.controller.loop.admit.order_permission import issue
 from babysitter.controller.loop.decide.ladder import Rung
-from babysitter.controller.loop.heal.base import HealerBase, Tick, log
-from babysitter.controller.loop.heal.fail import fail
+from babysitter.controller.loop.heal.episode.base import HealerBase, Tick, log
+from babysitter.controller.loop.heal.episode.fail import fail
 from babysitter.controller.loop.heal.validation import reservation_name
 from babysitter.controller.loop.read.ledger import Phase, Remediation
 from babysitter.slurm.client import SlurmError, SlurmUnavailable

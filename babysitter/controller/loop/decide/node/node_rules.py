@@ -7,12 +7,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from babysitter.controller.db.validation_state import validated_for_this_drain
-from babysitter.controller.loop.decide.decisions import Decision, DecisionKind
-from babysitter.controller.loop.decide.drain_guard import DrainWish
-from babysitter.controller.loop.decide.facts_model import NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.rules import NoRule, Rule
-from babysitter.controller.loop.decide.verdict import drain_worthy
-from babysitter.controller.loop.decide.wording import summary
+from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind
+from babysitter.controller.loop.decide.node.drain_guard import DrainWish
+from babysitter.controller.loop.decide.node.facts_model import NodeFacts, PolicySettings
+from babysitter.controller.loop.decide.node.rules import NoRule, Rule
+from babysitter.controller.loop.decide.node.verdict import drain_worthy
+from babysitter.controller.loop.decide.node.wording import summary
 from babysitter.finding import Finding, Severity, no_verdict
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from babysitter.controller.loop.decide.facts_model import NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.rules import NoRule, Rule
+from babysitter.controller.loop.decide.node.facts_model import NodeFacts, PolicySettings
+from babysitter.controller.loop.decide.node.rules import NoRule, Rule
 from babysitter.finding import Action, Finding, Severity, job_owned
 
 # Actions that mean "this node must not run jobs"

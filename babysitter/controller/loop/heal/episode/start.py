@@ -10,9 +10,9 @@ from typing import Any
 
 from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.loop.decide.ladder import Rung, remediable
-from babysitter.controller.loop.heal.base import HealerBase, log
-from babysitter.controller.loop.heal.fault import Fault
-from babysitter.controller.loop.heal.lemon_episode import lemon_by_count
+from babysitter.controller.loop.heal.episode.base import HealerBase, log
+from babysitter.controller.loop.heal.episode.fault import Fault
+from babysitter.controller.loop.heal.episode.lemon_episode import lemon_by_count
 from babysitter.controller.loop.read.ledger import Phase
 from babysitter.controller.loop.record.alerts import Alert
 from babysitter.finding import Finding, Severity

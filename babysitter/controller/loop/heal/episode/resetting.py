@@ -11,10 +11,10 @@ from typing import Any
 from babysitter.controller.db.actions import ActionKind
 from babysitter.controller.loop.decide.ladder import Rung
 from babysitter.controller.loop.heal import after_rung
-from babysitter.controller.loop.heal.base import HealerBase, Tick
-from babysitter.controller.loop.heal.fail import fail
-from babysitter.controller.loop.heal.held import returned_by_admin
-from babysitter.controller.loop.heal.validating import validate_fresh
+from babysitter.controller.loop.heal.episode.base import HealerBase, Tick
+from babysitter.controller.loop.heal.episode.fail import fail
+from babysitter.controller.loop.heal.episode.held import returned_by_admin
+from babysitter.controller.loop.heal.episode.validating import validate_fresh
 from babysitter.controller.loop.read.ledger import Remediation
 
 RESET_METRIC = "gpu_reset"  # the agent's answer to a reset order, in its report metrics

@@ -11,7 +11,7 @@ from sqlalchemy import bindparam, select, update
 
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store, aware
-from babysitter.controller.loop.heal.sdc_due import NodeSchedule
+from babysitter.controller.loop.sdc.due import NodeSchedule
 
 
 def load_rows(store: Store) -> dict[str, NodeSchedule]:

@@ -10,10 +10,10 @@ from typing import Any
 
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.loop.decide.ladder import remediable
-from babysitter.controller.loop.heal.base import REBOOT_FLAGS, HealerBase, Tick
-from babysitter.controller.loop.heal.fail import fail
+from babysitter.controller.loop.heal.episode.base import REBOOT_FLAGS, HealerBase, Tick
+from babysitter.controller.loop.heal.episode.fail import fail
+from babysitter.controller.loop.heal.episode.validating import validate
 from babysitter.controller.loop.heal.takeover import cancel_pending_reboot
-from babysitter.controller.loop.heal.validating import validate
 from babysitter.controller.loop.read.ledger import Phase, Remediation
 from babysitter.controller.loop.record.alerts import Alert
 from babysitter.finding import Severity

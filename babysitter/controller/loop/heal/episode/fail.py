@@ -7,9 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from babysitter.controller.db.actions import ActionKind, ActionStatus
-from babysitter.controller.loop.heal.base import HealerBase, log
-from babysitter.controller.loop.heal.fault import Fault
-from babysitter.controller.loop.heal.start import climb
+from babysitter.controller.loop.heal.episode.base import HealerBase, log
+from babysitter.controller.loop.heal.episode.fault import Fault
+from babysitter.controller.loop.heal.episode.start import climb
 from babysitter.controller.loop.heal.validation import reservation_name
 from babysitter.controller.loop.read.ledger import Phase, Remediation
 from babysitter.controller.loop.record.alerts import Alert

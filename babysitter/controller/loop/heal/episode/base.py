@@ -15,7 +15,7 @@ from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.loop.admit.admission import Admission
 from babysitter.controller.loop.admit.gate import AdmittedSlurm
 from babysitter.controller.loop.decide.ladder import LadderTable
-from babysitter.controller.loop.decide.rules import Rule
+from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.heal.fabric_rung import FabricRung
 from babysitter.controller.loop.heal.lemons import DrainLemon
 from babysitter.controller.loop.heal.validation import Validator

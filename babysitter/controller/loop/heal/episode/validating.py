@@ -11,8 +11,8 @@ from babysitter.controller.db.episodes import state_of, validated_for_this_drain
 from babysitter.controller.loop.admit.admission import Refusal, Why
 from babysitter.controller.loop.decide.ladder import Rung
 from babysitter.controller.loop.heal import after_rung
-from babysitter.controller.loop.heal.base import HealerBase, Tick, log
-from babysitter.controller.loop.heal.fail import fail
+from babysitter.controller.loop.heal.episode.base import HealerBase, Tick, log
+from babysitter.controller.loop.heal.episode.fail import fail
 from babysitter.controller.loop.read.ledger import Phase, Remediation
 from babysitter.controller.loop.record.alerts import Alert
 

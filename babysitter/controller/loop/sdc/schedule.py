@@ -46,9 +46,9 @@ from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
 from babysitter.controller.db.audit import Actor, AuditEntry, AuditResult
 from babysitter.controller.loop.admit.gate import AdmittedSlurm
-from babysitter.controller.loop.heal.sdc_due import NodeSchedule, due_nodes
-from babysitter.controller.loop.heal.sdc_store import load_rows, save_rows
 from babysitter.controller.loop.read.context import LoopContext
+from babysitter.controller.loop.sdc.due import NodeSchedule, due_nodes
+from babysitter.controller.loop.sdc.store import load_rows, save_rows
 from babysitter.finding import Severity
 from babysitter.slurm.client import SlurmBusy, SlurmError
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from babysitter.controller.loop.decide.decisions import Decision, DecisionKind
-from babysitter.controller.loop.decide.facts_model import NodeFacts
-from babysitter.controller.loop.decide.rules import Rule
-from babysitter.controller.loop.decide.wording import listed
+from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind
+from babysitter.controller.loop.decide.node.facts_model import NodeFacts
+from babysitter.controller.loop.decide.node.rules import Rule
+from babysitter.controller.loop.decide.node.wording import listed
 from babysitter.finding import Finding, Severity, job_of, job_owned
 
 JOB_ALERT_PREFIX = "job_log_"

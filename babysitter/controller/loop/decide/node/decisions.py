@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from babysitter.controller.loop.decide.rules import NoRule, Rule, rule_description, rule_named
+from babysitter.controller.loop.decide.node.rules import NoRule, Rule, rule_description, rule_named
 from babysitter.finding import Severity
 
 

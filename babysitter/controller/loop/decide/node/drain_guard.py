@@ -6,10 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from babysitter.controller.loop.decide.decisions import Decision, DecisionKind
-from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.rules import NoRule, Rule
-from babysitter.controller.loop.decide.wording import listed
+from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind
+from babysitter.controller.loop.decide.node.facts_model import (
+    ClusterFacts,
+    NodeFacts,
+    PolicySettings,
+)
+from babysitter.controller.loop.decide.node.rules import NoRule, Rule
+from babysitter.controller.loop.decide.node.wording import listed
 from babysitter.finding import Severity
 
 

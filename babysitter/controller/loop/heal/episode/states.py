@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from babysitter.controller.loop.heal.base import HealerBase, Tick
-from babysitter.controller.loop.heal.held import held
-from babysitter.controller.loop.heal.rebooting import rebooting
-from babysitter.controller.loop.heal.resetting import resetting
-from babysitter.controller.loop.heal.validating import validating
-from babysitter.controller.loop.heal.waiting import waiting
+from babysitter.controller.loop.heal.episode.base import HealerBase, Tick
+from babysitter.controller.loop.heal.episode.held import held
+from babysitter.controller.loop.heal.episode.rebooting import rebooting
+from babysitter.controller.loop.heal.episode.resetting import resetting
+from babysitter.controller.loop.heal.episode.validating import validating
+from babysitter.controller.loop.heal.episode.waiting import waiting
 from babysitter.controller.loop.read.ledger import Phase, Remediation
 
 Handler = Callable[[HealerBase, Remediation, Tick], None]

@@ -14,12 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from babysitter.controller.loop.decide.decisions import Decision, PolicyResult
-from babysitter.controller.loop.decide.drain_guard import DrainWish, Guard
-from babysitter.controller.loop.decide.facts_model import ClusterFacts, NodeFacts, PolicySettings
-from babysitter.controller.loop.decide.job_alerts import job_owned_alerts
-from babysitter.controller.loop.decide.node_rules import node_decisions
-from babysitter.controller.loop.decide.verdict import facts_verdict
+from babysitter.controller.loop.decide.node.decisions import Decision, PolicyResult
+from babysitter.controller.loop.decide.node.drain_guard import DrainWish, Guard
+from babysitter.controller.loop.decide.node.facts_model import (
+    ClusterFacts,
+    NodeFacts,
+    PolicySettings,
+)
+from babysitter.controller.loop.decide.node.job_alerts import job_owned_alerts
+from babysitter.controller.loop.decide.node.node_rules import node_decisions
+from babysitter.controller.loop.decide.node.verdict import facts_verdict
 
 
 def decide(
