@@ -45,9 +45,18 @@ COMPARED = (
 )
 
 
-def _soak(tree: Path, out: Path, nodes: int, days: float) -> tuple[dict[str, Any], list[Any]]:
+NOISES = {  # the soak's benign noise, then the same with real faults (drains, the ladder)
+    "benign": REPO / "bench" / "data" / "soak_noise.toml",
+    "faults": REPO / "bench" / "data" / "equivalence_noise.toml",
+}
+
+
+def _soak(
+    tree: Path, out: Path, nodes: int, days: float, noise: Path
+) -> tuple[dict[str, Any], list[Any]]:
     log = out / "decisions"
     args = ["--nodes", str(nodes), "--days", str(days), "--budget-s", "3000"]
+    args += ["--noise", str(noise)]
     args += ["--workers", "1", "--decision-log", str(log), "--results", str(out)]
     r = subprocess.run(
         [sys.executable, "-m", "bench.soak", *args],
@@ -89,14 +98,54 @@ def main(argv: list[str]) -> int:
             check=True,
             capture_output=True,
         )
+        runs: dict[str, Any] = {}
         try:
-            base, base_log = _soak(base_tree, Path(tmp) / "b", a.nodes, a.days)
-            head, head_log = _soak(REPO, Path(tmp) / "h", a.nodes, a.days)
+            for name, noise in NOISES.items():
+                runs[name] = (
+                    _soak(base_tree, Path(tmp) / f"b-{name}", a.nodes, a.days, noise),
+                    _soak(REPO, Path(tmp) / f"h-{name}", a.nodes, a.days, noise),
+                )
         finally:
             subprocess.run(
                 ["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)],
                 capture_output=True,
             )
+    figs, details, same = [], {}, True
+    for name, ((base, base_log), (head, head_log)) in runs.items():
+        diff = _compare(base, base_log, head, head_log)
+        same = same and not diff
+        print(
+            f"{name}: {len(base_log)} decisions (base) vs {len(head_log)} (head), "
+            f"{len(head.get('drains', []))} drains: {'DIFFERENT' if diff else 'identical'}"
+        )
+        for line in diff[:20]:
+            print("  " + line)
+        figs.append(
+            figure(
+                f"decisions compared, fixed seed, {name} noise",
+                len(head_log),
+                "decisions",
+                baseline=a.base,
+                baseline_value=len(base_log),
+                goal="identical",
+                met=not diff,
+            )
+        )
+        details[name] = {
+            "differences": diff[:50],
+            "drains": len(head.get("drains", [])),
+            "interruptions": len(head.get("interruptions", [])),
+            "decision_kinds": head.get("decisions", {}),
+        }
+    write_result(
+        "equivalence", figs, details, settings={"base": a.base, "nodes": a.nodes, "days": a.days}
+    )
+    return 0 if same else 1
+
+
+def _compare(
+    base: dict[str, Any], base_log: list[Any], head: dict[str, Any], head_log: list[Any]
+) -> list[str]:
     diff = differences(base, head)
     first = next(
         (i for i, (x, y) in enumerate(zip(base_log, head_log, strict=False)) if x != y), None
@@ -106,37 +155,10 @@ def main(argv: list[str]) -> int:
     if first is not None:
         diff.insert(
             0,
-            f"decision {first}: base {base_log[first : first + 1]} head "
-            f"{head_log[first : first + 1]}",
+            f"decision {first}: base {base_log[first : first + 1]} "
+            f"head {head_log[first : first + 1]}",
         )
-    same = not diff
-    print(
-        f"{len(base_log)} decisions (base) vs {len(head_log)} (head): "
-        f"{'identical' if same else 'DIFFERENT'}"
-    )
-    for line in diff[:20]:
-        print("  " + line)
-    write_result(
-        "equivalence",
-        [
-            figure(
-                "decisions compared, fixed seed",
-                len(head_log),
-                "decisions",
-                baseline=a.base,
-                baseline_value=len(base_log),
-                goal="identical",
-                met=same,
-            ),
-        ],
-        {
-            "differences": diff[:50],
-            "drains": len(head.get("drains", [])),
-            "interruptions": len(head.get("interruptions", [])),
-        },
-        settings={"base": a.base, "nodes": a.nodes, "days": a.days},
-    )
-    return 0 if same else 1
+    return diff
 
 
 if __name__ == "__main__":

@@ -21,7 +21,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 # benchmark result name -> repository paths whose code it measures (its own script included)
 MEASURES: dict[str, tuple[str, ...]] = {
-    "equivalence": ("babysitter", "bench/soak.py", "bench/equivalence.py"),
+    "equivalence": (
+        "babysitter",
+        "bench/soak.py",
+        "bench/equivalence.py",
+        "bench/data/equivalence_noise.toml",
+    ),
     "tick_cost": ("babysitter/controller", "bench/tick_cost.py", "bench/slurm_standin.py"),
     "sdc": ("babysitter/checks/sdc", "bench/sdc.py"),
     "agent_cost": (

@@ -27,7 +27,10 @@ BENCHMARKS: list[tuple[str, int]] = [
     ("bench.agent_cost", 300),
     ("bench.fabric_scale", 300),
     # the tick beside fc1c4ca's: CPU and SQL statements per tick, 64 and 10,000 nodes (~3 min)
-    ("bench.tick_cost", 900),  # a few seconds: correlation cost, 2k -> 32k nodes
+    ("bench.tick_cost", 900),
+    # the soak on a fixed seed by the commit before the tick refactor and by this one: every
+    # decision compared, benign noise and real faults (~8 min)
+    ("bench.equivalence", 1800),  # a few seconds: correlation cost, 2k -> 32k nodes
     # real 10,000-node slurmctld (devcluster) with ingest at 2,000 reports/s
     ("bench.rack_failure", 900),
     ("bench.slurm_load", 1200),
