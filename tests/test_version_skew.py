@@ -266,3 +266,14 @@ def test_previous_and_current_release_over_a_controller_upgrade(mixed: SimCluste
         log = (d / "agent.log").read_text()
         assert " refused (" not in log, f"{node}: {log[-2000:]}"
         assert Spool(d / "spool.db").counter("refused") == 0, node
+
+
+def test_a_cached_previous_release_whose_borrowed_packages_are_gone_is_built_again(tmp_path):
+    """CI runs each try in a fresh clone and keeps /tmp: a previous release cached by another
+    checkout must not point at that checkout's venv once it is gone."""
+    python = previous_release(tmp_path)
+    (pth,) = python.parents[1].glob("lib/python3*/site-packages/zz_babysitter_deps.pth")
+    pth.write_text(f"{tmp_path / 'a-removed-checkout' / '.venv'}\n")  # what a gone clone leaves
+    again = previous_release(tmp_path)
+    assert installed_version(again, tmp_path)[0] == "0.1.0"
+    assert "controller_url" in known_keys(again, tmp_path)["agent"]  # its config imports
