@@ -27,7 +27,7 @@ def test_counts_follow_the_gpu_across_a_rename_and_a_restart(tmp_path: Path):
     s = _store(db)
     led = Ledger(s)
     for days in (1, 2, 3):
-        rid = led.add(
+        added = led.add(
             "gpu-a17",
             Rung.REBOOT,
             "xid.79",
@@ -38,7 +38,8 @@ def test_counts_follow_the_gpu_across_a_rename_and_a_restart(tmp_path: Path):
             gpu_serial="1650922000123",
             evidence=ISSUED,
         )
-        (row,) = [r for r in led.history("gpu-a17") if r.id == rid]
+        (row,) = [r for r in led.history("gpu-a17") if r.id == added.id]
+        assert row == added  # the row as written is the row as read
         led.move(row, Phase.PASSED, NOW - timedelta(days=days), "validated")
     led.add(
         "gpu-a17",

@@ -157,8 +157,8 @@ def test_self_healing_leaves_nodes_in_maintenance_alone(tmp_path, monkeypatch):
     # both held nodes are babysitter's drains with a fault (their findings in one read)
     monkeypatch.setattr(healer, "_startable", lambda sn: True)
     monkeypatch.setattr(
-        "babysitter.controller.loop.heal.healer.policy_rows",
-        lambda store, names: [{"name": n, "open_findings": []} for n in names],
+        "babysitter.controller.loop.heal.healer.open_findings",
+        lambda store, names: {n: [] for n in names},
     )
     monkeypatch.setattr(
         healer, "_maybe_start", lambda node, findings, now, firing: started.append(node)

@@ -373,3 +373,47 @@ def test_shard_seeds_are_distinct_and_the_nodes_are_split():
     assert len({s.seed for s in specs}) == 4
     assert specs == soak.shard_specs(100, 32, 7, 30.0, 0.0, 0.0)  # the same seed, the same
     assert {s.seed for s in specs}.isdisjoint(s.seed for s in soak.shard_specs(100, 32, 8, 1, 0, 0))
+
+
+# a fleet of its own in a fresh process (the fake libnvidia-ml is preloaded before pynvml's
+# first use), started far from the wall clock: its findings' observed_at, as the store holds
+# them, and the virtual span they must lie in
+STAMPS = """
+import json, sys
+from pathlib import Path
+from sqlalchemy import select
+from bench import soak
+from babysitter.controller.db import models as m
+from babysitter.controller.db.store import aware
+soak.preload(soak.build())
+t0 = 1_000_000_000.0
+work = Path(sys.argv[1])
+work.mkdir()
+sim = soak.Soak(2, 7, work, {"positive_control_xid79": {"per_node_day": 40.0}}, t0=t0)
+run = sim.run(0.05, 300.0)
+f = m.findings.c
+with sim.store.engine.connect() as c:
+    rows = c.execute(select(f.code, f.observed_at)).all()
+print(json.dumps({"t0": t0, "end": t0 + run["simulated_s"],
+                  "stamps": [[code, aware(at).timestamp()] for code, at in rows]}))
+"""
+
+
+def test_findings_are_stamped_on_the_virtual_clock(tmp_path: Path):
+    """Every finding the agents send carries an observed_at of the simulation, not of the wall
+    clock: the controller's XID window (24 h back from the virtual now) counts findings by it.
+    On the wall clock, a run past 24 simulated hours counted an XID 79 a varying number of
+    times, by how fast the run had gone (two runs of one seed decided differently)."""
+    r = subprocess.run(
+        [sys.executable, "-c", STAMPS, str(tmp_path / "work")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads(r.stdout.splitlines()[-1])
+    stamps = d["stamps"]
+    assert any(code == "xid.79" for code, _ in stamps), stamps  # the faults were seen
+    outside = [(code, at) for code, at in stamps if not d["t0"] <= at <= d["end"]]
+    assert not outside, (d["t0"], d["end"], outside[:5])

@@ -22,6 +22,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
 
 from babysitter.controller.api.node_state import MAX_OPEN_FINDINGS, fold_reports, worst_severity
 from babysitter.controller.db import models as m
+from babysitter.controller.db.precompiled import Precompiled
 from babysitter.controller.db.store import Store, now
 from babysitter.controller.loop.decide.wake import DrainWake
 from babysitter.finding import Severity
@@ -84,7 +85,8 @@ class ReportWriter:
         self.wake = wake  # told of each committed batch: a new fault wakes the policy loop
         self.batch_max = batch_max
         self.max_open_findings = max_open_findings
-        self._insert_report = (
+        # compiled once (SQLAlchemy compiles an ON CONFLICT insert anew on every execution)
+        self._insert_report = Precompiled(
             store.insert(m.reports)
             .on_conflict_do_nothing(index_elements=["report_id"])
             .returning(m.reports.c.report_id)
@@ -193,9 +195,9 @@ class ReportWriter:
             }
             for rid, r in unique
         ]
-        # executemany of one cached statement (SQLAlchemy batches it into multi-row INSERTs
+        # executemany of one compiled statement (SQLAlchemy batches it into multi-row INSERTs
         # with RETURNING itself); a .values(rows) statement would be compiled anew per batch
-        new_ids = {row[0] for row in conn.execute(self._insert_report, rows)}
+        new_ids = {row[0] for row in self._insert_report.execute(conn, rows)}
         new_reports = [(rid, r) for rid, r in unique if rid in new_ids]
         frows = [
             {

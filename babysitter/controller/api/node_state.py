@@ -97,17 +97,7 @@ def _read_nodes(
     conn: Connection, names: list[str], reports: list[tuple[str, Report]]
 ) -> dict[str, dict[str, Any]]:
     """The stored state of the batch's nodes that exist, by name."""
-    existing = {
-        row.name: row._asdict()
-        for row in conn.execute(
-            select(
-                m.nodes.c.name,
-                m.nodes.c.consecutive_clean,
-                m.nodes.c.last_sent_at,
-                m.nodes.c.last_report_id,
-            ).where(m.nodes.c.name.in_(names))
-        )
-    }
+    existing = {row.name: row._asdict() for row in conn.execute(_STATE_READ, {"names": names})}
     # The stored JSON is only needed where it survives the batch: open findings under an
     # event report (merged, not replaced) and metrics under a report without any. Reading
     # and decoding it for every node was a fifth of the writer's time.
@@ -115,11 +105,7 @@ def _read_nodes(
         {r.node for _, r in reports if r.kind == "event" or not r.metrics} & existing.keys()
     )
     if keep:
-        for row in conn.execute(
-            select(m.nodes.c.name, m.nodes.c.open_findings, m.nodes.c.metrics).where(
-                m.nodes.c.name.in_(keep)
-            )
-        ):
+        for row in conn.execute(_JSON_READ, {"names": keep}):
             existing[row.name].update(open_findings=row.open_findings, metrics=row.metrics)
     return existing
 
@@ -184,6 +170,17 @@ def _write_nodes(
     if stale:
         conn.execute(NODE_ALIVE_UPDATE, [{"b_name": n, "last_report_at": received} for n in stale])
 
+
+# The batch's rows, read with statements built once (an expanding IN): building a select and
+# working out its cache key for each batch cost more than running it.
+_BATCH_NODES = m.nodes.c.name.in_(bindparam("names", expanding=True))
+_STATE_READ = select(
+    m.nodes.c.name,
+    m.nodes.c.consecutive_clean,
+    m.nodes.c.last_sent_at,
+    m.nodes.c.last_report_id,
+).where(_BATCH_NODES)
+_JSON_READ = select(m.nodes.c.name, m.nodes.c.open_findings, m.nodes.c.metrics).where(_BATCH_NODES)
 
 # What one report changes in its node's row (executemany, keyed by b_name).
 NODE_STATE_UPDATE = (

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import delete, select
 
 from babysitter.controller.db import models as m
+from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.store import Store, aware, now, stored_action_row
 
 MAX_EVIDENCE = 20  # findings kept per entry: a node with 256 open ones is summarised
@@ -114,6 +115,9 @@ def record(store: Store, *entries: AuditEntry) -> None:
         _totals.update((e.kind, e.rule or "", str(e.result)) for e in entries)
 
 
+_EVIDENCE = ("nodes.open_findings",)
+
+
 def evidence(store: Store, nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
     """Each node's open findings (as stored, JSON dicts), in one read."""
     names = sorted({n for n in nodes if n})
@@ -125,7 +129,7 @@ def evidence(store: Store, nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
         with store.reading() as c:
             return {name: list(found or [])[:MAX_EVIDENCE] for name, found in c.execute(q)}
 
-    got = store.reads.read(("nodes",), ("audit_evidence", tuple(names)), read)
+    got = store.reads.read(_EVIDENCE, ("audit_evidence", tuple(names)), read)
     return {name: list(found) for name, found in got.items()}
 
 
@@ -142,15 +146,36 @@ def record_actions(
 ) -> list[AuditEntry]:
     """An entry for each of these actions that has settled, from its row in the actions table
     (kind, node, job, rule, reason, requested_by, status, outcome) and its node's open
-    findings; returns the entries written. One read of the actions, one of the nodes, one
-    write."""
+    findings; returns the entries written. One read (the actions with their nodes' findings),
+    one write."""
     if not action_ids:
         return []
-    a = m.actions
+    a, n = m.actions, m.nodes
+    q = (
+        select(a, n.c.open_findings)
+        .select_from(a.outerjoin(n, n.c.name == a.c.node))
+        .where(a.c.id.in_(sorted(action_ids)))
+    )
+    stamp = store.reads.mark(_EVIDENCE)
     with store.reading() as c:
-        q = select(a).where(a.c.id.in_(sorted(action_ids)))
-        rows = [stored_action_row(r._mapping) for r in c.execute(q)]
-    found = evidence(store, [r.node for r in rows if r.node])
+        got = [(stored_action_row(r._mapping), r.open_findings) for r in c.execute(q)]
+    found = {row.node: list(f or [])[:MAX_EVIDENCE] for row, f in got if row.node}
+    # a step auditing its own action on one of these nodes next needs no read
+    store.reads.seed(stamp, {("audit_evidence", (n,)): {n: f} for n, f in found.items()})
+    return _record_settled(store, [row for row, _ in got], found, at)
+
+
+def record_rows(store: Store, rows: list[Recorded], at: datetime | None = None) -> list[AuditEntry]:
+    """record_actions for rows the caller has just written, as written (not read back)."""
+    return _record_settled(store, rows, evidence(store, [r.node for r in rows if r.node]), at)
+
+
+def _record_settled(
+    store: Store,
+    rows: list[Recorded],
+    found: dict[str, list[dict[str, Any]]],
+    at: datetime | None,
+) -> list[AuditEntry]:
     entries = []
     for r in rows:
         result = _result(r.status, r.dry_run)
@@ -167,7 +192,7 @@ def record_actions(
                 rule=r.rule,
                 reason=r.reason,
                 outcome=r.outcome,
-                evidence=found.get(r.node, []) if r.node else [],
+                evidence=list(found.get(r.node, [])) if r.node else [],
                 at=at or r.done_at or now(),
             )
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import Connection, case, func, select, update
+from sqlalchemy import Connection, bindparam, case, func, select, update
 
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import ActionKind, ActionStatus
@@ -52,8 +52,9 @@ def start_drain_episodes(store: Store, nodes: Collection[str]) -> None:
         start_episodes(c, nodes)
 
 
-def _validations_query(names: Collection[str] | None) -> Any:
-    """The latest validation per node in its current episode, and its episode's failures."""
+def _validations_query(named: bool) -> Any:
+    """The latest validation per node in its current episode, and its episode's failures (of
+    the nodes in the expanding `names` parameter when `named`)."""
     a, n = m.actions.c, m.nodes.c
     failed = func.sum(case((a.status == str(ActionStatus.FAILED), 1), else_=0))
     per = (
@@ -62,10 +63,16 @@ def _validations_query(names: Collection[str] | None) -> Any:
         .where(a.kind == str(ActionKind.VALIDATE), a.id > func.coalesce(n.drain_episode, 0))
         .group_by(a.node)
     )
-    if names is not None:
-        per = per.where(a.node.in_(sorted(names)))
+    if named:
+        per = per.where(a.node.in_(bindparam("names", expanding=True)))
     sub = per.subquery()
     return select(sub.c.node, a.status, sub.c.failures).join(m.actions, a.id == sub.c.latest)
+
+
+# built once: every tick reads it (building it and working out its cache key cost more than
+# running it)
+_VALIDATIONS = _validations_query(False)
+_VALIDATIONS_NAMED = _validations_query(True)
 
 
 def validation_history(
@@ -75,10 +82,12 @@ def validation_history(
     episode. A node without a row, or never drained by babysitter, counts all of its own."""
 
     def read() -> dict[str, NodeValidation]:  # built only when not remembered
-        q = _validations_query(names)
+        q, params = _VALIDATIONS, {}
+        if names is not None:
+            q, params = _VALIDATIONS_NAMED, {"names": sorted(names)}
         out: dict[str, NodeValidation] = {}
         with store.reading() as c:
-            for node, status, failures in c.execute(q):
+            for node, status, failures in c.execute(q, params):
                 if node:
                     state = state_of(stored_status(status))
                     out[str(node)] = NodeValidation(state, int(failures or 0))

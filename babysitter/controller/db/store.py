@@ -32,6 +32,7 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.tick_reads import TickReads
+from babysitter.controller.db.upsert import upsert
 from babysitter.finding import Action, Finding, Severity
 from babysitter.job import BabysitSpec
 
@@ -389,17 +390,11 @@ class Store:
     def upsert_job(self, job_id: int, **values: Any) -> None:
         ts = now()
         values = _clamped(m.jobs, values)
+        first: dict[str, Any] = {"first_seen_at": ts} | (
+            {} if "babysit" in values else {"babysit": {}}
+        )
         with self.engine.begin() as c:
-            exists = c.execute(select(m.jobs.c.job_id).where(m.jobs.c.job_id == job_id)).first()
-            if exists:
-                c.execute(
-                    update(m.jobs).where(m.jobs.c.job_id == job_id).values(**values, updated_at=ts)
-                )
-            else:
-                values.setdefault("babysit", {})
-                c.execute(
-                    m.jobs.insert().values(job_id=job_id, first_seen_at=ts, updated_at=ts, **values)
-                )
+            upsert(c, m.jobs, {"job_id": job_id}, {**values, "updated_at": ts}, first)
 
     def jobs(self) -> list[JobRow]:
         with self.reading() as c:
@@ -412,10 +407,7 @@ class Store:
     # ---- alerts
     def upsert_alert(self, key: str, **values: Any) -> None:
         with self.engine.begin() as c:
-            if c.execute(select(m.alerts.c.key).where(m.alerts.c.key == key)).first():
-                c.execute(update(m.alerts).where(m.alerts.c.key == key).values(**values))
-            else:
-                c.execute(m.alerts.insert().values(key=key, **values))
+            upsert(c, m.alerts, {"key": key}, values)
 
     def alerts(self) -> list[dict[str, Any]]:
         with self.reading() as c:
@@ -462,10 +454,7 @@ class Store:
     def kv_set(self, key: str, value: Any) -> None:
         ts = now()
         with self.engine.begin() as c:
-            if c.execute(select(m.kv.c.key).where(m.kv.c.key == key)).first():
-                c.execute(update(m.kv).where(m.kv.c.key == key).values(value=value, updated_at=ts))
-            else:
-                c.execute(m.kv.insert().values(key=key, value=value, updated_at=ts))
+            upsert(c, m.kv, {"key": key}, {"value": value, "updated_at": ts})
 
     # ---- retention
     def prune(self, older_than_days: float) -> int:

@@ -24,8 +24,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _WRITE = re.compile(r'^\s*(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM)\s+"?(\w+)"?', re.I)
-_SET = re.compile(r"\bSET\s+(.*?)\s+WHERE\b", re.I | re.S)
-_COLUMN = re.compile(r'(?:^|,)\s*"?(\w+)"?\s*=')
+_COLUMN = re.compile(r'\s*"?(\w+)"?\s*=')
+_WHERE = re.compile(r"\sWHERE\b", re.I)
 _READ = re.compile(r"^\s*(?:SELECT|PRAGMA|SAVEPOINT|RELEASE|ROLLBACK|BEGIN|COMMIT)\b", re.I)
 
 
@@ -34,6 +34,7 @@ _READ = re.compile(r"^\s*(?:SELECT|PRAGMA|SAVEPOINT|RELEASE|ROLLBACK|BEGIN|COMMI
 _SHARED: dict[str, Generations] = {}
 _SHARED_LOCK = threading.Lock()
 MAX_AGE_S = 30.0  # a read remembered across ticks is read again at least this often
+_ABSENT = object()  # read_many: a key the read found nothing for
 
 
 class Generations:
@@ -165,6 +166,51 @@ class TickReads:
         self._memo[key] = (stamp, value)
         return value
 
+    def mark(self, tables: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, ...]] | None:
+        """Taken before a read whose rows are then `seed`ed (None outside the tick): a write
+        between the read and the seeding makes them stale, not remembered as new."""
+        return (tables, self._versions(tables)) if self.active else None
+
+    def seed(
+        self, stamp: tuple[tuple[str, ...], tuple[int, ...]] | None, items: dict[Any, Any]
+    ) -> None:
+        """Remember per-key values a wider read has just read (the policy's node rows hold
+        each node's open findings), under the versions `stamp` took before that read."""
+        if stamp is None or not self.active:
+            return
+        for key, value in items.items():
+            self._memo[key] = (stamp[1], value)
+
+    def read_many(
+        self,
+        tables: tuple[str, ...],
+        keys: list[Any],
+        fn: Callable[[list[Any]], dict[Any, T]],
+    ) -> dict[Any, T]:
+        """fn's answers for `keys`, one key each (a key fn leaves out has no answer); inside
+        the tick, only the keys not remembered since a write to `tables` are read, in one
+        call."""
+        if not self.active:
+            return fn(keys)
+        stamp = self._versions(tables)
+        self._used.update(keys)
+        out: dict[Any, T] = {}
+        missing = []
+        for key in keys:
+            hit = self._memo.get(key)
+            if hit is not None and hit[0] == stamp:
+                self.hits += 1
+                if hit[1] is not _ABSENT:
+                    out[key] = hit[1]
+            else:
+                missing.append(key)
+        if missing:
+            got = fn(missing)
+            for key in missing:
+                self._memo[key] = (stamp, got.get(key, _ABSENT))
+            out.update(got)
+        return out
+
     def read_since(
         self,
         tables: tuple[str, ...],
@@ -190,16 +236,52 @@ class TickReads:
 
 
 def _written(statement: str) -> list[str] | None:
-    """What a write statement changes: its table, and for an update each column it sets (a
-    SET clause with an expression in it counts as changing every column); for an insert or
-    a delete, its rows (every column). None: not told (every remembered read is stale)."""
+    """What a write statement changes: its table, and for an update each column it sets; for
+    an insert or a delete, its rows (every column). None: not told (every remembered read is
+    stale)."""
     m = _WRITE.match(statement)
     if m is None:
         return None
     table = m.group(1).lower()
     if statement.lstrip()[:6].upper() != "UPDATE":
         return [table, table + "#rows"]
-    s = _SET.search(statement)
-    if s is None or "(" in s.group(1):
+    columns = _set_columns(statement)
+    if columns is None:
         return [table, table + "#rows"]
-    return [table, *(f"{table}.{c.lower()}" for c in _COLUMN.findall(s.group(1)))]
+    return [table, *(f"{table}.{c}" for c in columns)]
+
+
+def _set_columns(statement: str) -> list[str] | None:
+    """The columns an UPDATE's SET clause assigns, read at the top level only (a value may be
+    a subquery with commas, parentheses and its own WHERE). None when it cannot be told."""
+    start = re.search(r"\bSET\b", statement, re.I)
+    if start is None:
+        return None
+    depth = 0
+    part: list[str] = []
+    parts: list[str] = []
+    rest = statement[start.end() :]
+    i = 0
+    while i < len(rest):
+        ch = rest[i]
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif depth == 0 and ch == ",":
+            parts.append("".join(part))
+            part = []
+            i += 1
+            continue
+        elif depth == 0 and _WHERE.match(rest, i):
+            break
+        part.append(ch)
+        i += 1
+    parts.append("".join(part))
+    columns = []
+    for p in parts:
+        c = _COLUMN.match(p)
+        if c is None:
+            return None
+        columns.append(c.group(1).lower())
+    return columns

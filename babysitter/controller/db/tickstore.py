@@ -28,6 +28,7 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import Action, ActionStatus
 from babysitter.controller.db.episodes import start_episodes
 from babysitter.controller.db.store import Store, aware, stored_finding
+from babysitter.finding import Finding
 
 # larger name sets than this are read as a full pass (a long IN list costs more than a scan)
 MAX_NAMED = 500
@@ -41,15 +42,19 @@ _POLICY_COLUMNS = select(
     m.nodes.c.babysitter_drained,
     m.nodes.c.slurm_reason,
 ).order_by(m.nodes.c.name)
-_POLICY_STEADY = _POLICY_COLUMNS.where(
-    or_(
-        m.nodes.c.worst_severity != "ok",
-        m.nodes.c.verdict != "healthy",
-        m.nodes.c.babysitter_drained == true(),
-        m.nodes.c.last_report_at.is_(None),
-        m.nodes.c.last_report_at < bindparam("stale"),
-    )
+_STEADY_CONDS = (
+    m.nodes.c.worst_severity != "ok",
+    m.nodes.c.verdict != "healthy",
+    m.nodes.c.babysitter_drained == true(),
+    m.nodes.c.last_report_at.is_(None),
+    m.nodes.c.last_report_at < bindparam("stale"),
 )
+_POLICY_STEADY = _POLICY_COLUMNS.where(or_(*_STEADY_CONDS))
+# the shapes with names: an expanding IN, so each is built (and its cache key worked out) once
+_NAMED = m.nodes.c.name.in_(bindparam("names", expanding=True))
+_POLICY_STEADY_NAMED = _POLICY_COLUMNS.where(or_(*_STEADY_CONDS, _NAMED))
+_POLICY_NAMED = _POLICY_COLUMNS.where(_NAMED)
+_POLICY_NONE = _POLICY_COLUMNS.where(false())
 
 
 def policy_rows(
@@ -62,45 +67,61 @@ def policy_rows(
     """Node rows (the columns the policy reads) of every node when `full`; else of the nodes
     that may need a decision (see the module doc: `stale_before` = now - heartbeat timeout,
     None for `names` only)."""
-    n = m.nodes
     params: dict[str, Any] = {}
     q = _POLICY_COLUMNS
-    if not full and stale_before is not None and not names:
-        q, params = _POLICY_STEADY, {"stale": stale_before}  # every tick's shape: built once
-    elif not full:
-        if len(names) > MAX_NAMED:
-            full = True
-        else:
-            conds: list[Any] = []
-            if stale_before is not None:
-                conds += [
-                    n.c.worst_severity != "ok",
-                    n.c.verdict != "healthy",
-                    n.c.babysitter_drained == true(),
-                    n.c.last_report_at.is_(None),
-                    n.c.last_report_at < stale_before,
-                ]
-            if names:
-                conds.append(n.c.name.in_(sorted(names)))
-            q = q.where(or_(*conds) if conds else false())
+    if full or len(names) > MAX_NAMED:
+        pass
+    elif stale_before is not None:
+        params["stale"] = stale_before
+        q = _POLICY_STEADY  # every tick's shape: built once
+        if names:
+            q, params["names"] = _POLICY_STEADY_NAMED, sorted(names)
+    elif names:
+        q, params = _POLICY_NAMED, {"names": sorted(names)}
+    else:
+        q = _POLICY_NONE
+    stamp = store.reads.mark(_OPEN_FINDINGS)
     with store.reading() as c:
         rows = [r._asdict() for r in c.execute(q, params)]
     for r in rows:
         r["last_report_at"] = aware(r["last_report_at"])
         r["open_findings"] = [stored_finding(f) for f in r["open_findings"] or []]
+    # the steps after the policy (the executor's requeue hold, the healer's starts) ask for
+    # the open findings of nodes read here
+    store.reads.seed(stamp, {("open_findings", r["name"]): r["open_findings"] for r in rows})
     return rows
+
+
+_OPEN_FINDINGS = ("nodes.open_findings",)
+_FINDINGS_NAMED = select(m.nodes.c.name, m.nodes.c.open_findings).where(_NAMED)
+
+
+def open_findings(store: Store, names: Collection[str]) -> dict[str, list[Finding]]:
+    """Each named node's open findings (a node not in the table: left out), read once per
+    tick and only for the nodes no earlier read of the tick has read."""
+
+    def read(keys: list[tuple[str, str]]) -> dict[tuple[str, str], list[Finding]]:
+        with store.reading() as c:
+            got = c.execute(_FINDINGS_NAMED, {"names": sorted(k[1] for k in keys)})
+            return {("open_findings", n): [stored_finding(f) for f in fs or []] for n, fs in got}
+
+    keys = [("open_findings", n) for n in sorted(set(names))]
+    return {k[1]: list(v) for k, v in store.reads.read_many(_OPEN_FINDINGS, keys, read).items()}
+
+
+_METRICS_TEXT = cast(m.nodes.c.metrics, String)
+_PERFS = select(m.nodes.c.name, _METRICS_TEXT).where(
+    and_(m.nodes.c.metrics.is_not(None), _METRICS_TEXT.like("%perf%"))
+)
 
 
 def perf_metrics(store: Store) -> list[tuple[str, Any]]:
     """(node, metrics) of the nodes whose report metrics carry a throughput measurement
     (`perf_gflops`, `perf_busbw`); the text filter runs in the database, JSON is decoded
     only for the rows that pass it."""
-    n = m.nodes
-    text = cast(n.c.metrics, String)
-    q = select(n.c.name, text).where(and_(n.c.metrics.is_not(None), text.like("%perf%")))
     out = []
     with store.reading() as c:
-        for name, raw in c.execute(q):
+        for name, raw in c.execute(_PERFS):
             try:
                 out.append((name, json.loads(raw) if isinstance(raw, str) else raw))
             except ValueError:
@@ -136,26 +157,37 @@ def xid_history(store: Store, since: datetime) -> dict[str, list[tuple[str, int,
 AUTOMATIC_DRAINERS = ("policy", "fabric")
 
 
+_A = m.actions.c
+_DRAINS_SINCE = select(_A.done_at).where(
+    _A.kind == "drain",
+    _A.status == str(ActionStatus.DONE),
+    _A.requested_by.in_(AUTOMATIC_DRAINERS),
+    _A.done_at >= bindparam("start"),
+)
+
+
 def drains_since(store: Store, since: datetime) -> int:
     """Automatic drains carried out since `since` (the drain budget's rolling hour), counted
     in the database: every one of them, however many other actions there are."""
-    a = m.actions.c
 
     def read(start: datetime) -> list[datetime]:
-        q = select(a.done_at).where(
-            a.kind == "drain",
-            a.status == str(ActionStatus.DONE),
-            a.requested_by.in_(AUTOMATIC_DRAINERS),
-            a.done_at >= start,
-        )
         with store.reading() as c:
-            return [t for (at,) in c.execute(q) if (t := aware(at)) is not None]
+            rows = c.execute(_DRAINS_SINCE, {"start": start})
+            return [t for (at,) in rows if (t := aware(at)) is not None]
 
     return len(store.reads.read_since(("actions",), ("drains_since",), since, read, _itself))
 
 
 def _itself(t: datetime) -> datetime:
     return t
+
+
+_PENDING_DRAINS = (
+    select(_A.node, _A.dry_run)
+    .distinct()
+    .where(_A.kind == "drain", _A.status == str(ActionStatus.PENDING), _A.node.is_not(None))
+)
+_PENDING_DRAINS_BEFORE = _PENDING_DRAINS.where(_A.id < bindparam("before"))
 
 
 def pending_drain_nodes(
@@ -167,40 +199,37 @@ def pending_drain_nodes(
     (behind thousands of requeues) went uncounted and a cap could be exceeded. `dry_run`:
     False (default) real drains only, True dry-run ones only, None both."""
 
-    def read() -> set[tuple[str, bool]]:  # built only when not remembered
-        a = m.actions.c
-        q = (
-            select(a.node, a.dry_run)
-            .distinct()
-            .where(a.kind == "drain", a.status == str(ActionStatus.PENDING), a.node.is_not(None))
-        )
+    def read() -> set[tuple[str, bool]]:  # run only when not remembered
+        q, params = _PENDING_DRAINS, {}
         if before_action is not None:
-            q = q.where(a.id < before_action)
+            q, params = _PENDING_DRAINS_BEFORE, {"before": before_action}
         with store.reading() as c:
-            return {(str(n), bool(d)) for n, d in c.execute(q)}
+            return {(str(n), bool(d)) for n, d in c.execute(q, params)}
 
     # one read a tick for every kind of drain the steps ask about (facts, caps)
     rows = store.reads.read(("actions",), ("pending_drains", before_action), read)
     return {n for n, d in rows if dry_run is None or d == dry_run}
 
 
+_drain_when = func.coalesce(_A.done_at, _A.created_at)
+_DRAIN_TIMES = select(_A.node, _drain_when).where(
+    _A.kind == "drain",
+    _A.status == str(ActionStatus.DONE),
+    _A.requested_by == "policy",
+    _A.node.is_not(None),
+    _drain_when >= bindparam("start"),
+)
+
+
 def policy_drain_times(store: Store, since: datetime) -> dict[str, list[datetime]]:
     """Per node, when each drain the policy decided and Slurm carried out since `since` was done
     (the lemon count, `Action.is_policy_drain_done`), counted in the database: a listing of the
     newest actions would miss drains behind thousands of other actions."""
-    a = m.actions.c
-    when = func.coalesce(a.done_at, a.created_at)
 
     def read(start: datetime) -> list[tuple[str, datetime]]:
-        q = select(a.node, when).where(
-            a.kind == "drain",
-            a.status == str(ActionStatus.DONE),
-            a.requested_by == "policy",
-            a.node.is_not(None),
-            when >= start,
-        )
         with store.reading() as c:
-            return [(str(node), t) for node, at in c.execute(q) if (t := aware(at)) is not None]
+            rows = c.execute(_DRAIN_TIMES, {"start": start})
+            return [(str(node), t) for node, at in rows if (t := aware(at)) is not None]
 
     out: dict[str, list[datetime]] = {}
     for node, t in store.reads.read_since(("actions",), ("drain_times",), since, read, _second):

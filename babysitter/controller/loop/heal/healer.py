@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from babysitter.controller.db.tickstore import policy_rows
+from babysitter.controller.db.tickstore import open_findings
 from babysitter.controller.loop.admit.maintenance import MAINTENANCE_UNKNOWN, maintenance_unknown
 from babysitter.controller.loop.admit.order_permission import expire_quiet
 from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind
@@ -171,8 +171,9 @@ class Healer(HealerBase):
             if n in self._dry_drains or self._startable(self.snapshot.nodes.get(n))
         ]
         # one read for all of them: a cluster may hold many drained nodes
-        for row in policy_rows(self.store, names=candidates) if candidates else []:
-            self._maybe_start(row["name"], row["open_findings"], tick.now, tick.firing)
+        found = open_findings(self.store, candidates) if candidates else {}
+        for node in sorted(found):
+            self._maybe_start(node, found[node], tick.now, tick.firing)
         for node, lemon in self._drain_lemons.items():
             if node not in self.open and node not in self.quiet and not self.dry_run:
                 drain_lemon(self, node, lemon, tick.now)

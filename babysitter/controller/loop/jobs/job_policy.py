@@ -4,8 +4,10 @@ was handled already). Facts in, a decision out; JobTracker (jobs.py) gathers the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from babysitter.controller.db.store import HistoryEntry
 from babysitter.job import BabysitSpec, parse_babysit_args
@@ -52,5 +54,14 @@ def babysit_spec(j: SlurmJob) -> BabysitSpec | None:
     for text in (j.admin_comment, j.comment):
         for token in (text or "").split():
             if token == "babysit" or token.startswith("babysit="):
-                return parse_babysit_args(token)
+                # a copy: the caller owns what it gets (it is stored in the job's row)
+                return cast(BabysitSpec, dict(_parsed(token)))
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(token: str) -> BabysitSpec:
+    """parse_babysit_args, once per distinct spec: every job scan parses every babysat job's
+    spec again, and a fleet's jobs carry few distinct ones. A spec it refuses raises each
+    time (lru_cache keeps no exception)."""
+    return parse_babysit_args(token)

@@ -26,6 +26,7 @@ from typing import Protocol, TypeVar
 from babysitter.config import Config
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
+from babysitter.controller.db.tickstore import open_findings
 from babysitter.controller.loop.decide.link_hold import (
     DOWN_CODES,
     LINK_CODES,
@@ -228,8 +229,8 @@ class JobTracker:
     def link_fault(self, node: str) -> bool:
         """`node` (being drained) has only link faults open and the link grace is on: its
         babysat jobs' requeue is to be held."""
-        row = self.store.node(node) or {}
-        return grace_for(row.get("open_findings") or [], self.cfg.policy.link_requeue_grace_s) > 0
+        found = open_findings(self.store, [node]).get(node, [])
+        return grace_for(found, self.cfg.policy.link_requeue_grace_s) > 0
 
     def _hold_until(self, job_id: int, now: datetime) -> datetime:
         """The end of the job's grace, from its history (none recorded: over now)."""

@@ -141,11 +141,14 @@ class Ledger:
         gpu_uuid: str | None = None,
         gpu_serial: str | None = None,
         evidence: dict[str, Any] | None = None,
-    ) -> int:
+    ) -> Remediation:
+        """A new row, as written (its id included): the step that opened it goes on with it
+        instead of reading back the row it has just written."""
         done = state not in ACTIVE
         with self.store.engine.begin() as c:
-            res = c.execute(
-                m.remediations.insert().values(
+            row = c.execute(
+                m.remediations.insert()
+                .values(
                     node=node,
                     rung=rung.value,
                     fault_class=fault_class[:128],
@@ -161,10 +164,9 @@ class Ledger:
                     updated_at=now,
                     done_at=now if done else None,
                 )
-            )
-            pk = res.inserted_primary_key
-            assert pk is not None
-            return int(pk[0])
+                .returning(*m.remediations.c)
+            ).one()
+        return Remediation.from_row(row._asdict())
 
     def move(
         self,

@@ -20,10 +20,11 @@ FATAL_XID_CLASSES = frozenset({Action.REBOOT, Action.RESET_GPU})
 
 
 def drain_worthy(f: Finding) -> bool:
-    if job_owned(f):
-        return False
+    # the severity first: most findings are OK and job_owned's string tests are the dearer
     sev = f.severity
-    return sev is Severity.CRITICAL or (sev is Severity.WARNING and f.action in DRAIN_ACTIONS)
+    if sev is Severity.CRITICAL or (sev is Severity.WARNING and f.action in DRAIN_ACTIONS):
+        return not job_owned(f)
+    return False
 
 
 def node_verdict(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from babysitter.controller.db import audit
+from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.loop.admit.admission import Admission
 from babysitter.controller.loop.admit.gate import AdmittedSlurm
@@ -109,13 +110,15 @@ class HealerBase:
     ) -> None:
         """Every healer action in the actions log and the audit log too (who, why, on what
         evidence, what became of it)."""
-        aid = self.store.record_action(
-            kind,
-            node=node,
-            reason=reason[:1000],
-            rule=Rule.REMEDIATION,
-            requested_by="policy",
-            status=status,
-            outcome=f"{outcome} (ledger row {rid})"[:1000],
+        row = self.store.record(
+            Recorded(
+                kind=kind,
+                node=node,
+                reason=reason[:1000],
+                rule=Rule.REMEDIATION,
+                requested_by="policy",
+                status=status,
+                outcome=f"{outcome} (ledger row {rid})"[:1000],
+            )
         )
-        audit.record_actions(self.store, [aid])
+        audit.record_rows(self.store, [row])

@@ -46,7 +46,7 @@ def make_lemon(
     """`count` ("3 remediations in 7 days", "3 drains in 7 days") made NODE a lemon."""
     why = f"lemon: {count}, {fault.summary}"
     common["evidence"]["lemon"] = count
-    rid = h.ledger.add(
+    rem = h.ledger.add(
         node,
         Rung.INSPECT,
         fault.klass,
@@ -63,8 +63,8 @@ def make_lemon(
         done = "drained with a lemon reason"
     except SlurmError as exc:
         done = f"could not set the lemon reason: {exc}"
-    h.record(ActionKind.LEMON, node, why, done, rid)
-    h.open[node] = h.ledger.history(node, limit=1)[0]
+    h.record(ActionKind.LEMON, node, why, done, rem.id)
+    h.open[node] = rem
     log.warning("%s: %s", node, why)
 
 

@@ -98,7 +98,7 @@ def _wait(
     h: HealerBase, node: str, fault: Fault, rung: Rung, now: datetime, common: dict[str, Any]
 ) -> None:
     """-> waiting: the rung is decided; issued this tick or when a reboot slot frees."""
-    rid = h.ledger.add(
+    rem = h.ledger.add(
         node,
         rung,
         fault.klass,
@@ -108,8 +108,8 @@ def _wait(
         outcome=f"{rung.value} decided",
         **common,
     )
-    h.open[node] = h.ledger.history(node, limit=1)[0]
-    log.info("%s: %s decided for %s (ledger row %s)", node, rung.value, fault.klass, rid)
+    h.open[node] = rem
+    log.info("%s: %s decided for %s (ledger row %s)", node, rung.value, fault.klass, rem.id)
 
 
 def hold_for_human(
@@ -130,7 +130,7 @@ def hold_for_human(
     # reboot that clears the fault returns it); an inspect/rma the ladder chose, or
     # one after a failed rung, holds it for an admin and pages on its own
     common["evidence"]["hold"] = not skipped
-    rid = h.ledger.add(
+    rem = h.ledger.add(
         node,
         rung,
         fault.klass,
@@ -140,9 +140,9 @@ def hold_for_human(
         outcome=f"stays drained for a human: {why}",
         **common,
     )
-    h.record(ActionKind.INSPECT, node, f"{rung.value}: {fault.summary}", why, rid)
+    h.record(ActionKind.INSPECT, node, f"{rung.value}: {fault.summary}", why, rem.id)
     # the node's episode now (this tick must not start another one on it)
-    h.open[node] = h.ledger.history(node, limit=1)[0]
+    h.open[node] = rem
     if skipped:
         log.warning("%s: no automatic %s: %s", node, fault.klass, why)
         return
