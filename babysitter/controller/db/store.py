@@ -223,6 +223,20 @@ def _insert(engine: Engine) -> Any:
     return postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
 
 
+# the tick's frequent statements, built once (building them was most of their cost)
+_NEWEST_ACTIONS = select(m.actions).order_by(m.actions.c.id.desc()).limit(bindparam("limit"))
+_NEWEST_ACTIONS_BY_STATUS = (
+    select(m.actions)
+    .where(m.actions.c.status == bindparam("status"))
+    .order_by(m.actions.c.id.desc())
+    .limit(bindparam("limit"))
+)
+_FIRING = select(m.alerts).where(m.alerts.c.state == "firing")
+_KV_ONE = select(m.kv.c.value).where(m.kv.c.key == bindparam("key"))
+_KV_ALL = select(m.kv.c.key, m.kv.c.value)
+_UPDATE_NODES: dict[tuple[str, ...], Any] = {}
+
+
 class Store:
     """The repository: nodes, findings, actions, jobs, alerts and kv, read and written in
     the controller's own terms (severities as `Severity`, open findings as `Finding`). Reports
@@ -314,11 +328,13 @@ class Store:
             by_cols.setdefault(tuple(sorted(values)), []).append({"b_name": name, **values})
         with self.engine.begin() as c:
             for cols, rows in by_cols.items():
-                stmt = (
-                    update(m.nodes)
-                    .where(m.nodes.c.name == bindparam("b_name"))
-                    .values({col: bindparam(col) for col in cols})
-                )
+                stmt = _UPDATE_NODES.get(cols)
+                if stmt is None:  # a handful of column sets: each built once
+                    stmt = _UPDATE_NODES[cols] = (
+                        update(m.nodes)
+                        .where(m.nodes.c.name == bindparam("b_name"))
+                        .values({col: bindparam(col) for col in cols})
+                    )
                 c.execute(stmt, rows)
 
     def set_node(self, name: str, **values: Any) -> None:
@@ -363,12 +379,12 @@ class Store:
     def actions(self, status: str | None = None, limit: int = 1000) -> list[Recorded]:
         """Actions, newest first; `status`: an ActionStatus (another word matches none)."""
 
-        def read() -> list[Recorded]:  # built only when not remembered
-            q = select(m.actions).order_by(m.actions.c.id.desc()).limit(limit)
+        def read() -> list[Recorded]:
+            q, params = _NEWEST_ACTIONS, dict[str, Any](limit=limit)
             if status:
-                q = q.where(m.actions.c.status == str(status))
+                q, params = _NEWEST_ACTIONS_BY_STATUS, {"limit": limit, "status": str(status)}
             with self.reading() as c:
-                return [stored_action_row(r._mapping) for r in c.execute(q)]
+                return [stored_action_row(r._mapping) for r in c.execute(q, params)]
 
         return list(self.reads.read(("actions",), ("actions", status, limit), read))
 
@@ -422,9 +438,8 @@ class Store:
         ticks slowed ~3x over five simulated days of job alerts)."""
 
         def read() -> list[dict[str, Any]]:
-            q = select(m.alerts).where(m.alerts.c.state == "firing")
             with self.reading() as c:
-                rows = [r._asdict() for r in c.execute(q)]
+                rows = [r._asdict() for r in c.execute(_FIRING)]
             for r in rows:
                 r["severity"] = stored_severity(r["severity"])
             return rows
@@ -436,12 +451,12 @@ class Store:
         if self.reads.active:  # the tick reads the whole (small) table once
             return copy.deepcopy(self.reads.read(("kv",), ("kv",), self._kv_all).get(key, default))
         with self.reading() as c:
-            row = c.execute(select(m.kv.c.value).where(m.kv.c.key == key)).first()
+            row = c.execute(_KV_ONE, {"key": key}).first()
         return row[0] if row else default
 
     def _kv_all(self) -> dict[str, Any]:
         with self.reading() as c:
-            return {str(k): v for k, v in c.execute(select(m.kv.c.key, m.kv.c.value))}
+            return {str(k): v for k, v in c.execute(_KV_ALL)}
 
     def reading(self) -> AbstractContextManager[Connection]:
         """A connection to read with (the tick's one inside the tick: tick_reads.py)."""

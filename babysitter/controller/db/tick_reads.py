@@ -37,6 +37,12 @@ MAX_AGE_S = 30.0  # a read remembered across ticks is read again at least this o
 _ABSENT = object()  # read_many: a key the read found nothing for
 
 
+def _elapsed() -> float:
+    """Real seconds, never the loop's clock (which a simulation may run faster): the age limit
+    guards against writers outside this process, and they act in real time."""
+    return time.perf_counter()
+
+
 class Generations:
     """Write generations of one database's tables and columns, bumped by every write a Store
     of this process makes there."""
@@ -96,7 +102,7 @@ class TickReads:
         self._engine = engine
         self._conn: Connection | None = None  # the tick's one connection for its reads
         self.across_ticks = engine.dialect.name == "sqlite"
-        self._since = time.monotonic()  # when the memory was last emptied
+        self._since = _elapsed()  # when the memory was last emptied
         self.hits = 0  # reads answered from memory (tests, the tick's metrics)
 
     def _versions(self, reads: tuple[str, ...]) -> tuple[int, ...]:
@@ -105,7 +111,7 @@ class TickReads:
     def forget(self) -> None:
         """Drop everything remembered: the database was changed where no statement of this
         process shows it (a restore from a backup)."""
-        self._memo, self._since = {}, time.monotonic()
+        self._memo, self._since = {}, _elapsed()
 
     @property
     def active(self) -> bool:
@@ -117,8 +123,8 @@ class TickReads:
         """The tick's span: this thread's reads are remembered (until it ends, or with SQLite
         until their tables are written)."""
         self._owner, self._used = threading.get_ident(), set()
-        if not self.across_ticks or time.monotonic() - self._since > MAX_AGE_S:
-            self._memo, self._since = {}, time.monotonic()
+        if not self.across_ticks or _elapsed() - self._since > MAX_AGE_S:
+            self._memo, self._since = {}, _elapsed()
         try:
             yield
         finally:

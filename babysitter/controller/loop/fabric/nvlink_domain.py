@@ -123,15 +123,19 @@ def onsets(
     return fabric.onsets(findings, previous, now, is_domain_fault)
 
 
+_TEXT = cast(m.nodes.c.metrics, String)
+# built once: it was built on every tick
+_REPORTED = select(m.nodes.c.name, _TEXT).where(
+    and_(m.nodes.c.metrics.is_not(None), _TEXT.like(f"%{METRIC}%"))
+)
+
+
 def reported_domains(store: Store) -> dict[str, str]:
     """node -> the NVLink domain its last report carried (the text filter runs in the
     database; JSON is decoded only for the rows that pass it)."""
-    n = m.nodes
-    text = cast(n.c.metrics, String)
-    q = select(n.c.name, text).where(and_(n.c.metrics.is_not(None), text.like(f"%{METRIC}%")))
     out: dict[str, str] = {}
-    with store.engine.connect() as c:
-        for name, raw in c.execute(q):
+    with store.reading() as c:
+        for name, raw in c.execute(_REPORTED):
             try:
                 metrics = json.loads(raw) if isinstance(raw, str) else raw
             except ValueError:

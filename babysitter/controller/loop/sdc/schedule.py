@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, cast, select
+from sqlalchemy import String, bindparam, cast, select
 
 from babysitter.controller.db import audit
 from babysitter.controller.db import models as m
@@ -60,6 +60,14 @@ HOLD_PREFIX = "babysitter_sdc_"
 BURST = 5  # Slurm calls the schedule may make back to back
 AGENTS_TTL = timedelta(seconds=15)  # see SdcScheduler._agents
 READY_KEY = "sdc_ready"  # in an agent's report metrics: it runs sdc.matmul when ordered
+# each node's name, whether its agent runs the SDC check, reports, and has a critical finding:
+# one statement, built once (it was three, built on every read)
+_AGENTS = select(
+    m.nodes.c.name,
+    cast(m.nodes.c.metrics, String).like(f'%"{READY_KEY}"%'),
+    m.nodes.c.last_report_at >= bindparam("stale"),
+    m.nodes.c.worst_severity == str(Severity.CRITICAL),
+).order_by(m.nodes.c.name)
 
 
 class TokenBucket:
@@ -286,17 +294,11 @@ class SdcScheduler:
         if self._agents_cache is not None and now - self._agents_cache[0] < AGENTS_TTL:
             return self._agents_cache[1]
         stale = now - timedelta(seconds=self.heartbeat_s)
-        n = m.nodes
-        ready = cast(n.c.metrics, String).like(f'%"{READY_KEY}"%')
-        with self.store.engine.connect() as c:
-            known = c.execute(select(n.c.name)).scalars().all()
-            q = select(n.c.name, ready).where(n.c.last_report_at >= stale)
-            fresh: dict[str, bool] = {name: bool(can) for name, can in c.execute(q)}
-            critical = set(
-                c.execute(
-                    select(n.c.name).where(n.c.worst_severity == str(Severity.CRITICAL))
-                ).scalars()
-            )
+        with self.store.reading() as c:
+            rows = c.execute(_AGENTS, {"stale": stale}).all()
+        known = [name for name, _, _, _ in rows]
+        fresh = {name: bool(can) for name, can, recent, _ in rows if recent}
+        critical = {name for name, _, _, bad in rows if bad}
         out = dict.fromkeys(known, "its agent is not reporting")
         for name, can in fresh.items():
             if not can:
