@@ -51,6 +51,36 @@ NOISES = {  # the soak's benign noise, then the same with real faults (drains, t
 }
 
 
+# The soak of a tree whose bench/soak.py left the agents' stamps on the wall clock (before
+# _agent_clocks): every finding's observed_at was the minute of the real run, so past 24
+# simulated hours the controller's XID window counted by how fast the run had gone and two runs
+# of one seed differed. The same fix, from outside; a tree that has it runs as it is.
+SOAK = """
+import sys, time
+from contextlib import ExitStack
+from types import SimpleNamespace
+from unittest import mock
+import bench.soak as s
+
+class Time(SimpleNamespace):
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+def virtual(f):
+    def run(self, *a, **kw):
+        with ExitStack() as stack:
+            stack.enter_context(mock.patch("babysitter.finding.utcnow", self.clock.now))
+            stack.enter_context(mock.patch("babysitter.agent.daemon.time", Time(time=self.clock)))
+            return f(self, *a, **kw)
+    return run
+
+if not hasattr(s, "_agent_clocks"):
+    s.Soak._make_node = virtual(s.Soak._make_node)
+    s.Soak.run = virtual(s.Soak.run)
+raise SystemExit(s.main(sys.argv[1:]))
+"""
+
+
 def _soak(
     tree: Path, out: Path, nodes: int, days: float, noise: Path
 ) -> tuple[dict[str, Any], list[Any]]:
@@ -59,7 +89,7 @@ def _soak(
     args += ["--noise", str(noise)]
     args += ["--workers", "1", "--decision-log", str(log), "--results", str(out)]
     r = subprocess.run(
-        [sys.executable, "-m", "bench.soak", *args],
+        [sys.executable, "-c", SOAK, *args],
         cwd=tree,
         env={**os.environ, "PYTHONPATH": str(tree)},
         capture_output=True,
@@ -69,6 +99,11 @@ def _soak(
     if r.returncode != 0:
         raise SystemExit(f"soak failed in {tree}:\n{r.stderr[-3000:]}")
     doc = json.loads((out / "soak.json").read_text())
+    # a drain's and a requeue's time since the run's start: each run starts on the hour it
+    # began in, and a base and a head run either side of an hour differed by 3,600 s in each
+    t0 = doc["settings"]["t0"]
+    for k in ("drains", "interruptions"):
+        doc["details"][k] = [{**x, "t": x["t"] - t0} for x in doc["details"].get(k, [])]
     rows = []
     for p in sorted(log.glob("shard-*.jsonl")):
         rows += [json.loads(line) for line in p.read_text().splitlines()]

@@ -34,7 +34,9 @@ and polled every few seconds) gets a tick at its time, as the 1 s loop would run
 The controller's own clocks read the virtual one as well: its rate limits (time.monotonic: the
 Slurm node list every node_refresh_s, the job scan every job_scan_s, ...) and the times it
 stamps (datetime.now). On the wall clock they ran every few thousand simulated seconds and made
-a run's decisions depend on its speed and on the minute it started.
+a run's decisions depend on its speed and on the minute it started. So do the agents' stamps (a
+finding's observed_at, a check run's start): on the wall clock, the controller's 24 h XID window
+counted findings by how fast the run had gone once it passed 24 simulated hours.
 
 Reports that cannot change anything are not ingested (Soak._round): a node's full report whose
 open findings are those its controller row already holds from its previous full report (none
@@ -210,6 +212,17 @@ class VirtualTime(types.SimpleNamespace):
         return getattr(time, name)
 
 
+class AgentTime(types.SimpleNamespace):
+    """The `time` module as the agent daemon sees it in the soak: time() (when a check's run
+    started) is the virtual clock; everything else is the real module's."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(time=clock)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 def _virtual_clocks(clock: Clock) -> list[tuple[str, Any]]:
     """(patch target, replacement) for every loaded controller module's `time` (monotonic)
     and `datetime` (now) module attributes: the virtual clock's."""
@@ -229,6 +242,19 @@ def _virtual_clocks(clock: Clock) -> list[tuple[str, Any]]:
         if getattr(mod, "datetime", None) is datetime:
             out.append((f"{name}.datetime", VirtualDatetime))
     return out
+
+
+def _agent_clocks(clock: Clock) -> list[tuple[str, Any]]:
+    """(patch target, replacement) putting the agents' stamps on the virtual clock: a finding's
+    observed_at (`Finding`'s default, babysitter.finding.utcnow) and the start of a check's run
+    it is compared with (the agent's time.time()). On the wall clock, every finding's
+    observed_at was the minute of the real run: the controller's 24 h XID window (virtual now
+    minus 24 h against observed_at) then let findings out by how fast the run had gone, so two
+    runs of one seed decided differently once a run passed 24 simulated hours."""
+    return [
+        ("babysitter.finding.utcnow", clock.now),
+        ("babysitter.agent.daemon.time", AgentTime(clock)),
+    ]
 
 
 def _findings(agent: Agent) -> list[Finding]:
@@ -408,7 +434,10 @@ class Soak:
         # the agents' first reads too ask the simulated slurmd (they asked this host's process
         # table: a slurmd.not_running warning on every node until its host check ran again,
         # or none, depending on the host the soak ran on)
-        with mock.patch(HOST_CHECK, self._process_running):
+        with ExitStack() as stack:
+            stack.enter_context(mock.patch(HOST_CHECK, self._process_running))
+            for target, new in _agent_clocks(self.clock):
+                stack.enter_context(mock.patch(target, new))
             for n in self.names:
                 self.nodes[n] = self._make_node(n)
         for n in self.names:
@@ -865,7 +894,7 @@ class Soak:
             # datetime.now() (alerts, actions) are simulated times like its `now`. Either on
             # the wall clock made a run's decisions depend on how fast it ran and on the minute
             # of the hour it started
-            for target, new in _virtual_clocks(self.clock):
+            for target, new in _virtual_clocks(self.clock) + _agent_clocks(self.clock):
                 stack.enter_context(mock.patch(target, new))
             self.controller_up()
             end_t = self.t0
