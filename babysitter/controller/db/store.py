@@ -32,7 +32,7 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.tick_reads import TickReads
-from babysitter.controller.db.upsert import upsert
+from babysitter.controller.db.upsert import dialect_insert, upsert
 from babysitter.finding import Action, Finding, Severity
 from babysitter.job import BabysitSpec
 
@@ -218,9 +218,7 @@ def make_engine(url: str) -> Engine:
 
 
 def _insert(engine: Engine) -> Any:
-    from sqlalchemy.dialects import postgresql, sqlite
-
-    return postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+    return dialect_insert(engine.dialect.name)
 
 
 # the tick's frequent statements, built once (building them was most of their cost)

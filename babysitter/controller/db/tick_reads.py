@@ -172,20 +172,18 @@ class TickReads:
         self._memo[key] = (stamp, value)
         return value
 
-    def mark(self, tables: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, ...]] | None:
+    def mark(self, tables: tuple[str, ...]) -> tuple[int, ...] | None:
         """Taken before a read whose rows are then `seed`ed (None outside the tick): a write
         between the read and the seeding makes them stale, not remembered as new."""
-        return (tables, self._versions(tables)) if self.active else None
+        return self._versions(tables) if self.active else None
 
-    def seed(
-        self, stamp: tuple[tuple[str, ...], tuple[int, ...]] | None, items: dict[Any, Any]
-    ) -> None:
+    def seed(self, stamp: tuple[int, ...] | None, items: dict[Any, Any]) -> None:
         """Remember per-key values a wider read has just read (the policy's node rows hold
         each node's open findings), under the versions `stamp` took before that read."""
         if stamp is None or not self.active:
             return
         for key, value in items.items():
-            self._memo[key] = (stamp[1], value)
+            self._memo[key] = (stamp, value)
 
     def read_many(
         self,

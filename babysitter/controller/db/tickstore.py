@@ -110,23 +110,29 @@ def open_findings(store: Store, names: Collection[str]) -> dict[str, list[Findin
 
 
 _METRICS_TEXT = cast(m.nodes.c.metrics, String)
-_PERFS = select(m.nodes.c.name, _METRICS_TEXT).where(
-    and_(m.nodes.c.metrics.is_not(None), _METRICS_TEXT.like("%perf%"))
+_METRICS_LIKE = select(m.nodes.c.name, _METRICS_TEXT).where(
+    and_(m.nodes.c.metrics.is_not(None), _METRICS_TEXT.like(bindparam("pattern")))
 )
 
 
-def perf_metrics(store: Store) -> list[tuple[str, Any]]:
-    """(node, metrics) of the nodes whose report metrics carry a throughput measurement
-    (`perf_gflops`, `perf_busbw`); the text filter runs in the database, JSON is decoded
-    only for the rows that pass it."""
+def metrics_mentioning(store: Store, word: str) -> list[tuple[str, Any]]:
+    """(node, metrics) of the nodes whose last report's metrics mention `word` (a key such
+    as `perf` or `nvlink_domain`); the text filter runs in the database, JSON is decoded
+    only for the rows that pass it, and a row that does not decode is left out."""
     out = []
     with store.reading() as c:
-        for name, raw in c.execute(_PERFS):
+        for name, raw in c.execute(_METRICS_LIKE, {"pattern": f"%{word}%"}):
             try:
                 out.append((name, json.loads(raw) if isinstance(raw, str) else raw))
             except ValueError:
                 continue
     return out
+
+
+def perf_metrics(store: Store) -> list[tuple[str, Any]]:
+    """(node, metrics) of the nodes whose report metrics carry a throughput measurement
+    (`perf_gflops`, `perf_busbw`)."""
+    return metrics_mentioning(store, "perf")
 
 
 _XIDS = select(

@@ -11,6 +11,11 @@ from sqlalchemy import Connection, Table, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 
+def dialect_insert(dialect_name: str) -> Any:
+    """The INSERT that knows ON CONFLICT for this database (SQLite's, or PostgreSQL's)."""
+    return postgresql.insert if dialect_name == "postgresql" else sqlite.insert
+
+
 def upsert(
     c: Connection,
     table: Table,
@@ -28,8 +33,7 @@ def upsert(
         if c.execute(update(table).where(*where).values(**values)).rowcount == 0:
             c.execute(table.insert().values(**row))  # fails on the missing columns, as before
         return
-    dialect = postgresql if c.dialect.name == "postgresql" else sqlite
-    stmt = dialect.insert(table).values(**row)
+    stmt = dialect_insert(c.dialect.name)(table).values(**row)
     c.execute(stmt.on_conflict_do_update(index_elements=list(key), set_=values))
 
 

@@ -24,7 +24,6 @@ itself is carried out as a switch's is (incidents.py, grouped by domain).
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -32,10 +31,9 @@ from datetime import datetime
 from types import MappingProxyType
 
 from prometheus_client import CollectorRegistry
-from sqlalchemy import String, and_, cast, select
 
-from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store
+from babysitter.controller.db.tickstore import metrics_mentioning
 from babysitter.controller.loop.admit.admission import Admission
 from babysitter.controller.loop.decide import fabric
 from babysitter.controller.loop.decide.fabric import Evidence, FabricView, Incident, correlate
@@ -123,26 +121,13 @@ def onsets(
     return fabric.onsets(findings, previous, now, is_domain_fault)
 
 
-_TEXT = cast(m.nodes.c.metrics, String)
-# built once: it was built on every tick
-_REPORTED = select(m.nodes.c.name, _TEXT).where(
-    and_(m.nodes.c.metrics.is_not(None), _TEXT.like(f"%{METRIC}%"))
-)
-
-
 def reported_domains(store: Store) -> dict[str, str]:
-    """node -> the NVLink domain its last report carried (the text filter runs in the
-    database; JSON is decoded only for the rows that pass it)."""
-    out: dict[str, str] = {}
-    with store.reading() as c:
-        for name, raw in c.execute(_REPORTED):
-            try:
-                metrics = json.loads(raw) if isinstance(raw, str) else raw
-            except ValueError:
-                continue
-            if isinstance(metrics, dict) and (d := domain_of(metrics.get(METRIC))) is not None:
-                out[name] = d
-    return out
+    """node -> the NVLink domain its last report carried."""
+    return {
+        name: d
+        for name, metrics in metrics_mentioning(store, METRIC)
+        if isinstance(metrics, dict) and (d := domain_of(metrics.get(METRIC))) is not None
+    }
 
 
 class DomainStep(IncidentStep):
