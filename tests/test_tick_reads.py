@@ -130,10 +130,10 @@ def test_an_update_whose_value_is_a_subquery_changes_only_its_column():
         "UPDATE nodes SET drain_episode=(SELECT coalesce(max(actions.id), ?) AS c FROM actions "
         "WHERE actions.kind = ?) WHERE nodes.name IN (?, ?)"
     )
-    assert _written(drain) == ["nodes", "nodes.drain_episode"]
+    assert _written(drain) == ("nodes", "nodes.drain_episode")
     two = 'UPDATE kv SET value=?, "updated_at"=? WHERE kv."key" = ?'
-    assert _written(two) == ["kv", "kv.value", "kv.updated_at"]
-    assert _written("UPDATE t SET (a, b) = (?, ?)") == ["t", "t#rows"]  # not told: everything
+    assert _written(two) == ("kv", "kv.value", "kv.updated_at")
+    assert _written("UPDATE t SET (a, b) = (?, ?)") == ("t", "t#rows")  # not told: everything
 
 
 def test_a_write_in_the_tick_is_read_back_by_the_next_step(tmp_path):
