@@ -316,9 +316,26 @@ class Finding:
             "code": self.code,
             "message": self.message,
             "action": self.action.value,
-            "observed_at": self.observed_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "observed_at": _utc_text(self.observed_at),
             "details": self.details,
         }
+
+
+# observed_at's wire text by time (UTC ones only: equal means the same instant, which a time
+# in another zone does not guarantee across a DST fold): an ok finding is reused run after run
+# (Check.steady_ok) and goes out in every report with the same time
+_UTC_TEXT: dict[datetime, str] = {}
+
+
+def _utc_text(when: datetime) -> str:
+    text = _UTC_TEXT.get(when) if when.tzinfo is UTC else None
+    if text is None:
+        text = when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        if when.tzinfo is UTC:
+            if len(_UTC_TEXT) >= 4096:  # bounded: the times of long-gone findings
+                _UTC_TEXT.clear()
+            _UTC_TEXT[when] = text
+    return text
 
 
 _FIELDS = frozenset(_FIELD_NAMES)

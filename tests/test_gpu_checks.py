@@ -278,3 +278,43 @@ def test_one_hung_gpu_bounds_the_whole_run_and_reports_a_critical_timeout(env, g
     assert r.returncode == 2, findings
     timeouts = [f for f in findings if f["code"] == "check.timeout"]
     assert timeouts and all(f["severity"] == "critical" for f in timeouts), findings
+
+
+def test_a_boards_temperature_thresholds_are_read_once_and_anew_after_a_reset(monkeypatch):
+    """The shutdown and slowdown thresholds are the board's (VBIOS): read on the first thermal
+    read of a GPU, not on every fast-tier read; the temperature itself is read every time."""
+    from babysitter.checks import nvml
+    from babysitter.checks.base import CheckContext
+    from babysitter.checks.gpu.check import GpuThermalCheck
+    from babysitter.config import parse_config
+
+    nv = nvml.nv
+    limits = {
+        nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: 95,
+        nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: 90,
+    }
+    asked: list[int] = []
+    temp = [40]
+
+    def threshold(handle, kind):
+        asked.append(kind)
+        return limits[kind]
+
+    monkeypatch.setattr(nv, "nvmlDeviceGetTemperature", lambda handle, sensor: temp[0])
+    monkeypatch.setattr(nv, "nvmlDeviceGetTemperatureThreshold", threshold)
+    chk = GpuThermalCheck(CheckContext(parse_config({}), "n"))
+    dev = nvml.Device(3, object(), "fake", "GPU-3333", "00000000:5D:00.0")
+
+    def codes() -> list[str]:
+        return [f.code for f in chk._temperature(dev, chk.thresholds())]
+
+    assert codes() == []
+    temp[0] = 88
+    assert codes() == ["thermal.slowdown"]
+    temp[0] = 96
+    assert codes() == ["thermal.shutdown"]
+    assert len(asked) == 2  # once per threshold for the three reads
+    chk.gpu_was_reset(3, 0.0)
+    limits[nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN] = 97
+    assert codes() == ["thermal.slowdown"]
+    assert len(asked) == 4

@@ -178,15 +178,15 @@ class Agent:
         # A critical signal that cleared (an IB port back up) is reported now as well: the
         # controller holds a babysat job's requeue on a link fault only until the grace ends,
         # and must know by then that the link is back.
-        after = {f.key: f.severity for f in findings}
+        # (most findings are ok: the identity tests skip Severity's ordering for them)
         worse = any(
-            f.severity >= Severity.WARNING and f.severity > before.get(f.key, Severity.OK)
+            (f.severity is Severity.WARNING or f.severity is Severity.CRITICAL)
+            and f.severity > before.get(f.key, Severity.OK)
             for f in findings
         )
-        cleared = any(
-            sev >= Severity.CRITICAL and after.get(key, Severity.OK) < Severity.CRITICAL
-            for key, sev in before.items()
-        )
+        critical = [key for key, sev in before.items() if sev is Severity.CRITICAL]
+        after = {f.key: f.severity for f in findings} if critical else {}
+        cleared = any(after.get(key, Severity.OK) < Severity.CRITICAL for key in critical)
         if worse or cleared:
             self.shipper.submit(self.full_report())
 

@@ -583,9 +583,39 @@ class GpuThermalCheck(GpuCheck):
     interval_s = 30.0
     code_prefix = "thermal"
 
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        # (shutdown, slowdown) threshold per GPU, by (index, UUID): the board's own limits
+        # (VBIOS), fixed for the board while the driver runs (NVML sets only the acoustic and
+        # GPU-max ones), so read once per board, not twice per fast-tier read; a reset or a
+        # lost GPU reads them anew, and a new board has a new UUID
+        self._limits: dict[tuple[int, str], tuple[Any, Any]] = {}
+
     def read(self, signal: str, dev: Device) -> list[Finding]:
         self._utilisation(dev)
         return self._temperature(dev, self.thresholds()) + self._clock_events(dev)
+
+    def forget(self, key: object) -> None:
+        super().forget(key)
+        self._limits = {k: v for k, v in self._limits.items() if k[0] != key}
+
+    def gpu_was_reset(self, gpu: int, before: float) -> None:
+        self._limits = {k: v for k, v in self._limits.items() if k[0] != gpu}
+
+    def _limits_of(self, dev: Device) -> tuple[Any, Any]:
+        """The GPU's shutdown and slowdown thresholds (NOT_SUPPORTED where it has none)."""
+        key = (dev.index, dev.uuid)
+        limits = self._limits.get(key)
+        if limits is None:
+            h = dev.handle
+            shut = call(
+                nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
+            )
+            slow = call(
+                nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+            )
+            limits = self._limits[key] = (shut, slow)
+        return limits
 
     def _utilisation(self, dev: Device) -> None:
         """Shipped with reports: hang detection asks whether a job's GPUs sit idle."""
@@ -600,8 +630,7 @@ class GpuThermalCheck(GpuCheck):
         temp = call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
         if temp is NOT_SUPPORTED:
             return []
-        shut = call(nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
-        slow = call(nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        shut, slow = self._limits_of(dev)
         if shut is not NOT_SUPPORTED and temp >= shut:
             msg = f"{temp} C, at/above shutdown threshold {shut} C"
             return [
