@@ -157,7 +157,7 @@ NOISE = BENCH_DIR / "data" / "soak_noise.toml"
 # DEFAULT_SHARD_NODES for DEFAULT_DAYS each, more of them than the default budget can run
 DEFAULT_SHARD_NODES = 64
 DEFAULT_DAYS = 7.0
-DEFAULT_NODES = 64 * DEFAULT_SHARD_NODES
+DEFAULT_NODES = 80 * DEFAULT_SHARD_NODES  # 35,840 node-days: more than 2700 s can run
 GPUS = 8
 IB_PORTS = 8
 NHC_INTERVALS_S = (60.0, 300.0)
@@ -269,7 +269,22 @@ def _findings(agent: Agent) -> list[Finding]:
 def _clean(findings: list[Finding]) -> bool:
     """A report counts towards a resume (node_state's fold_report): nothing drain-worthy and no
     check without a verdict."""
-    return not any(drain_worthy(f) or no_verdict(f) for f in findings)
+    memo = _UNCLEAN
+    for f in findings:
+        # a Finding is immutable and an ok one is the same object run after run
+        # (Check.steady_ok): asked once per finding, not every round (the memo holds the
+        # finding, so no other object can take its id)
+        hit = memo.get(id(f))
+        if hit is None or hit[0] is not f:
+            if len(memo) >= 65536:  # bounded: findings long replaced
+                memo.clear()
+            hit = memo[id(f)] = (f, drain_worthy(f) or no_verdict(f))
+        if hit[1]:
+            return False
+    return True
+
+
+_UNCLEAN: dict[int, tuple[Finding, bool]] = {}
 
 
 class Clock:
@@ -326,6 +341,34 @@ class Node:
     @property
     def sysfs(self) -> Path:
         return self.dir / "sysfs"
+
+
+class _KnownJobs:
+    """repr and hang watch of the listing's jobs, worked out once per job object: a SlurmJob is
+    frozen and the stand-in replaces a job that changes by a new one (its listing repeats the
+    same objects from tick to tick). Only the last listing's jobs are kept (held, so no other
+    object can take one's id)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, list[Any]] = {}  # id -> [job, repr, hang watch (None: not asked)]
+
+    def _entry(self, j: SlurmJob) -> list[Any]:
+        e = self.jobs.get(id(j))
+        if e is None or e[0] is not j:
+            e = self.jobs[id(j)] = [j, repr(j), None]
+        return e
+
+    def text(self, j: SlurmJob) -> str:
+        return str(self._entry(j)[1])
+
+    def hang_watch(self, j: SlurmJob) -> bool:
+        e = self._entry(j)
+        if e[2] is None:
+            e[2] = bool((babysit_spec(j) or {}).get("hang_timeout"))
+        return bool(e[2])
+
+    def keep(self, listing: list[SlurmJob]) -> None:
+        self.jobs = {id(j): self._entry(j) for j in listing}
 
 
 @dataclass
@@ -676,19 +719,21 @@ class Soak:
         jobs = engine.jobs
         real = jobs.tick
         last: list[Any] = [None]
+        known = _KnownJobs()
 
         def tick(slurm_nodes: dict[str, Any], now: datetime) -> None:
             if self.clock.t - jobs._last_scan < jobs.cfg.slurm.job_scan_s:
                 return  # the real scan returns here too
             listing = self.slurm.jobs()
             down = frozenset(n for n, sn in slurm_nodes.items() if sn.down)
-            key = (tuple(repr(j) for j in listing), down)
+            key = (tuple(known.text(j) for j in listing), down)
             same = key == last[0]
             last[0] = key
+            known.keep(listing)
             if (
                 same
                 and not any(j.running and down & set(j.nodes) for j in listing)
-                and not any((babysit_spec(j) or {}).get("hang_timeout") for j in listing)
+                and not any(known.hang_watch(j) for j in listing)
                 and not any("|job_requeue_limit_" in k for k in jobs.router.firing_keys())
             ):
                 jobs._last_scan = self.clock.t
