@@ -19,9 +19,10 @@ from sqlalchemy import event
 
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
-from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tick_reads import _written
+from babysitter.controller.db.tickstore import record_actions
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding
 from babysitter.report import Report
@@ -42,6 +43,13 @@ READ_TABLE = re.compile(r'\bFROM\s+"?(\w+)', re.I)
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[Store, list[str], RemediationEngine]]:
+    store, names, engine = _cluster(tmp_path)
+    yield store, names, engine
+    engine.close()
+    store.close()
+
+
+def _cluster(tmp_path: Path) -> tuple[Store, list[str], RemediationEngine]:
     store = Store(f"sqlite:///{tmp_path / 's.db'}")
     store.upgrade()
     names = [f"n{i:03d}" for i in range(64)]
@@ -52,9 +60,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Store, list[str], RemediationEngin
         slurm.add_job(SlurmJob(j + 1, states=("RUNNING",), nodes=(x,), comment="babysit=ckpt=/x"))
     engine = make_engine(parse_config({"checks": {"sdc": {"enabled": False}}}), store, slurm=slurm)
     engine.tick()  # the first tick records the jobs
-    yield store, names, engine
-    engine.close()
-    store.close()
+    return store, names, engine
 
 
 def _report(node: str, now: datetime, *findings: Finding) -> Report:
@@ -121,6 +127,40 @@ def test_a_tick_with_a_fault_rereads_only_what_it_wrote(cluster):
     # just written, an alert, a kv value or a job is one upsert, and the open findings the
     # policy read serve the executor, the healer and the audit
     assert max(counts) <= 21, counts
+
+
+def test_a_racks_follow_ups_cost_the_statements_of_one_nodes(tmp_path):
+    """Nodes drained together: the tick that queues their jobs' requeues and the tick that
+    requeues them read the actions table as often, and audit in as many statements, as for
+    one node (each node's requeue_jobs read the pending actions again after the last one's
+    insert, and each settled action was audited on its own: the statements grew with the
+    rack)."""
+
+    def follow_up_ticks(faulty: int) -> list[tuple[int, int]]:
+        (where := tmp_path / str(faulty)).mkdir()
+        store, names, engine = _cluster(where)
+        try:
+            now = datetime.now(UTC)
+            ReportWriter(store).write([_report(x, now, DBE) for x in names[:faulty]])
+            engine.tick()  # the drains
+            drained = {a.node for a in store.actions() if a.kind is ActionKind.DRAIN}
+            assert len(drained) == faulty
+            out = []
+            for _ in range(2):  # requeue_jobs (one per node), then the requeues (one per job)
+                sql = [s for s, _ in _statements(store, engine)]
+                reads = sum(1 for s in sql if re.match(r"\s*SELECT\b.*\bFROM actions\b", s, re.S))
+                audits = sum(1 for s in sql if s.lstrip().startswith("INSERT INTO audit_log"))
+                out.append((reads, audits))
+            requeued = [a for a in store.actions() if a.kind is ActionKind.REQUEUE]
+            assert len(requeued) == faulty and {a.status for a in requeued} == {ActionStatus.DONE}
+            return out
+        finally:
+            engine.close()
+            store.close()
+
+    one = follow_up_ticks(1)
+    assert one[0][1] == 1 and one[1][1] == 1
+    assert follow_up_ticks(4) == one
 
 
 def test_an_update_whose_value_is_a_subquery_changes_only_its_column():
@@ -228,3 +268,30 @@ def test_with_postgres_memory_lasts_one_tick(pg_url):
             store.pending_actions()
     assert len([s for s in counted if "FROM actions" in s]) == 2  # once a tick
     store.close()
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgres"])
+def test_a_racks_drains_are_recorded_in_one_statement_with_their_own_ids(db, tmp_path, request):
+    """The tick's drains and resumes are inserted together (one statement, the ids returned in
+    the rows' order): each decision gets the id of its own row, on either database."""
+    url = request.getfixturevalue("pg_url") if db == "postgres" else f"sqlite:///{tmp_path}/s.db"
+    store = Store(url)
+    store.upgrade()
+    rows = [Action(ActionKind.DRAIN, node=f"r{i:02d}", reason=f"why {i}") for i in range(12)]
+    rows.append(Action(ActionKind.RESUME, node="r99"))
+    inserts: list[str] = []
+    event.listen(
+        store.engine,
+        "before_cursor_execute",
+        lambda *a: inserts.append(a[2]) if a[2].lstrip().startswith("INSERT") else None,
+    )
+    try:
+        recorded = record_actions(store, rows, datetime.now(UTC))
+        assert len(inserts) == 1
+        for r in recorded:
+            stored = store.action(r.id)
+            assert stored is not None
+            assert (stored.kind, stored.node, stored.reason) == (r.kind, r.node, r.reason)
+            assert stored.status is ActionStatus.PENDING
+    finally:
+        store.close()

@@ -250,14 +250,19 @@ def _second(row: tuple[str, datetime]) -> datetime:
 def record_actions(store: Store, actions: list[Action], at: datetime) -> list[Action]:
     """Insert pending actions in one transaction; returns them recorded (with their ids), in
     order."""
-    out = []
+    if not actions:
+        return []
+    rows = [replace(a, status=ActionStatus.PENDING).created(at) for a in actions]
+    # one statement for a rack's drains (insertmanyvalues). PostgreSQL returns the ids in the
+    # rows' order when asked; SQLite cannot be asked (SQLAlchemy would insert row by row), but
+    # a statement's new rowids ascend in the order its rows are inserted: sorted, they match
+    sqlite = store.engine.dialect.name == "sqlite"
+    q = m.actions.insert().returning(m.actions.c.id, sort_by_parameter_order=not sqlite)
     with store.engine.begin() as c:
-        for a in actions:
-            a = replace(a, status=ActionStatus.PENDING).created(at)
-            pk = c.execute(m.actions.insert().values(**a.columns())).inserted_primary_key
-            assert pk is not None
-            out.append(a.recorded(int(pk[0])))
-    return out
+        ids = c.execute(q, [a.columns() for a in rows]).scalars().all()
+    if sqlite:
+        ids = sorted(ids)
+    return [a.recorded(int(i)) for a, i in zip(rows, ids, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -313,9 +318,9 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
                 .values(babysitter_drained=False, drain_reason=None, consecutive_clean=0),
                 [{"b_name": node} for node in s.resumed],
             )
-        for f in s.follow_ups:
-            row = replace(f, status=ActionStatus.PENDING).created(at)
-            c.execute(a.insert().values(**row.columns()))
+        if s.follow_ups:  # one statement for a rack's follow-ups (executemany)
+            rows = [replace(f, status=ActionStatus.PENDING).created(at) for f in s.follow_ups]
+            c.execute(a.insert(), [r.columns() for r in rows])
         if s.actions:
             c.execute(
                 update(a)

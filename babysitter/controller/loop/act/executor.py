@@ -294,11 +294,17 @@ class ActionExecutor:
                 self._job_listing = self.slurm.jobs_on(nodes)
             except SlurmError:
                 pass  # each action asks (and retries) on its own
+        # a rack's requeue_jobs look up the pending requeues once, and their settled actions
+        # are audited in one read and one write (per action, the statements grew with the rack)
+        settled = []
         try:
-            for a in due:
-                self.execute(a, now)
+            with self.jobs.pending.kept():
+                for a in due:
+                    if self._execute_guarded(a, now) != "pending":
+                        settled.append(a.id)
         finally:
             self._job_listing = None
+            self.isolated("audit", lambda: self._audit(settled, now))
 
     def _retry_later(self, a: Action, now: datetime, why: str) -> str:
         delay = min(30.0, 0.5 * 2**a.attempts)

@@ -19,12 +19,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Protocol, TypeVar
 
 from babysitter.config import Config
-from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.actions import Action, ActionKind
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import open_findings
 from babysitter.controller.loop.decide.link_hold import (
@@ -41,6 +42,7 @@ from babysitter.controller.loop.decide.node.rules import Rule
 from babysitter.controller.loop.jobs.hang import HangWatch
 from babysitter.controller.loop.jobs.job_history import JobHistory
 from babysitter.controller.loop.jobs.job_policy import babysit_spec, max_requeues
+from babysitter.controller.loop.jobs.pending_requeues import PendingRequeues
 from babysitter.controller.loop.jobs.requeue import Requeuer
 from babysitter.controller.loop.record.alerts import AlertRouter
 from babysitter.controller.loop.record.alerts.owners import JobOwners
@@ -90,6 +92,7 @@ class JobTracker:
         self.item_timeout_s = item_timeout_s
         self._last_scan = 0.0
         self.history = JobHistory(store)
+        self.pending = PendingRequeues(store)  # record_requeue's once-per-job lookup
         self.hang = HangWatch(cfg, store, router, self.record_requeue)
         self.requeuer = Requeuer(slurm, metrics, router, self.history)
         # each job's Slurm user, from the listing each scan reads: the owner of its job alerts
@@ -184,36 +187,44 @@ class JobTracker:
         `hold_until`: held for a link fault's grace (link_hold.py), looked at every POLL_S; a
         requeue without a hold asked for while one is held makes it a plain requeue (`rule`),
         due now (another fault: nothing left to wait for)."""
-        for a in self.store.actions(status=ActionStatus.PENDING, limit=5000):
-            if a.kind is not ActionKind.REQUEUE or a.job_id != job_id:
-                continue
+        a = self.pending.of(job_id)
+        if a is not None:
             if a.rule == HELD_RULE and hold_until is None:
                 nodes = sorted({*(a.node or "").split(","), *bad_nodes} - {""})
-                self.store.update_action(
-                    a.id,
+                changed = replace(
+                    a,
                     rule=str(rule),
                     node=",".join(nodes)[:255] or None,
                     reason=f"{a.reason or ''}; then {why}"[:1000],
                     outcome="hold ended: another fault",
-                    **({"next_attempt_at": now} if now is not None else {}),
+                    next_attempt_at=a.next_attempt_at if now is None else now,
                 )
+                values = {k: getattr(changed, k) for k in ("rule", "node", "reason", "outcome")}
+                if now is not None:
+                    values["next_attempt_at"] = now
+                self.store.update_action(a.id, **values)
+                self.pending.wrote(changed)
             return None
-        aid = self.store.record_action(
-            ActionKind.REQUEUE,
-            node=",".join(bad_nodes)[:255] if bad_nodes else None,
-            job_id=job_id,
-            reason=why,
-            rule=rule if hold_until is None else HELD_RULE,
-            requested_by="policy",
+        row = self.store.record(
+            Action(
+                ActionKind.REQUEUE,
+                node=",".join(bad_nodes)[:255] if bad_nodes else None,
+                job_id=job_id,
+                reason=why,
+                rule=rule if hold_until is None else HELD_RULE,
+                requested_by="policy",
+            )
         )
+        aid = row.id
         if hold_until is not None:
             at = now or hold_until
-            self.store.update_action(
-                aid,
+            row = replace(
+                row,
                 next_attempt_at=min(hold_until, at + timedelta(seconds=POLL_S)),
                 outcome=f"held until {hold_until.isoformat(timespec='seconds')}: a link fault "
                 "NCCL may ride out ([policy] link_requeue_grace_s)",
             )
+            self.store.update_action(aid, next_attempt_at=row.next_attempt_at, outcome=row.outcome)
             self.history.append(
                 job_id,
                 {
@@ -223,6 +234,7 @@ class JobTracker:
                     "why": why[:500],
                 },
             )
+        self.pending.wrote(row)
         return aid
 
     # -- a requeue held for a link fault's grace (the policy: link_hold.py)
