@@ -24,6 +24,10 @@ class MemoryState:
     def upsert_alert(self, key: str, **values: Any) -> None:
         self.rows.setdefault(key, {"key": key}).update(values)
 
+    def upsert_alerts(self, rows: list[tuple[str, dict[str, Any]]]) -> None:
+        for key, values in rows:
+            self.upsert_alert(key, **values)
+
     def firing_alerts(self) -> list[dict[str, Any]]:
         return [r for r in self.rows.values() if r.get("state") == "firing"]
 
@@ -186,3 +190,35 @@ def test_a_long_resolved_alert_is_pruned_and_a_firing_one_kept(tmp_path):
         "node2|node_unhealthy",
     ]
     assert [a["key"] for a in store.firing_alerts()] == ["node1|node_unhealthy"]
+
+
+def test_a_storms_rows_are_one_write_and_each_node_resolves(db_url):
+    """A rack failing alike: every node's alert is recorded (so each can resolve on its own)
+    in one statement, not one per node, and so are the resolves; each row is its node's."""
+    from sqlalchemy import event
+
+    from babysitter.controller.db.store import Store
+
+    store = Store(db_url)
+    store.upgrade()
+    writes: list[str] = []
+    event.listen(
+        store.engine,
+        "before_cursor_execute",
+        lambda *a: None if a[2].lstrip().upper().startswith("SELECT") else writes.append(a[2]),
+    )
+    r = AlertRouter([], store, group_threshold=3)
+    nodes = [f"node{i}" for i in range(8)]
+    r.process([unhealthy(n) for n in nodes], [], NOW)
+    assert len(writes) == 1
+    firing = {a["key"]: a for a in store.firing_alerts()}
+    assert sorted(firing) == sorted(f"{n}|node_unhealthy" for n in nodes)
+    assert all(firing[f"{n}|node_unhealthy"]["node"] == n for n in nodes)
+    writes.clear()
+    later = NOW + timedelta(minutes=5)
+    r.process([unhealthy("node0", later)], [(n, "node_unhealthy") for n in nodes[1:]], later)
+    assert len(writes) == 1  # node0 is still firing (within its repeat interval): not rewritten
+    assert [a["key"] for a in store.firing_alerts()] == ["node0|node_unhealthy"]
+    resolved = {a["key"]: a for a in store.alerts() if a["state"] == "resolved"}
+    assert all(resolved[f"{n}|node_unhealthy"]["resolved_at"] is not None for n in nodes[1:])
+    store.close()

@@ -270,12 +270,10 @@ def test_with_postgres_memory_lasts_one_tick(pg_url):
     store.close()
 
 
-@pytest.mark.parametrize("db", ["sqlite", "postgres"])
-def test_a_racks_drains_are_recorded_in_one_statement_with_their_own_ids(db, tmp_path, request):
+def test_a_racks_drains_are_recorded_in_one_statement_with_their_own_ids(db_url):
     """The tick's drains and resumes are inserted together (one statement, the ids returned in
     the rows' order): each decision gets the id of its own row, on either database."""
-    url = request.getfixturevalue("pg_url") if db == "postgres" else f"sqlite:///{tmp_path}/s.db"
-    store = Store(url)
+    store = Store(db_url)
     store.upgrade()
     rows = [Action(ActionKind.DRAIN, node=f"r{i:02d}", reason=f"why {i}") for i in range(12)]
     rows.append(Action(ActionKind.RESUME, node="r99"))

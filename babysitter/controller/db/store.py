@@ -32,7 +32,7 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.tick_reads import TickReads
-from babysitter.controller.db.upsert import dialect_insert, upsert
+from babysitter.controller.db.upsert import dialect_insert, upsert, upsert_many
 from babysitter.finding import Action, Finding, Severity
 from babysitter.job import BabysitSpec
 
@@ -410,9 +410,12 @@ class Store:
         with self.engine.begin() as c:
             upsert(c, m.jobs, {"job_id": job_id}, {**values, "updated_at": ts}, first)
 
-    def jobs(self) -> list[JobRow]:
+    def jobs(self, job_id: int | None = None) -> list[JobRow]:
+        """Every babysat job's row, or the one of `job_id` (a requeue read them all)."""
+        q = select(m.jobs).order_by(m.jobs.c.job_id)
+        q = q if job_id is None else q.where(m.jobs.c.job_id == job_id)
         with self.reading() as c:
-            rows = [r._asdict() for r in c.execute(select(m.jobs).order_by(m.jobs.c.job_id))]
+            rows = [r._asdict() for r in c.execute(q)]
         for r in rows:
             r["first_seen_at"] = aware(r["first_seen_at"])
             r["updated_at"] = aware(r["updated_at"])
@@ -422,6 +425,12 @@ class Store:
     def upsert_alert(self, key: str, **values: Any) -> None:
         with self.engine.begin() as c:
             upsert(c, m.alerts, {"key": key}, values)
+
+    def upsert_alerts(self, rows: list[tuple[str, dict[str, Any]]]) -> None:
+        """upsert_alert of each (key, values), in order, in one transaction."""
+        if rows:
+            with self.engine.begin() as c:
+                upsert_many(c, m.alerts, "key", rows)
 
     def alerts(self) -> list[dict[str, Any]]:
         with self.reading() as c:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Table, update
+from sqlalchemy import Connection, Table, bindparam, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 
@@ -47,3 +47,32 @@ def _missing(table: Table, row: dict[str, Any]) -> bool:
         and col.name not in row
         for col in table.columns
     )
+
+
+def upsert_many(
+    c: Connection, table: Table, key: str, rows: list[tuple[Any, dict[str, Any]]]
+) -> None:
+    """upsert() of each (key value, values) in turn, in one statement for each run of rows
+    that set the same columns (an alert storm's records: one, not one per node). A key met
+    twice in a run keeps its last values, as the writes one by one would have."""
+    runs: list[tuple[frozenset[str], dict[Any, dict[str, Any]]]] = []
+    for k, values in rows:
+        if not runs or runs[-1][0] != frozenset(values):
+            runs.append((frozenset(values), {}))
+        runs[-1][1][k] = values
+    for columns, run in runs:
+        if _missing(table, {key: None, **next(iter(run.values()))}):
+            # a partial row (a resolve) updates the row there is, as upsert() does
+            done = c.execute(
+                update(table).where(table.c[key] == bindparam("b_key")),
+                [{"b_key": k, **v} for k, v in run.items()],
+            ).rowcount
+            if done != len(run):  # some row is not there: each as upsert() would (an error)
+                for k, v in run.items():
+                    upsert(c, table, {key: k}, v)
+            continue
+        stmt = dialect_insert(c.dialect.name)(table)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[key], set_={col: stmt.excluded[col] for col in sorted(columns)}
+        )
+        c.execute(stmt, [{key: k, **v} for k, v in run.items()])

@@ -29,6 +29,7 @@ from babysitter.finding import Severity
 from babysitter.slurm.client import (
     SlurmClient,
     SlurmError,
+    SlurmJob,
     SlurmNotOwned,
     SlurmUnavailable,
 )
@@ -87,6 +88,18 @@ Batch = list[tuple[Action, Decision]]
 Results = list[tuple[Action, Decision, SlurmError | None]]
 # what each kind needs to be carried out; without it the action fails
 NEEDS_NODE = frozenset({ActionKind.DRAIN, ActionKind.RESUME, ActionKind.REQUEUE_JOBS})
+
+
+def job_listing(slurm: SlurmClient, slurm_ok: bool, due: list[Action]) -> list[SlurmJob] | None:
+    """Every node drained in one tick: one job listing for all of their requeue_jobs (None:
+    each action asks, and retries, on its own)."""
+    nodes = [a.node for a in due if a.kind is ActionKind.REQUEUE_JOBS and a.node]
+    if not nodes or not slurm_ok:
+        return None
+    try:
+        return slurm.jobs_on(nodes)
+    except SlurmError:
+        return None
 
 
 class ActionExecutor:
@@ -286,25 +299,15 @@ class ActionExecutor:
     # ---- pending actions, one by one
     def run_pending(self, pending: list[Action], now: datetime) -> None:
         due = [a for a in pending if not ((nxt := a.next_attempt_at) and nxt > now)]
-        # every node drained in one tick: one job listing for all of their requeue_jobs
-        nodes = [a.node for a in due if a.kind is ActionKind.REQUEUE_JOBS and a.node]
-        self._job_listing = None
-        if nodes and self.snapshot.ok:
-            try:
-                self._job_listing = self.slurm.jobs_on(nodes)
-            except SlurmError:
-                pass  # each action asks (and retries) on its own
-        # a rack's requeue_jobs look up the pending requeues once, and their settled actions
-        # are audited in one read and one write (per action, the statements grew with the rack)
-        settled = []
+        self._job_listing = job_listing(self.slurm, self.snapshot.ok, due)
+        # a rack's requeue_jobs look up the pending requeues once; the settled actions are
+        # audited together (one at a time, the statements grew with the rack)
         try:
             with self.jobs.pending.kept():
-                for a in due:
-                    if self._execute_guarded(a, now) != "pending":
-                        settled.append(a.id)
+                settled = [a.id for a in due if self._execute_guarded(a, now) != "pending"]
         finally:
             self._job_listing = None
-            self.isolated("audit", lambda: self._audit(settled, now))
+        self.isolated("audit", lambda: self._audit(settled, now))
 
     def _retry_later(self, a: Action, now: datetime, why: str) -> str:
         delay = min(30.0, 0.5 * 2**a.attempts)

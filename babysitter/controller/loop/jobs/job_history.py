@@ -21,7 +21,7 @@ class JobHistory:
         self._scanned: dict[int, dict[str, object]] = {}
 
     def row(self, job_id: int) -> JobRow | None:
-        return next((r for r in self.store.jobs() if r.get("job_id") == job_id), None)
+        return next(iter(self.store.jobs(job_id)), None)
 
     def entries(self, job_id: int) -> list[HistoryEntry]:
         row = self.row(job_id)

@@ -190,20 +190,7 @@ class JobTracker:
         a = self.pending.of(job_id)
         if a is not None:
             if a.rule == HELD_RULE and hold_until is None:
-                nodes = sorted({*(a.node or "").split(","), *bad_nodes} - {""})
-                changed = replace(
-                    a,
-                    rule=str(rule),
-                    node=",".join(nodes)[:255] or None,
-                    reason=f"{a.reason or ''}; then {why}"[:1000],
-                    outcome="hold ended: another fault",
-                    next_attempt_at=a.next_attempt_at if now is None else now,
-                )
-                values = {k: getattr(changed, k) for k in ("rule", "node", "reason", "outcome")}
-                if now is not None:
-                    values["next_attempt_at"] = now
-                self.store.update_action(a.id, **values)
-                self.pending.wrote(changed)
+                self._end_hold(a, bad_nodes, why, rule, now)
             return None
         row = self.store.record(
             Action(
@@ -236,6 +223,25 @@ class JobTracker:
             )
         self.pending.wrote(row)
         return aid
+
+    def _end_hold(
+        self, a: Action, bad_nodes: list[str], why: str, rule: Rule, now: datetime | None
+    ) -> None:
+        """A held requeue becomes a plain one (`rule`), due now: another fault."""
+        nodes = sorted({*(a.node or "").split(","), *bad_nodes} - {""})
+        changed = replace(
+            a,
+            rule=str(rule),
+            node=",".join(nodes)[:255] or None,
+            reason=f"{a.reason or ''}; then {why}"[:1000],
+            outcome="hold ended: another fault",
+            next_attempt_at=a.next_attempt_at if now is None else now,
+        )
+        values = {k: getattr(changed, k) for k in ("rule", "node", "reason", "outcome")}
+        if now is not None:
+            values["next_attempt_at"] = now
+        self.store.update_action(a.id, **values)
+        self.pending.wrote(changed)
 
     # -- a requeue held for a link fault's grace (the policy: link_hold.py)
     def link_fault(self, node: str) -> bool:

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 class AlertState(Protocol):
     def upsert_alert(self, key: str, **values: Any) -> None: ...
+    def upsert_alerts(self, rows: list[tuple[str, dict[str, Any]]]) -> None: ...
     def firing_alerts(self) -> list[dict[str, Any]]: ...
 
 
@@ -76,6 +77,7 @@ class AlertRouter:
         self.on_record_error = on_record_error
         self.record_errors = 0
         self.last_record_error = ""
+        self._rows: list[tuple[str, dict[str, Any]]] = []  # the round's records, written at its end
         self.sender = sender
         self.sent: list[Alert] = []  # what went out (for the demo and tests)
         self._refreshed: dict[str, datetime] = {}  # key -> last post to refreshing sinks
@@ -150,23 +152,30 @@ class AlertRouter:
         # one read per round; only firing rows matter (a resolved one neither refreshes nor
         # resolves again)
         known = {row["key"]: row for row in self.state.firing_alerts()}
-        firing = [self._owned(a) for a in firing]
-        fresh = [a for a in firing if not self._refresh(a, known.get(a.key), now)]
-        by_cond: dict[str, list[Alert]] = defaultdict(list)
-        for a in fresh:
-            by_cond[a.condition].append(a)
-        out: list[Alert] = []
-        for cond, group in by_cond.items():
-            if len(group) > self.group_threshold:
-                out.append(self._fire_storm(cond, group, now))
-            else:
-                for a in group:
-                    self._record(a, now, self._deliver(a))
-                    out.append(a)
-        for node, cond in clearing:
-            resolved = self._resolve(node, cond, known, now)
-            if resolved is not None:
-                out.append(resolved)
+        self._rows = []
+        try:
+            firing = [self._owned(a) for a in firing]
+            fresh = [a for a in firing if not self._refresh(a, known.get(a.key), now)]
+            by_cond: dict[str, list[Alert]] = defaultdict(list)
+            for a in fresh:
+                by_cond[a.condition].append(a)
+            out: list[Alert] = []
+            for cond, group in by_cond.items():
+                if len(group) > self.group_threshold:
+                    out.append(self._fire_storm(cond, group, now))
+                else:
+                    for a in group:
+                        self._record(a, now, self._deliver(a))
+                        out.append(a)
+            for node, cond in clearing:
+                resolved = self._resolve(node, cond, known, now)
+                if resolved is not None:
+                    out.append(resolved)
+        finally:
+            # the round's rows in one write (a rack's storm: one statement, not one per
+            # node), before its deliveries are handed to the sender
+            rows, self._rows = self._rows, []
+            self.state.upsert_alerts(rows)
         outbox, self._outbox = self._outbox, []
         if self.sender is not None:
             for d in outbox:
@@ -241,8 +250,16 @@ class AlertRouter:
         )
         results = self._deliver(self._owned(r))
         self._refreshed.pop(key, None)
-        self.state.upsert_alert(
-            key, state="resolved", resolved_at=now, last_sent_at=now, sink_results=results
+        self._rows.append(
+            (
+                key,
+                {
+                    "state": "resolved",
+                    "resolved_at": now,
+                    "last_sent_at": now,
+                    "sink_results": results,
+                },
+            )
         )
         return r
 
@@ -251,15 +268,19 @@ class AlertRouter:
 
     def _record(self, a: Alert, now: datetime, results: dict[str, str]) -> None:
         self._refreshed[a.key] = now
-        self.state.upsert_alert(
-            a.key,
-            node=a.node,
-            condition=a.condition,
-            severity=a.severity,
-            state="firing",
-            summary=a.text()[:2000],
-            started_at=a.starts_at,
-            last_sent_at=now,
-            resolved_at=None,
-            sink_results=results,
+        self._rows.append(
+            (
+                a.key,
+                {
+                    "node": a.node,
+                    "condition": a.condition,
+                    "severity": a.severity,
+                    "state": "firing",
+                    "summary": a.text()[:2000],
+                    "started_at": a.starts_at,
+                    "last_sent_at": now,
+                    "resolved_at": None,
+                    "sink_results": results,
+                },
+            )
         )
