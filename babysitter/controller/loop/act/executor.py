@@ -20,7 +20,13 @@ from babysitter.controller.loop.act.held_drain import cleared_while_held
 from babysitter.controller.loop.admit.admission import HOLD_RETRY_S, Act, Admission, Refusal
 from babysitter.controller.loop.decide.link_hold import POLL_S
 from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind
-from babysitter.controller.loop.jobs.jobs import HELD_RULE, NCCL_RULE, REQUEUE_RULE, JobTracker
+from babysitter.controller.loop.jobs.jobs import (
+    HELD_RULE,
+    NCCL_RULE,
+    REQUEUE_RULE,
+    JobTracker,
+    job_listing,
+)
 from babysitter.controller.loop.read.guard import GUARD_KEY
 from babysitter.controller.loop.read.snapshot import SlurmSnapshot
 from babysitter.controller.loop.record.alerts import Alert
@@ -29,7 +35,6 @@ from babysitter.finding import Severity
 from babysitter.slurm.client import (
     SlurmClient,
     SlurmError,
-    SlurmJob,
     SlurmNotOwned,
     SlurmUnavailable,
 )
@@ -88,18 +93,6 @@ Batch = list[tuple[Action, Decision]]
 Results = list[tuple[Action, Decision, SlurmError | None]]
 # what each kind needs to be carried out; without it the action fails
 NEEDS_NODE = frozenset({ActionKind.DRAIN, ActionKind.RESUME, ActionKind.REQUEUE_JOBS})
-
-
-def job_listing(slurm: SlurmClient, slurm_ok: bool, due: list[Action]) -> list[SlurmJob] | None:
-    """Every node drained in one tick: one job listing for all of their requeue_jobs (None:
-    each action asks, and retries, on its own)."""
-    nodes = [a.node for a in due if a.kind is ActionKind.REQUEUE_JOBS and a.node]
-    if not nodes or not slurm_ok:
-        return None
-    try:
-        return slurm.jobs_on(nodes)
-    except SlurmError:
-        return None
 
 
 class ActionExecutor:
@@ -300,11 +293,14 @@ class ActionExecutor:
     def run_pending(self, pending: list[Action], now: datetime) -> None:
         due = [a for a in pending if not ((nxt := a.next_attempt_at) and nxt > now)]
         self._job_listing = job_listing(self.slurm, self.snapshot.ok, due)
-        # a rack's requeue_jobs look up the pending requeues once; the settled actions are
-        # audited together (one at a time, the statements grew with the rack)
+        # one lookup of the pending requeues and one audit for a rack (not one per node)
+        settled: list[int] = []
         try:
             with self.jobs.pending.kept():
-                settled = [a.id for a in due if self._execute_guarded(a, now) != "pending"]
+                for a in due:
+                    if self._execute_guarded(a, now) != "pending":
+                        settled.append(a.id)
+                        self.jobs.pending.settled(a)  # a requeue run is no longer pending
         finally:
             self._job_listing = None
         self.isolated("audit", lambda: self._audit(settled, now))

@@ -71,6 +71,17 @@ def _clamp(text: str | None, n: int) -> str | None:
     return None if text is None else text[:n]
 
 
+def job_listing(slurm: SlurmClient, slurm_ok: bool, due: list[Action]) -> list[SlurmJob] | None:
+    """One job listing for all of the tick's requeue_jobs (None: each asks on its own)."""
+    nodes = [a.node for a in due if a.kind is ActionKind.REQUEUE_JOBS and a.node]
+    if not nodes or not slurm_ok:
+        return None
+    try:
+        return slurm.jobs_on(nodes)
+    except SlurmError:
+        return None
+
+
 class JobTracker:
     def __init__(
         self,

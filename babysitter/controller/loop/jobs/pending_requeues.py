@@ -19,7 +19,7 @@ class PendingRequeues:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._open = False
-        self._known: dict[int, Action] | None = None
+        self._known: dict[int, list[Action]] | None = None  # job -> its pending, newest first
 
     @contextmanager
     def kept(self) -> Iterator[None]:
@@ -34,16 +34,23 @@ class PendingRequeues:
     def of(self, job_id: int) -> Action | None:
         """The job's pending requeue (the newest, if there were more)."""
         if self._known is None:
-            found: dict[int, Action] = {}
+            found: dict[int, list[Action]] = {}
             for a in self.store.actions(status=ActionStatus.PENDING, limit=READ_LIMIT):
                 if a.kind is ActionKind.REQUEUE and a.job_id is not None:
-                    found.setdefault(a.job_id, a)  # newest first
+                    found.setdefault(a.job_id, []).append(a)  # newest first
             if not self._open:
-                return found.get(job_id)
+                return next(iter(found.get(job_id, [])), None)
             self._known = found
-        return self._known.get(job_id)
+        return next(iter(self._known.get(job_id, [])), None)
 
     def wrote(self, a: Action) -> None:
         """The tracker has just recorded or changed this pending requeue, as given."""
         if self._known is not None and a.job_id is not None:
-            self._known[a.job_id] = a
+            rest = [k for k in self._known.get(a.job_id, []) if k.id != a.id]
+            self._known[a.job_id] = sorted([a, *rest], key=lambda k: -k.id)
+
+    def settled(self, a: Action) -> None:
+        """The run has carried this action out (done, failed, skipped): a requeue of it is
+        no longer pending (the job's next fault queues a new one, as a fresh read would)."""
+        if self._known is not None and a.kind is ActionKind.REQUEUE and a.job_id is not None:
+            self._known[a.job_id] = [k for k in self._known.get(a.job_id, []) if k.id != a.id]
