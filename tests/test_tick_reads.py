@@ -116,6 +116,7 @@ def test_a_steady_tick_reads_each_table_once(cluster):
 
 def test_a_tick_with_a_fault_rereads_only_what_it_wrote(cluster):
     store, names, engine = cluster
+    engine.tick()  # steady: what the first tick wrote (the guard's kv) is read again here
     ReportWriter(store).write([_report(names[0], datetime.now(UTC), DBE)])
     counts = []
     for _ in range(3):  # the drain, then the ladder's first rung, then the requeue
@@ -125,8 +126,9 @@ def test_a_tick_with_a_fault_rereads_only_what_it_wrote(cluster):
     assert any(a.kind is ActionKind.DRAIN and a.node == names[0] for a in store.actions())
     # 46 at fc1c4ca, 26 once reads were remembered; a step no longer reads back the row it has
     # just written, an alert, a kv value or a job is one upsert, and the open findings the
-    # policy read serve the executor, the healer and the audit
-    assert max(counts) <= 21, counts
+    # policy read serve the executor, the healer and the audit (20). The tick's own writes of
+    # actions keep its reads of them current (db/action_view.py): 15, 10 and 7
+    assert counts[0] <= 15 and max(counts[1:]) <= 10, counts
 
 
 def test_a_racks_follow_ups_cost_the_statements_of_one_nodes(tmp_path):

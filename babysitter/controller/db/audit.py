@@ -115,22 +115,32 @@ def record(store: Store, *entries: AuditEntry) -> None:
         _totals.update((e.kind, e.rule or "", str(e.result)) for e in entries)
 
 
-_EVIDENCE = ("nodes.open_findings",)
+EVIDENCE_READS = ("nodes.open_findings",)
 
 
 def evidence(store: Store, nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """Each node's open findings (as stored, JSON dicts), in one read."""
+    """Each node's open findings (as stored, JSON dicts), in one read of the nodes no read of
+    the tick has read (the policy's node rows, an earlier audit)."""
     names = sorted({n for n in nodes if n})
     if not names:
         return {}
 
-    def read() -> dict[str, list[dict[str, Any]]]:
-        q = select(m.nodes.c.name, m.nodes.c.open_findings).where(m.nodes.c.name.in_(names))
+    def read(keys: list[tuple[str, str]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        wanted = [k[1] for k in keys]
+        q = select(m.nodes.c.name, m.nodes.c.open_findings).where(m.nodes.c.name.in_(wanted))
         with store.reading() as c:
-            return {name: list(found or [])[:MAX_EVIDENCE] for name, found in c.execute(q)}
+            return {(EVIDENCE_KEY, name): kept(found) for name, found in c.execute(q)}
 
-    got = store.reads.read(_EVIDENCE, ("audit_evidence", tuple(names)), read)
-    return {name: list(found) for name, found in got.items()}
+    got = store.reads.read_many(EVIDENCE_READS, [(EVIDENCE_KEY, n) for n in names], read)
+    return {k[1]: list(found) for k, found in got.items()}
+
+
+EVIDENCE_KEY = "audit_evidence"  # a node's evidence is remembered under (EVIDENCE_KEY, node)
+
+
+def kept(found: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The open findings an entry keeps as its evidence."""
+    return list(found or [])[:MAX_EVIDENCE]
 
 
 def _result(status: str, dry_run: bool) -> AuditResult | None:
@@ -150,18 +160,23 @@ def record_actions(
     one write."""
     if not action_ids:
         return []
+    ids = set(action_ids)
+    # the rows as the tick's reads and its own writes left them: no read of them again
+    known = [r for i in sorted(ids) if (r := store.reads.known("actions", i)) is not None]
+    if len(known) == len(ids):
+        return record_rows(store, known, at)
     a, n = m.actions, m.nodes
     q = (
         select(a, n.c.open_findings)
         .select_from(a.outerjoin(n, n.c.name == a.c.node))
         .where(a.c.id.in_(sorted(action_ids)))
     )
-    stamp = store.reads.mark(_EVIDENCE)
+    stamp = store.reads.mark(EVIDENCE_READS)
     with store.reading() as c:
         got = [(stored_action_row(r._mapping), r.open_findings) for r in c.execute(q)]
-    found = {row.node: list(f or [])[:MAX_EVIDENCE] for row, f in got if row.node}
+    found = {row.node: kept(f) for row, f in got if row.node}
     # a step auditing its own action on one of these nodes next needs no read
-    store.reads.seed(stamp, {("audit_evidence", (n,)): {n: f} for n, f in found.items()})
+    store.reads.seed(stamp, {(EVIDENCE_KEY, n): f for n, f in found.items()})
     return _record_settled(store, [row for row, _ in got], found, at)
 
 

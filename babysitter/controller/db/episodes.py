@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, case, func, select, update
 
 from babysitter.controller.db import models as m
-from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store, stored_status
 from babysitter.controller.db.validation_state import (  # noqa: F401 (re-exported)
     FAILED,
@@ -94,5 +94,13 @@ def validation_history(
         return out
 
     key = ("validations", None if names is None else tuple(sorted(names)))
-    # the ingest's writes to nodes touch no drain_episode: they leave this read good
-    return dict(store.reads.read(("actions", "nodes.drain_episode"), key, read))
+    # the ingest's writes to nodes touch no drain_episode: they leave this read good, and so
+    # do the tick's own writes of actions other than validations
+    got = store.reads.read(("actions", "nodes.drain_episode"), key, read, _unless_validations)
+    return dict(got)
+
+
+def _unless_validations(
+    value: dict[str, NodeValidation], rows: list[Action]
+) -> dict[str, NodeValidation] | None:
+    return None if any(r.kind is ActionKind.VALIDATE for r in rows) else value

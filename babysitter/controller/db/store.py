@@ -18,7 +18,6 @@ from sqlalchemy import (
     Connection,
     Engine,
     RowMapping,
-    String,
     bindparam,
     create_engine,
     delete,
@@ -29,10 +28,11 @@ from sqlalchemy import (
 )
 
 from babysitter.controller.db import models as m
+from babysitter.controller.db.action_view import after_update, listing_patch
 from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.tick_reads import TickReads
-from babysitter.controller.db.upsert import dialect_insert, upsert, upsert_many
+from babysitter.controller.db.upsert import clamped, dialect_insert, upsert, upsert_many
 from babysitter.finding import Action, Finding, Severity
 from babysitter.job import BabysitSpec
 
@@ -369,10 +369,10 @@ class Store:
     def record(self, a: Recorded) -> Recorded:
         """Insert an action (created now; done now unless pending); returns it with its id."""
         a = a.created(now())
-        with self.engine.begin() as c:
+        with self.reads.writing("actions") as w, self.engine.begin() as c:
             pk = c.execute(m.actions.insert().values(**a.columns())).inserted_primary_key
             assert pk is not None
-            return a.recorded(int(pk[0]))
+            return w.add(a.recorded(int(pk[0])))
 
     def actions(self, status: str | None = None, limit: int = 1000) -> list[Recorded]:
         """Actions, newest first; `status`: an ActionStatus (another word matches none)."""
@@ -384,7 +384,9 @@ class Store:
             with self.reading() as c:
                 return [stored_action_row(r._mapping) for r in c.execute(q, params)]
 
-        return list(self.reads.read(("actions",), ("actions", status, limit), read))
+        patch = listing_patch(status, limit)  # the tick's own writes keep it current
+        got: list[Recorded] = self.reads.read(("actions",), ("actions", status, limit), read, patch)
+        return list(got)
 
     def action(self, action_id: int) -> Recorded | None:
         """One action by its id, however many came after it."""
@@ -397,13 +399,15 @@ class Store:
         return sorted(self.actions(status=ActionStatus.PENDING), key=lambda a: a.id)
 
     def update_action(self, action_id: int, **values: Any) -> None:
-        with self.engine.begin() as c:
+        known = self.reads.known("actions", action_id)
+        with self.reads.writing("actions") as w, self.engine.begin() as c:
             c.execute(update(m.actions).where(m.actions.c.id == action_id).values(**values))
+            w.add(after_update(known, values))
 
     # ---- jobs
     def upsert_job(self, job_id: int, **values: Any) -> None:
         ts = now()
-        values = _clamped(m.jobs, values)
+        values = clamped(m.jobs, values)
         first: dict[str, Any] = {"first_seen_at": ts} | (
             {} if "babysit" in values else {"babysit": {}}
         )
@@ -486,15 +490,3 @@ class Store:
             c.execute(delete(m.findings).where(m.findings.c.report_id.in_(old)))
             res = c.execute(delete(m.reports).where(m.reports.c.received_at < cutoff))
             return int(res.rowcount or 0)
-
-
-def _clamped(table: Any, values: dict[str, Any]) -> dict[str, Any]:
-    """Strings cut to their column's width (Postgres refuses longer ones; SQLite would keep
-    them): job names, users and states come from users and Slurm."""
-    out = dict(values)
-    for k, v in values.items():
-        col = table.c.get(k)
-        width = col.type.length if col is not None and isinstance(col.type, String) else None
-        if isinstance(v, str) and width is not None and len(v) > width:
-            out[k] = v[:width]
-    return out

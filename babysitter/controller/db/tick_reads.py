@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Connection, Engine, event
 
@@ -52,16 +52,24 @@ class Generations:
         self.lock = threading.Lock()
         self.by_name: dict[str, int] = {}
         self.everything = 0  # writes whose table could not be told
+        self._own = threading.local()  # a write-through's own bumps (TickReads.writing)
 
     def seen(self, _c: Any, _cur: Any, statement: str, *_: Any) -> None:
         if _READ.match(statement):
             return
         bumped = _written(statement)
+        own: dict[str, int] | None = getattr(self._own, "counts", None)
         with self.lock:
             if bumped is None:
                 self.everything += 1
             for name in bumped or ():
                 self.by_name[name] = self.by_name.get(name, 0) + 1
+                if own is not None:
+                    own[name] = own.get(name, 0) + 1
+
+    def own_counts(self, counts: dict[str, int] | None) -> None:
+        """Count this thread's bumps in `counts` from now on (None: stop)."""
+        self._own.counts = counts
 
     def versions(self, reads: tuple[str, ...]) -> tuple[int, ...]:
         """What remembered reads depend on: every write of their table (`t`), or of their
@@ -98,6 +106,11 @@ class TickReads:
     def __init__(self, engine: Engine) -> None:
         self._g = _generations(engine)
         self._memo: dict[tuple[Any, ...], tuple[tuple[int, ...], Any]] = {}
+        # how a remembered read of one table takes the tick's own writes of it (`writing`)
+        self._patch: dict[tuple[Any, ...], tuple[str, tuple[str, ...], Patch]] = {}
+        # rows the tick's own writes wrote, by table and id, under the table's generations
+        self._fresh: dict[str, tuple[tuple[int, ...], dict[Any, Any]]] = {}
+        self._index: dict[tuple[Any, ...], tuple[list[Any], dict[Any, Any]]] = {}
         self._used: set[tuple[Any, ...]] = set()  # keys read this tick (the rest is dropped)
         self._owner: int | None = None
         self._engine = engine
@@ -133,6 +146,8 @@ class TickReads:
             self._memo = {k: v for k, v in self._memo.items() if k in self._used}
             if not self.across_ticks:
                 self._memo = {}
+            self._patch = {k: v for k, v in self._patch.items() if k in self._memo}
+            self._fresh, self._index = {}, {}
             self._owner = None
             conn, self._conn = self._conn, None
             if conn is not None:
@@ -158,20 +173,45 @@ class TickReads:
             # each read sees every write committed before it (and holds no snapshot)
             self._conn.commit()
 
-    def read(self, tables: tuple[str, ...], key: tuple[Any, ...], fn: Callable[[], T]) -> T:
+    def read(
+        self,
+        tables: tuple[str, ...],
+        key: tuple[Any, ...],
+        fn: Callable[[], T],
+        patch: Callable[[T, list[Any]], T | None] | None = None,
+    ) -> T:
         """fn's answer; inside the tick, the one remembered under `key` while none of `tables`
-        (a table, or `table.column`) was written since."""
+        (a table, or `table.column`) was written since. `patch`: the answer after the tick's
+        own write of these rows of the first of `tables` (`writing`); None when it cannot
+        tell (the read is made again)."""
         if not self.active:
             return fn()
+        if patch is not None:
+            self._patch[key] = (tables[0], tables, patch)
         stamp = self._versions(tables)
         self._used.add(key)
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] == stamp:
+        hit = self._current(key, stamp)
+        if hit is not None:
             self.hits += 1
-            return hit[1]
+            return cast(T, hit[0])
         value = fn()
         self._memo[key] = (stamp, value)
         return value
+
+    def _current(self, key: tuple[Any, ...], stamp: tuple[int, ...]) -> tuple[Any] | None:
+        """The answer remembered under `key` if still good at `stamp` (in a 1-tuple), with
+        the tick's own writes since applied; None: read it again."""
+        hit = self._memo.get(key)
+        if hit is None or hit[0] != stamp:
+            return None
+        value = hit[1]
+        if isinstance(value, _Patched):
+            value = self._patch[key][2](value.base, list({r.id: r for r in value.rows}.values()))
+            if value is None:
+                del self._memo[key]
+                return None
+            self._memo[key] = (stamp, value)
+        return (value,)
 
     def mark(self, tables: tuple[str, ...]) -> tuple[int, ...] | None:
         """Taken before a read whose rows are then `seed`ed (None outside the tick): a write
@@ -223,21 +263,153 @@ class TickReads:
         since: datetime,
         fn: Callable[[datetime], list[R]],
         when: Callable[[R], datetime],
+        patch: Callable[[list[R], list[Any]], list[R] | None] | None = None,
     ) -> list[R]:
         """The rows fn(since) returns (each timed by `when`). A window that only moved forward
         over unwritten tables is answered from the rows read for an earlier start: the rows
-        that left the window are dropped, and none can have entered it without a write."""
+        that left the window are dropped, and none can have entered it without a write.
+        `patch`: as `read`'s (rows before the window are dropped when it is next asked)."""
         if not self.active:
             return fn(since)
+        if patch is not None:
+            self._patch[key] = (tables[0], tables, functools.partial(_patch_window, patch))
         stamp = self._versions(tables)
         self._used.add(key)
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] == stamp and hit[1][0] <= since:
+        hit = self._current(key, stamp)
+        if hit is not None and hit[0][0] <= since:
             self.hits += 1
-            return [r for r in hit[1][1] if when(r) >= since]
+            return [r for r in hit[0][1] if when(r) >= since]
         rows = fn(since)
         self._memo[key] = (stamp, (since, rows))
         return list(rows)
+
+    def known(self, table: str, ident: Any) -> Any:
+        """The row of `table` with this id as it is now, if the tick knows it: one its own
+        writes wrote (`writing`), or one of its current listings (remembered under
+        `(table, ...)`); None when it does not."""
+        fresh = self._fresh.get(table)
+        if fresh is not None and fresh[0] == self._versions((table,)) and ident in fresh[1]:
+            return fresh[1][ident]
+        for key, (_, reads, _) in self._patch.items():
+            hit = self._memo.get(key)
+            if key[0] != table or hit is None or hit[0] != self._versions(reads):
+                continue
+            value = hit[1]
+            # a row the tick wrote since this listing was read is in `fresh`: the rest of it
+            # is as read
+            base = value.base if isinstance(value, _Patched) else value
+            index = self._index.get(key)
+            if index is None or index[0] is not base:
+                index = self._index[key] = (base, {r.id: r for r in base})
+            if ident in index[1]:
+                return index[1][ident]
+        return None
+
+    @contextmanager
+    def writing(self, table: str) -> Iterator[Written]:
+        """The tick's own write of `table`, told its rows as written: the remembered reads of
+        it that can take them (a `patch`) are brought up to date instead of read again. Only
+        when nobody else wrote what they read meanwhile (its generations moved by this
+        thread's statements alone, and only in `table`) and the write succeeded; otherwise
+        they are stale as after any write. Outside the tick, or nested: a plain write."""
+        if not self.active or getattr(self._g._own, "counts", None) is not None:
+            yield Written()
+            return
+        counts: dict[str, int] = {}
+        tables = {reads for _, reads, _ in self._patch.values()} | {(table,)}
+        before = {reads: self._versions(reads) for reads in tables}
+        written = Written()
+        self._g.own_counts(counts)
+        try:
+            yield written
+        finally:
+            self._g.own_counts(None)
+        if written.unknown:
+            return
+        self._wrote(table, before[(table,)], counts, written.rows)
+        for key, (tab, reads, _) in list(self._patch.items()):
+            hit = self._memo.get(key)
+            if tab != table or hit is None or hit[0] != before[reads]:
+                continue
+            after = self._versions(reads)
+            if not _only_own(before[reads], after, counts, table, reads):
+                continue
+            # applied when next read: a rack's hundred writes cost one pass, not one each
+            value = hit[1]
+            if isinstance(value, _Patched):
+                value.rows.extend(written.rows)
+            else:
+                value = _Patched(value, list(written.rows))
+            self._memo[key] = (after, value)
+
+    def _wrote(
+        self, table: str, before: tuple[int, ...], counts: dict[str, int], rows: list[Any]
+    ) -> None:
+        """Keep the rows the tick has just written (by id) while nobody else writes `table`."""
+        after = self._versions((table,))
+        if not _only_own(before, after, counts, table, (table,)):
+            return
+        prev = self._fresh.get(table)
+        kept = prev[1] if prev is not None and prev[0] == before else {}
+        kept.update((r.id, r) for r in rows)
+        self._fresh[table] = (after, kept)
+
+
+def _as_versions(counts: dict[str, int], reads: tuple[str, ...]) -> tuple[int, ...]:
+    """`counts` laid out as Generations.versions lays out the generations of `reads`."""
+    out = [0]
+    for name in reads:
+        out.append(counts.get(name, 0))
+        if "." in name:
+            out.append(counts.get(name.split(".", 1)[0] + "#rows", 0))
+    return tuple(out)
+
+
+def _only_own(
+    before: tuple[int, ...],
+    after: tuple[int, ...],
+    counts: dict[str, int],
+    table: str,
+    reads: tuple[str, ...],
+) -> bool:
+    """Every generation of `reads` moved by this thread's statements alone (`counts`), and
+    none but `table`'s."""
+    own = _as_versions(counts, reads)
+    if any(a - b != o for a, b, o in zip(after, before, own, strict=True)):
+        return False
+    return not any(_as_versions(counts, tuple(r for r in reads if r != table))[1:])
+
+
+Patch = Callable[[Any, list[Any]], Any]
+
+
+class _Patched:
+    """A remembered answer and the rows the tick has written since, not applied yet."""
+
+    def __init__(self, base: Any, rows: list[Any]) -> None:
+        self.base, self.rows = base, rows
+
+
+class Written:
+    """What a write-through wrote: each row as it now is in the table (`unknown`: a row the
+    writer could not give, and the remembered reads are read again)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Any] = []
+        self.unknown = False
+
+    def add(self, row: T) -> T:
+        """`row` as written; None: not known (the remembered reads of its table are stale)."""
+        if row is None:
+            self.unknown = True
+        else:
+            self.rows.append(row)
+        return row
+
+
+def _patch_window(patch: Patch, value: Any, rows: list[Any]) -> Any:
+    new = patch(value[1], rows)
+    return None if new is None else (value[0], new)
 
 
 # The store's statements are built once and their text repeats: each is parsed once (the

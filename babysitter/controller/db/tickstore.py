@@ -22,10 +22,24 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, and_, bindparam, cast, false, func, or_, select, true, update
+from sqlalchemy import (
+    Connection,
+    String,
+    and_,
+    bindparam,
+    cast,
+    false,
+    func,
+    or_,
+    select,
+    true,
+    update,
+)
 
 from babysitter.controller.db import models as m
+from babysitter.controller.db.action_view import done_drains_patch, pending_drains_patch
 from babysitter.controller.db.actions import Action, ActionStatus
+from babysitter.controller.db.audit import EVIDENCE_KEY, kept
 from babysitter.controller.db.episodes import start_episodes
 from babysitter.controller.db.store import Store, aware, stored_finding
 from babysitter.finding import Finding
@@ -83,11 +97,12 @@ def policy_rows(
     stamp = store.reads.mark(_OPEN_FINDINGS)
     with store.reading() as c:
         rows = [r._asdict() for r in c.execute(q, params)]
+    # the steps after the policy (an audit's evidence, the executor's requeue hold, the
+    # healer's starts) ask for the open findings of nodes read here
+    store.reads.seed(stamp, {(EVIDENCE_KEY, r["name"]): kept(r["open_findings"]) for r in rows})
     for r in rows:
         r["last_report_at"] = aware(r["last_report_at"])
         r["open_findings"] = [stored_finding(f) for f in r["open_findings"] or []]
-    # the steps after the policy (the executor's requeue hold, the healer's starts) ask for
-    # the open findings of nodes read here
     store.reads.seed(stamp, {("open_findings", r["name"]): r["open_findings"] for r in rows})
     return rows
 
@@ -164,7 +179,7 @@ AUTOMATIC_DRAINERS = ("policy", "fabric")
 
 
 _A = m.actions.c
-_DRAINS_SINCE = select(_A.done_at).where(
+_DRAINS_SINCE = select(_A.id, _A.done_at).where(
     _A.kind == "drain",
     _A.status == str(ActionStatus.DONE),
     _A.requested_by.in_(AUTOMATIC_DRAINERS),
@@ -176,24 +191,25 @@ def drains_since(store: Store, since: datetime) -> int:
     """Automatic drains carried out since `since` (the drain budget's rolling hour), counted
     in the database: every one of them, however many other actions there are."""
 
-    def read(start: datetime) -> list[datetime]:
+    def read(start: datetime) -> list[tuple[int, datetime]]:
         with store.reading() as c:
             rows = c.execute(_DRAINS_SINCE, {"start": start})
-            return [t for (at,) in rows if (t := aware(at)) is not None]
+            return [(int(i), t) for i, at in rows if (t := aware(at)) is not None]
 
-    return len(store.reads.read_since(("actions",), ("drains_since",), since, read, _itself))
-
-
-def _itself(t: datetime) -> datetime:
-    return t
+    key = ("drains_since",)
+    return len(store.reads.read_since(("actions",), key, since, read, _second, _DONE_AUTOMATIC))
 
 
-_PENDING_DRAINS = (
-    select(_A.node, _A.dry_run)
-    .distinct()
-    .where(_A.kind == "drain", _A.status == str(ActionStatus.PENDING), _A.node.is_not(None))
+def _done_at(a: Action) -> tuple[int, datetime] | None:
+    return None if a.done_at is None else (a.id, a.done_at)
+
+
+_DONE_AUTOMATIC = done_drains_patch(AUTOMATIC_DRAINERS, _done_at)
+
+
+_PENDING_DRAINS = select(_A.id, _A.node, _A.dry_run).where(
+    _A.kind == "drain", _A.status == str(ActionStatus.PENDING), _A.node.is_not(None)
 )
-_PENDING_DRAINS_BEFORE = _PENDING_DRAINS.where(_A.id < bindparam("before"))
 
 
 def pending_drain_nodes(
@@ -205,20 +221,26 @@ def pending_drain_nodes(
     (behind thousands of requeues) went uncounted and a cap could be exceeded. `dry_run`:
     False (default) real drains only, True dry-run ones only, None both."""
 
-    def read() -> set[tuple[str, bool]]:  # run only when not remembered
-        q, params = _PENDING_DRAINS, {}
-        if before_action is not None:
-            q, params = _PENDING_DRAINS_BEFORE, {"before": before_action}
+    def read() -> dict[int, tuple[str, bool]]:  # run only when not remembered
         with store.reading() as c:
-            return {(str(n), bool(d)) for n, d in c.execute(q, params)}
+            return {int(i): (str(n), bool(d)) for i, n, d in c.execute(_PENDING_DRAINS)}
 
-    # one read a tick for every kind of drain the steps ask about (facts, caps)
-    rows = store.reads.read(("actions",), ("pending_drains", before_action), read)
-    return {n for n, d in rows if dry_run is None or d == dry_run}
+    # one read a tick for every kind of drain the steps ask about (facts, each cap's count
+    # ahead of its action), kept current through the tick's own writes of actions
+    rows = store.reads.read(("actions",), ("pending_drains",), read, _PENDING_DRAINS_PATCH)
+    before = before_action
+    return {
+        n
+        for i, (n, d) in rows.items()
+        if (before is None or i < before) and (dry_run is None or d == dry_run)
+    }
+
+
+_PENDING_DRAINS_PATCH = pending_drains_patch()
 
 
 _drain_when = func.coalesce(_A.done_at, _A.created_at)
-_DRAIN_TIMES = select(_A.node, _drain_when).where(
+_DRAIN_TIMES = select(_A.id, _A.node, _drain_when).where(
     _A.kind == "drain",
     _A.status == str(ActionStatus.DONE),
     _A.requested_by == "policy",
@@ -232,19 +254,32 @@ def policy_drain_times(store: Store, since: datetime) -> dict[str, list[datetime
     (the lemon count, `Action.is_policy_drain_done`), counted in the database: a listing of the
     newest actions would miss drains behind thousands of other actions."""
 
-    def read(start: datetime) -> list[tuple[str, datetime]]:
+    def read(start: datetime) -> list[tuple[int, str, datetime]]:
         with store.reading() as c:
             rows = c.execute(_DRAIN_TIMES, {"start": start})
-            return [(str(node), t) for node, at in rows if (t := aware(at)) is not None]
+            return [(int(i), str(n), t) for i, n, at in rows if (t := aware(at)) is not None]
 
     out: dict[str, list[datetime]] = {}
-    for node, t in store.reads.read_since(("actions",), ("drain_times",), since, read, _second):
+    key = ("drain_times",)
+    for _, node, t in store.reads.read_since(("actions",), key, since, read, _last, _DONE_POLICY):
         out.setdefault(node, []).append(t)
     return out
 
 
-def _second(row: tuple[str, datetime]) -> datetime:
+def _second(row: tuple[int, datetime]) -> datetime:
     return row[1]
+
+
+def _last(row: tuple[int, str, datetime]) -> datetime:
+    return row[2]
+
+
+def _drain_time(a: Action) -> tuple[int, str, datetime] | None:
+    when = a.done_at or a.created_at
+    return None if a.node is None or when is None else (a.id, a.node, when)
+
+
+_DONE_POLICY = done_drains_patch(("policy",), _drain_time)
 
 
 def record_actions(store: Store, actions: list[Action], at: datetime) -> list[Action]:
@@ -252,14 +287,20 @@ def record_actions(store: Store, actions: list[Action], at: datetime) -> list[Ac
     order."""
     if not actions:
         return []
+    with store.reads.writing("actions") as w, store.engine.begin() as c:
+        return [w.add(a) for a in _insert_pending(store, c, actions, at)]
+
+
+def _insert_pending(
+    store: Store, c: Connection, actions: list[Action], at: datetime
+) -> list[Action]:
     rows = [replace(a, status=ActionStatus.PENDING).created(at) for a in actions]
     # one statement for a rack's drains (insertmanyvalues). PostgreSQL returns the ids in the
     # rows' order when asked; SQLite cannot be asked (SQLAlchemy would insert row by row), but
     # a statement's new rowids ascend in the order its rows are inserted: sorted, they match
     sqlite = store.engine.dialect.name == "sqlite"
     q = m.actions.insert().returning(m.actions.c.id, sort_by_parameter_order=not sqlite)
-    with store.engine.begin() as c:
-        ids = c.execute(q, [a.columns() for a in rows]).scalars().all()
+    ids = c.execute(q, [a.columns() for a in rows]).scalars().all()
     if sqlite:
         ids = sorted(ids)
     return [a.recorded(int(i)) for a, i in zip(rows, ids, strict=True)]
@@ -276,10 +317,20 @@ class Drained:
 class Outcome:
     """What became of an action."""
 
-    action_id: int
+    action: Action  # as the tick knew it before
     status: ActionStatus
     outcome: str
     attempts: int = 1
+
+    def row(self, at: datetime) -> Action:
+        """The action's row as the outcome leaves it (settle's update)."""
+        return replace(
+            self.action,
+            status=self.status,
+            outcome=self.outcome[:1000],
+            done_at=at,
+            attempts=self.attempts,
+        )
 
 
 @dataclass
@@ -296,7 +347,7 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
     if not (s.drained or s.resumed or s.follow_ups or s.actions):
         return  # a steady tick: no transaction to open
     n, a = m.nodes, m.actions
-    with store.engine.begin() as c:
+    with store.reads.writing("actions") as w, store.engine.begin() as c:
         if s.drained:
             c.execute(
                 update(n)
@@ -318,9 +369,9 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
                 .values(babysitter_drained=False, drain_reason=None, consecutive_clean=0),
                 [{"b_name": node} for node in s.resumed],
             )
-        if s.follow_ups:  # one statement for a rack's follow-ups (executemany)
-            rows = [replace(f, status=ActionStatus.PENDING).created(at) for f in s.follow_ups]
-            c.execute(a.insert(), [r.columns() for r in rows])
+        if s.follow_ups:  # one statement for a rack's follow-ups (ids as record_actions)
+            for row in _insert_pending(store, c, s.follow_ups, at):
+                w.add(row)
         if s.actions:
             c.execute(
                 update(a)
@@ -333,7 +384,7 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
                 ),
                 [
                     {
-                        "b_id": o.action_id,
+                        "b_id": o.action.id,
                         "b_status": str(o.status),
                         "b_outcome": o.outcome[:1000],
                         "b_attempts": o.attempts,
@@ -341,3 +392,5 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
                     for o in s.actions
                 ],
             )
+            for o in s.actions:
+                w.add(o.row(at))

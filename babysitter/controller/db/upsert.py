@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Table, bindparam, update
+from sqlalchemy import Connection, String, Table, bindparam, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 
@@ -76,3 +76,15 @@ def upsert_many(
             index_elements=[key], set_={col: stmt.excluded[col] for col in sorted(columns)}
         )
         c.execute(stmt, [{key: k, **v} for k, v in run.items()])
+
+
+def clamped(table: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """Strings cut to their column's width (Postgres refuses longer ones; SQLite would keep
+    them): job names, users and states come from users and Slurm."""
+    out = dict(values)
+    for k, v in values.items():
+        col = table.c.get(k)
+        width = col.type.length if col is not None and isinstance(col.type, String) else None
+        if isinstance(v, str) and width is not None and len(v) > width:
+            out[k] = v[:width]
+    return out
