@@ -106,13 +106,22 @@ def totals() -> dict[tuple[str, str, str], int]:
 
 
 def record(store: Store, *entries: AuditEntry) -> None:
-    """Write entries in one transaction."""
+    """Write entries in one transaction; inside the tick, with the rest of the tick's at its
+    end (each step's entries were a statement of their own)."""
     if not entries:
         return
-    with store.engine.begin() as c:
-        c.execute(m.audit_log.insert(), [e.row() for e in entries])
+    held = store.reads.deferred("audit_log", lambda rows: _write(store, rows))
+    if held is not None:
+        held.extend(e.row() for e in entries)
+    else:
+        _write(store, [e.row() for e in entries])
     with _totals_lock:
         _totals.update((e.kind, e.rule or "", str(e.result)) for e in entries)
+
+
+def _write(store: Store, rows: list[dict[str, Any]]) -> None:
+    with store.engine.begin() as c:
+        c.execute(m.audit_log.insert(), rows)
 
 
 EVIDENCE_READS = ("nodes.open_findings",)

@@ -111,6 +111,7 @@ class TickReads:
         # rows the tick's own writes wrote, by table and id, under the table's generations
         self._fresh: dict[str, tuple[tuple[int, ...], dict[Any, Any]]] = {}
         self._index: dict[tuple[Any, ...], tuple[list[Any], dict[Any, Any]]] = {}
+        self._deferred: dict[str, tuple[Callable[[list[Any]], None], list[Any]]] = {}
         self._used: set[tuple[Any, ...]] = set()  # keys read this tick (the rest is dropped)
         self._owner: int | None = None
         self._engine = engine
@@ -152,6 +153,19 @@ class TickReads:
             conn, self._conn = self._conn, None
             if conn is not None:
                 conn.close()
+            deferred, self._deferred = self._deferred, {}
+            for flush, items in deferred.values():
+                flush(items)  # a failure fails the tick (its caller counts and logs it)
+
+    def deferred(self, name: str, flush: Callable[[list[Any]], None]) -> list[Any] | None:
+        """Inside the tick, on its thread: the list of `name`'s writes held to its end, where
+        `flush` writes them together (the audit log's entries: one statement a tick, not one
+        per step). None elsewhere: write now."""
+        if not self.active:
+            return None
+        if name not in self._deferred:
+            self._deferred[name] = (flush, [])
+        return self._deferred[name][1]
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:

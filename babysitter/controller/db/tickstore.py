@@ -27,6 +27,7 @@ from sqlalchemy import (
     String,
     and_,
     bindparam,
+    case,
     cast,
     false,
     func,
@@ -40,7 +41,7 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db.action_view import done_drains_patch, pending_drains_patch
 from babysitter.controller.db.actions import Action, ActionStatus
 from babysitter.controller.db.audit import EVIDENCE_KEY, kept
-from babysitter.controller.db.episodes import start_episodes
+from babysitter.controller.db.episodes import episode_start
 from babysitter.controller.db.store import Store, aware, stored_finding
 from babysitter.finding import Finding
 
@@ -356,12 +357,15 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
                     babysitter_drained=bindparam("b_ours"),
                     drain_reason=bindparam("b_reason"),
                     drained_at=at,
+                    # babysitter's drains (a held one carried out included) start a new
+                    # validation history; an admin's starts none
+                    drain_episode=case(
+                        (bindparam("b_ours") == true(), episode_start()),
+                        else_=n.c.drain_episode,
+                    ),
                 ),
                 [{"b_name": d.node, "b_reason": d.reason, "b_ours": d.ours} for d in s.drained],
             )
-            # babysitter's drains (a held one carried out included) start a new validation
-            # history; an admin's starts none
-            start_episodes(c, {d.node for d in s.drained if d.ours})
         if s.resumed:
             c.execute(
                 update(n)
