@@ -156,3 +156,25 @@ def test_a_write_it_cannot_tell_makes_the_next_read_go_to_the_database(tmp_path)
         assert store.pending_actions()[0].reason == "changed by hand"
         assert len(counted) == n + 1
     store.close()
+
+
+def test_only_the_tick_thread_is_answered_from_what_the_tick_knows(tmp_path):
+    """An API handler's update of an action, meanwhile: it neither reads the tick's memory
+    (which the tick thread changes as it goes) nor lets the tick keep answering from it."""
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    store.upgrade()
+    a = store.record(Action(ActionKind.DRAIN, node="n1"))
+    with store.tick_reads():
+        assert store.reads.known("actions", a.id) is None  # nothing read yet
+        store.pending_actions()
+        assert store.reads.known("actions", a.id) == a
+        seen: list[Any] = []
+        t = threading.Thread(target=lambda: seen.append(store.reads.known("actions", a.id)))
+        t.start()
+        t.join()
+        assert seen == [None]
+        t = threading.Thread(target=lambda: store.update_action(a.id, status="skipped"))
+        t.start()
+        t.join()
+        assert store.pending_actions() == []
+    store.close()

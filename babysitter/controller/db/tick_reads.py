@@ -300,7 +300,9 @@ class TickReads:
     def known(self, table: str, ident: Any) -> Any:
         """The row of `table` with this id as it is now, if the tick knows it: one its own
         writes wrote (`writing`), or one of its current listings (remembered under
-        `(table, ...)`); None when it does not."""
+        `(table, ...)`); None when it does not, and on any thread but the tick's."""
+        if not self.active:
+            return None
         fresh = self._fresh.get(table)
         if fresh is not None and fresh[0] == self._versions((table,)) and ident in fresh[1]:
             return fresh[1][ident]
@@ -343,7 +345,7 @@ class TickReads:
         self._wrote(table, before[(table,)], counts, written.rows)
         for key, (tab, reads, _) in list(self._patch.items()):
             hit = self._memo.get(key)
-            if tab != table or hit is None or hit[0] != before[reads]:
+            if tab != table or hit is None or hit[0] != before.get(reads):
                 continue
             after = self._versions(reads)
             if not _only_own(before[reads], after, counts, table, reads):

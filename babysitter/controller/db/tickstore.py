@@ -318,15 +318,15 @@ class Drained:
 class Outcome:
     """What became of an action."""
 
-    action: Action  # as the tick knew it before
+    action: Action
     status: ActionStatus
     outcome: str
     attempts: int = 1
 
-    def row(self, at: datetime) -> Action:
-        """The action's row as the outcome leaves it (settle's update)."""
+    def row(self, before: Action, at: datetime) -> Action:
+        """The action's row, as it was `before`, as the outcome leaves it (settle's update)."""
         return replace(
-            self.action,
+            before,
             status=self.status,
             outcome=self.outcome[:1000],
             done_at=at,
@@ -348,6 +348,9 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
     if not (s.drained or s.resumed or s.follow_ups or s.actions):
         return  # a steady tick: no transaction to open
     n, a = m.nodes, m.actions
+    # each settled action's row as the tick knows it now, looked up before the write (the
+    # executor's copy may predate one of the tick's writes)
+    known = [store.reads.known("actions", o.action.id) for o in s.actions]
     with store.reads.writing("actions") as w, store.engine.begin() as c:
         if s.drained:
             c.execute(
@@ -396,5 +399,5 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
                     for o in s.actions
                 ],
             )
-            for o in s.actions:
-                w.add(o.row(at))
+            for o, before in zip(s.actions, known, strict=True):
+                w.add(None if before is None else o.row(before, at))
