@@ -83,7 +83,7 @@ def _apply(store: Store, truth: Store, op: tuple[Any, ...]) -> None:
         case ("settle", some, drain):
             rows = [r for i in some if (r := truth.action(nth(i))) is not None]
             s = Settled(
-                actions=[Outcome(r, ActionStatus.DONE, "ok", r.attempts + 1) for r in rows],
+                actions=[Outcome(r.id, ActionStatus.DONE, "ok", r.attempts + 1) for r in rows],
                 drained=[Drained(n, "r") for n in NODES[:1]] if drain else [],
                 follow_ups=[Action(ActionKind.REQUEUE_JOBS, node="n1", reason="r")],
             )
@@ -129,7 +129,7 @@ def test_a_step_reads_the_actions_the_step_before_it_wrote_without_a_statement(t
         n = len(counted)
         assert pending_drain_nodes(store) == {"n1"}
         assert [a.id for a in store.pending_actions()] == [drain.id]
-        settle(store, Settled(actions=[Outcome(drain, ActionStatus.DONE, "ok")]), since)
+        settle(store, Settled(actions=[Outcome(drain.id, ActionStatus.DONE, "ok")]), since)
         store.update_action(drain.id, outcome="drained")
         m = len(counted)
         assert pending_drain_nodes(store) == set()

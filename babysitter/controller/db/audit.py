@@ -125,6 +125,7 @@ def _write(store: Store, rows: list[dict[str, Any]]) -> None:
 
 
 EVIDENCE_READS = ("nodes.open_findings",)
+EVIDENCE_KEY = "audit_evidence"  # a node's evidence is remembered under (EVIDENCE_KEY, node)
 
 
 def evidence(store: Store, nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -142,9 +143,6 @@ def evidence(store: Store, nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
 
     got = store.reads.read_many(EVIDENCE_READS, [(EVIDENCE_KEY, n) for n in names], read)
     return {k[1]: list(found) for k, found in got.items()}
-
-
-EVIDENCE_KEY = "audit_evidence"  # a node's evidence is remembered under (EVIDENCE_KEY, node)
 
 
 def kept(found: list[dict[str, Any]] | None) -> list[dict[str, Any]]:

@@ -74,14 +74,8 @@ class Generations:
     def versions(self, reads: tuple[str, ...]) -> tuple[int, ...]:
         """What remembered reads depend on: every write of their table (`t`), or of their
         column (`t.c`: an update of it, or any insert or delete in `t`)."""
-        g = self.by_name
         with self.lock:
-            out = [self.everything]
-            for name in reads:
-                out.append(g.get(name, 0))
-                if "." in name:
-                    out.append(g.get(name.split(".", 1)[0] + "#rows", 0))
-            return tuple(out)
+            return _as_versions(self.by_name, reads, self.everything)
 
 
 def _generations(engine: Engine) -> Generations:
@@ -371,9 +365,12 @@ class TickReads:
         self._fresh[table] = (after, kept)
 
 
-def _as_versions(counts: dict[str, int], reads: tuple[str, ...]) -> tuple[int, ...]:
-    """`counts` laid out as Generations.versions lays out the generations of `reads`."""
-    out = [0]
+def _as_versions(
+    counts: dict[str, int], reads: tuple[str, ...], everything: int = 0
+) -> tuple[int, ...]:
+    """The generations (or a write's own counts) of `reads`, laid out as remembered reads are
+    stamped: the untold writes first, then each name's, and a column's table's rows."""
+    out = [everything]
     for name in reads:
         out.append(counts.get(name, 0))
         if "." in name:

@@ -318,7 +318,7 @@ class Drained:
 class Outcome:
     """What became of an action."""
 
-    action: Action
+    action_id: int
     status: ActionStatus
     outcome: str
     attempts: int = 1
@@ -350,7 +350,7 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
     n, a = m.nodes, m.actions
     # each settled action's row as the tick knows it now, looked up before the write (the
     # executor's copy may predate one of the tick's writes)
-    known = [store.reads.known("actions", o.action.id) for o in s.actions]
+    known = [store.reads.known("actions", o.action_id) for o in s.actions]
     with store.reads.writing("actions") as w, store.engine.begin() as c:
         if s.drained:
             c.execute(
@@ -391,7 +391,7 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
                 ),
                 [
                     {
-                        "b_id": o.action.id,
+                        "b_id": o.action_id,
                         "b_status": str(o.status),
                         "b_outcome": o.outcome[:1000],
                         "b_attempts": o.attempts,

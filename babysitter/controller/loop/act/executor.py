@@ -138,14 +138,14 @@ class ActionExecutor:
         s.drained.append(Drained(a.node, reason, ours=not a.manual))
         link = not a.manual and self.jobs.link_fault(a.node)
         s.follow_ups.append(requeue_follow_up(a.node, reason, link))
-        s.actions.append(Outcome(a, ActionStatus.DONE, "ok", a.attempts + 1))
+        s.actions.append(Outcome(a.id, ActionStatus.DONE, "ok", a.attempts + 1))
 
     @staticmethod
     def _resumed(a: Action, s: Settled) -> None:
         """A resume done: the node ours no more, its clean count restarted, the action done."""
         assert a.node is not None
         s.resumed.append(a.node)
-        s.actions.append(Outcome(a, ActionStatus.DONE, "ok", a.attempts + 1))
+        s.actions.append(Outcome(a.id, ActionStatus.DONE, "ok", a.attempts + 1))
 
     def _count(self, a: Action, status: str) -> None:
         if a.kind is ActionKind.DRAIN and status in ("done", "failed"):
@@ -262,16 +262,16 @@ class ActionExecutor:
             if isinstance(err, SlurmUnavailable):
                 continue  # _settle reschedules it
             if isinstance(err, SlurmNotOwned):
-                s.actions.append(Outcome(a, ActionStatus.SKIPPED, str(err)))
+                s.actions.append(Outcome(a.id, ActionStatus.SKIPPED, str(err)))
             elif err is not None:
-                s.actions.append(Outcome(a, ActionStatus.FAILED, str(err)))
+                s.actions.append(Outcome(a.id, ActionStatus.FAILED, str(err)))
             elif a.kind is ActionKind.DRAIN:
                 self._drained(a, a.reason or "", s)
             else:
                 self._resumed(a, s)
         settle(self.store, s, now)
         self.snapshot.moved_here([(d.node, d.reason) for d in s.drained], s.resumed)
-        out = {o.action.id: str(o.status) for o in s.actions}
+        out = {o.action_id: str(o.status) for o in s.actions}
         for a, _, _ in results:
             self._count(a, out.get(a.id, "pending"))
         return out
