@@ -161,7 +161,8 @@ def test_self_healing_leaves_nodes_in_maintenance_alone(tmp_path, monkeypatch):
         lambda store, names: {n: [] for n in names},
     )
     monkeypatch.setattr(
-        healer, "_maybe_start", lambda node, findings, now, firing: started.append(node)
+        "babysitter.controller.loop.heal.healer.start",
+        lambda h, node, findings, now, firing, batch: started.append(node),
     )
     healer.quiet = {"node2"}
     healer.step(datetime.now(UTC), [], [])

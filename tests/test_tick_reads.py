@@ -23,6 +23,7 @@ from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tick_reads import _written
 from babysitter.controller.db.tickstore import record_actions
+from babysitter.controller.loop.read.ledger import Ledger
 from babysitter.controller.loop.remediation import RemediationEngine, make_engine
 from babysitter.finding import Finding
 from babysitter.report import Report
@@ -128,8 +129,41 @@ def test_a_tick_with_a_fault_rereads_only_what_it_wrote(cluster):
     # just written, an alert, a kv value or a job is one upsert, and the open findings the
     # policy read serve the executor, the healer and the audit (20). The tick's own writes of
     # actions keep its reads of them current (db/action_view.py), a drain starts its episode
-    # in its own update, and the tick's audit entries are one write: 13, 10 and 7
-    assert counts[0] <= 13 and max(counts[1:]) <= 10, counts
+    # in its own update, and the tick's audit entries are one write: 13, 10 and 7. The
+    # healer's own ledger writes keep its reads current, its starts are one insert, and a
+    # requeue run writes its outcomes, its jobs and the requeues it queues once: 12, 9 and 6
+    assert counts[0] <= 12 and max(counts[1:]) <= 9, counts
+
+
+def _fault_ticks(where: Path, faulty: int) -> list[int]:
+    """Statements in the drain, requeue_jobs and requeue ticks of `faulty` nodes failing
+    together."""
+    where.mkdir()
+    store, names, engine = _cluster(where)
+    try:
+        engine.tick()
+        ReportWriter(store).write([_report(x, datetime.now(UTC), DBE) for x in names[:faulty]])
+        counts = [len(_statements(store, engine)) for _ in range(3)]
+        requeued = [a for a in store.actions() if a.kind is ActionKind.REQUEUE]
+        assert len(requeued) == faulty and {a.status for a in requeued} == {ActionStatus.DONE}
+        episodes = Ledger(store).open_rows()
+        assert sorted(r.node for r in episodes) == names[:faulty]
+        jobs = {j["job_id"]: j for j in store.jobs()}
+        for a in requeued:  # each job's own row says it was requeued
+            assert jobs[a.job_id]["requeues"] == 1 and jobs[a.job_id]["state"] == "REQUEUED"
+        return counts
+    finally:
+        engine.close()
+        store.close()
+
+
+def test_a_rack_failing_together_costs_the_statements_of_one_node(tmp_path):
+    """The same statements whether one node or six have work (below the blast-radius guard,
+    which is work of its own): the healer's starts, the drains' requeue_jobs and the jobs'
+    requeues are each written once for all of them (they grew by 3, 2 and 3 a node)."""
+    one = _fault_ticks(tmp_path / "1", 1)
+    assert _fault_ticks(tmp_path / "3", 3) == one
+    assert _fault_ticks(tmp_path / "6", 6) == one
 
 
 def test_a_racks_follow_ups_cost_the_statements_of_one_nodes(tmp_path):
@@ -314,4 +348,42 @@ def test_a_racks_drains_are_recorded_in_one_statement_with_their_own_ids(db_url)
             assert (stored.kind, stored.node, stored.reason) == (r.kind, r.node, r.reason)
             assert stored.status is ActionStatus.PENDING
     finally:
+        store.close()
+
+
+def test_a_requeue_run_whose_outcomes_are_not_written_requeues_no_job_twice(tmp_path, monkeypatch):
+    """A run's requeue outcomes are written when it ends. If that write fails (or the
+    controller stops first) the actions still read pending: the next run carries them out
+    again, asks Slurm first, and finds the job requeued already (not a second requeue)."""
+    import babysitter.controller.loop.act.executor as executor_mod
+    from babysitter.controller.db import audit
+
+    store, names, engine = _cluster(tmp_path)
+    slurm = engine.slurm
+    try:
+        ReportWriter(store).write([_report(names[0], datetime.now(UTC), DBE)])
+        engine.tick()  # the drain
+        engine.tick()  # its requeue_jobs queues the job's requeue
+        real = executor_mod.settle
+
+        def lost(store: Store, s: Any, at: datetime) -> None:
+            if s.actions:
+                raise RuntimeError("database is locked")
+            real(store, s, at)
+
+        monkeypatch.setattr(executor_mod, "settle", lost)
+        engine.tick()  # the job is requeued in Slurm; its outcome is not written
+        (a,) = [a for a in store.actions() if a.kind is ActionKind.REQUEUE]
+        assert a.status is ActionStatus.PENDING
+        assert slurm.job(1).restart_count == 1
+        # not audited as settled while it reads pending
+        assert a.id not in {e.action_id for e in audit.entries(store)}
+        monkeypatch.setattr(executor_mod, "settle", real)
+        engine.tick()
+        (a,) = [a for a in store.actions() if a.kind is ActionKind.REQUEUE]
+        assert a.status is ActionStatus.SKIPPED, a.outcome
+        assert a.id in {e.action_id for e in audit.entries(store)}
+        assert slurm.job(1).restart_count == 1  # requeued once
+    finally:
+        engine.close()
         store.close()

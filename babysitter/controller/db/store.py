@@ -5,8 +5,6 @@ come in through the batching writer in controller/api/ingest.py."""
 from __future__ import annotations
 
 import copy
-import functools
-import json
 import logging
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
@@ -31,6 +29,7 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db.action_view import after_update, listing_patch
 from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.kv_view import json_text, kv_patch, kv_row
 from babysitter.controller.db.tick_reads import TickReads
 from babysitter.controller.db.upsert import clamped, dialect_insert, upsert, upsert_many
 from babysitter.finding import Action, Finding, Severity
@@ -52,7 +51,7 @@ def aware(dt: datetime | None) -> datetime | None:
 
 # NaN/Infinity are not JSON: Postgres refuses them, SQLite would keep text no JSON reader takes.
 # Refused when the value is bound (a data error: that report alone is refused, see _write_loop).
-_json = functools.partial(json.dumps, allow_nan=False)
+_json = json_text  # the kv table's JSON, as kv_view.py reads it back
 
 
 _SEVERITIES = {str(s): s for s in Severity}
@@ -460,7 +459,8 @@ class Store:
     # ---- kv
     def kv_get(self, key: str, default: Any = None) -> Any:
         if self.reads.active:  # the tick reads the whole (small) table once
-            return copy.deepcopy(self.reads.read(("kv",), ("kv",), self._kv_all).get(key, default))
+            got = self.reads.read(("kv",), ("kv",), self._kv_all, kv_patch)
+            return copy.deepcopy(got.get(key, default))
         with self.reading() as c:
             row = c.execute(_KV_ONE, {"key": key}).first()
         return row[0] if row else default
@@ -478,9 +478,10 @@ class Store:
         return self.reads.tick()
 
     def kv_set(self, key: str, value: Any) -> None:
-        ts = now()
-        with self.engine.begin() as c:
+        ts, row = now(), kv_row(key, value)  # (the row first: a value JSON cannot hold fails)
+        with self.reads.writing("kv") as w, self.engine.begin() as c:
             upsert(c, m.kv, {"key": key}, {"value": value, "updated_at": ts})
+            w.add(row)
 
     # ---- retention
     def prune(self, older_than_days: float) -> int:

@@ -38,6 +38,7 @@ from sqlalchemy import (
 )
 
 from babysitter.controller.db import models as m
+from babysitter.controller.db import store as clock
 from babysitter.controller.db.action_view import done_drains_patch, pending_drains_patch
 from babysitter.controller.db.actions import Action, ActionStatus
 from babysitter.controller.db.audit import EVIDENCE_KEY, kept
@@ -292,10 +293,23 @@ def record_actions(store: Store, actions: list[Action], at: datetime) -> list[Ac
         return [w.add(a) for a in _insert_pending(store, c, actions, at)]
 
 
+def record_rows(store: Store, actions: list[Action]) -> list[Action]:
+    """Insert actions as they are (created now; done now unless pending) in one statement;
+    returns them recorded (with their ids), in order."""
+    if not actions:
+        return []
+    at = clock.now()  # Store.record's clock (a simulation sets it)
+    with store.reads.writing("actions") as w, store.engine.begin() as c:
+        return [w.add(a) for a in _insert(store, c, [a.created(at) for a in actions])]
+
+
 def _insert_pending(
     store: Store, c: Connection, actions: list[Action], at: datetime
 ) -> list[Action]:
-    rows = [replace(a, status=ActionStatus.PENDING).created(at) for a in actions]
+    return _insert(store, c, [replace(a, status=ActionStatus.PENDING).created(at) for a in actions])
+
+
+def _insert(store: Store, c: Connection, rows: list[Action]) -> list[Action]:
     # one statement for a rack's drains (insertmanyvalues). PostgreSQL returns the ids in the
     # rows' order when asked; SQLite cannot be asked (SQLAlchemy would insert row by row), but
     # a statement's new rowids ascend in the order its rows are inserted: sorted, they match

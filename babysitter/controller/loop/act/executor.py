@@ -17,12 +17,11 @@ from babysitter.controller.db.episodes import start_drain_episodes
 from babysitter.controller.db.store import Store, aware
 from babysitter.controller.db.tickstore import Drained, Outcome, Settled, settle
 from babysitter.controller.loop.act.held_drain import cleared_while_held
+from babysitter.controller.loop.act.job_runners import requeue, requeue_jobs
 from babysitter.controller.loop.admit.admission import HOLD_RETRY_S, Act, Admission, Refusal
-from babysitter.controller.loop.decide.link_hold import POLL_S
 from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind
 from babysitter.controller.loop.jobs.jobs import (
     HELD_RULE,
-    NCCL_RULE,
     REQUEUE_RULE,
     JobTracker,
     job_listing,
@@ -91,6 +90,8 @@ def first_critical(evidence: list[dict[str, Any]]) -> datetime | None:
 
 Batch = list[tuple[Action, Decision]]
 Results = list[tuple[Action, Decision, SlurmError | None]]
+# kinds whose outcome a pending run writes when it ends (with the requeues they queue)
+HELD_TO_RUN_END = frozenset({ActionKind.REQUEUE, ActionKind.REQUEUE_JOBS})
 # what each kind needs to be carried out; without it the action fails
 NEEDS_NODE = frozenset({ActionKind.DRAIN, ActionKind.RESUME, ActionKind.REQUEUE_JOBS})
 
@@ -119,13 +120,15 @@ class ActionExecutor:
         self.isolated = isolated  # the engine's per-item error boundary
         self.item_timeout_s = item_timeout_s
         self.batch: Batch = []  # this tick's real drains/resumes
-        self._job_listing: list[Any] | None = None  # shared by this tick's requeue_jobs actions
+        self.job_listing: list[Any] | None = None  # shared by this tick's requeue_jobs actions
+        # the run's requeue outcomes and the requeues it queues, written when it ends
+        self.closing: Settled | None = None
         # how each kind is carried out (not in here: never executed, e.g. UNKNOWN)
         self._runners: dict[ActionKind, Callable[[Action, datetime], str]] = {
             ActionKind.DRAIN: self._drain,
             ActionKind.RESUME: self._resume,
-            ActionKind.REQUEUE_JOBS: self._requeue_jobs,
-            ActionKind.REQUEUE: self._requeue,
+            ActionKind.REQUEUE_JOBS: partial(requeue_jobs, self),
+            ActionKind.REQUEUE: partial(requeue, self),
             ActionKind.GUARD_RESET: self._guard_reset,
         }
 
@@ -292,18 +295,44 @@ class ActionExecutor:
     # ---- pending actions, one by one
     def run_pending(self, pending: list[Action], now: datetime) -> None:
         due = [a for a in pending if not ((nxt := a.next_attempt_at) and nxt > now)]
-        self._job_listing = job_listing(self.slurm, self.snapshot.ok, due)
-        # one lookup of the pending requeues and one audit for a rack (not one per node)
+        self.job_listing = job_listing(self.slurm, self.snapshot.ok, due)
+        # one lookup of the pending requeues, one write of the jobs' outcomes and of the
+        # requeues they queue, and one audit for a rack (not one per node or job)
         settled: list[int] = []
+        lost: set[int] = set()  # settled, but their outcome could not be written
+        jobs = [a.job_id for a in due if a.kind is ActionKind.REQUEUE and a.job_id]
         try:
-            with self.jobs.pending.kept():
+            with self.jobs.pending.kept(), self.jobs.history.kept(jobs):
+                self.closing = Settled()
                 for a in due:
+                    if a.kind not in HELD_TO_RUN_END:
+                        lost |= self._close_run(now)  # what it counts or reads sees them
                     if self._execute_guarded(a, now) != "pending":
                         settled.append(a.id)
                         self.jobs.pending.settled(a)  # a requeue run is no longer pending
         finally:
-            self._job_listing = None
-        self.isolated("audit", lambda: self._audit(settled, now))
+            self.job_listing = None
+            lost |= self._close_run(now)
+            self.closing = None
+        self.isolated("audit", lambda: self._audit([i for i in settled if i not in lost], now))
+
+    def _close_run(self, now: datetime) -> set[int]:
+        """Write what the run's requeues held so far: their jobs' rows, their outcomes and
+        the requeues queued (one transaction). Until then their actions read pending: a run
+        cut short (the controller stopped, the write failed) carries them out again, and a
+        job's requeue asks Slurm first (jobs/requeue.py: a requeued job is not running).
+        Returns the actions whose outcome could not be written (not audited: still pending)."""
+        s, self.closing = self.closing, Settled()
+
+        def write() -> bool:
+            self.jobs.history.flush()  # the jobs' rows first: an outcome says they are written
+            if s is not None:
+                settle(self.store, s, now)
+            return True
+
+        if self.isolated("settle", write):
+            return set()
+        return {o.action_id for o in (s.actions if s is not None else [])}
 
     def _retry_later(self, a: Action, now: datetime, why: str) -> str:
         delay = min(30.0, 0.5 * 2**a.attempts)
@@ -355,7 +384,7 @@ class ActionExecutor:
 
     def _execute_one(self, a: Action, now: datetime) -> str:
         if (cleared := cleared_while_held(self.store, a)) is not None:
-            return self._done(a, "skipped", cleared, now)  # stale evidence: not drained
+            return self.done(a, "skipped", cleared, now)  # stale evidence: not drained
         if not a.dry_run and not self.snapshot.ok and a.kind is not ActionKind.GUARD_RESET:
             # Slurm unreachable in this tick: keep it for the retry loop
             return self._retry_later(a, now, "waiting for Slurm")
@@ -403,7 +432,12 @@ class ActionExecutor:
             self.store.set_node(a.node, babysitter_drained=False, drain_reason=None)
         return "done"
 
-    def _done(self, a: Action, status: str, outcome: str, now: datetime) -> str:
+    def done(self, a: Action, status: str, outcome: str, now: datetime) -> str:
+        if self.closing is not None and a.kind in HELD_TO_RUN_END:
+            self.closing.actions.append(
+                Outcome(a.id, ActionStatus(status), outcome, attempts=a.attempts + 1)
+            )
+            return status
         self.store.update_action(
             a.id, status=status, done_at=now, attempts=a.attempts + 1, outcome=outcome[:1000]
         )
@@ -435,61 +469,6 @@ class ActionExecutor:
         self._count(a, "done")
         return "done"
 
-    def _requeue_jobs(self, a: Action, now: datetime) -> str:
-        assert a.node is not None
-        ids = self.jobs.babysat_on(a.node, self._job_listing)
-        # drained for a link fault: the node stays drained, its jobs' requeue waits for the
-        # evidence (the grace is read now: a config reload applies to the next hold)
-        grace = self.jobs.cfg.policy.link_requeue_grace_s if a.rule == HELD_RULE else 0.0
-        until = now + timedelta(seconds=grace) if grace else None
-        queued = [
-            i
-            for i in ids
-            if self.jobs.record_requeue(i, [a.node], a.reason or "", hold_until=until, now=now)
-        ]
-        jobs = ", ".join(map(str, queued))
-        if not queued:
-            outcome = "no babysat job to requeue"
-        elif until is not None:
-            outcome = (
-                f"held the requeue of babysat job(s) {jobs} until "
-                f"{until.isoformat(timespec='seconds')}: a link fault, requeued only if still "
-                f"down then ([policy] link_requeue_grace_s = {grace:g} s)"
-            )
-        else:
-            outcome = f"queued requeue of babysat job(s) {jobs}"
-        return self._done(a, "done", outcome, now)
-
-    def _requeue(self, a: Action, now: datetime) -> str:
-        job_id = a.job_id
-        assert job_id is not None
-        bad = [n for n in (a.node or "").split(",") if n]
-        if a.rule == HELD_RULE:  # held for a link fault's grace: requeue, release or wait
-            down = {n for n, sn in self.snapshot.nodes.items() if sn.down}
-            status, outcome = self.bounded(
-                lambda: self.jobs.execute_held(job_id, bad, a.reason or "", down, now),
-                self.item_timeout_s,
-                key=f"job {job_id}",
-            )
-            if status == "pending":  # looked at again soon; not an attempt that failed
-                self.store.update_action(
-                    a.id, outcome=outcome[:1000], next_attempt_at=now + timedelta(seconds=POLL_S)
-                )
-                return "pending"
-            return self._done(a, status, outcome, now)
-        if a.rule in (REQUEUE_RULE, NCCL_RULE):  # a babysat job: from its checkpoint, limits
-            # its own NCCL's network failure may have killed it already (FAILED): requeued too
-            died_ok = a.rule == NCCL_RULE
-            status, outcome = self.bounded(
-                lambda: self.jobs.execute_requeue(job_id, bad, a.reason or "", now, died_ok),
-                self.item_timeout_s,
-                key=f"job {job_id}",
-            )
-            return self._done(a, status, outcome, now)
-        self.slurm.requeue(job_id)
-        self.metrics.requeues.labels("done").inc()
-        return self._done(a, "done", "ok", now)
-
     def _guard_reset(self, a: Action, now: datetime) -> str:
         self.store.kv_set(GUARD_KEY, False)
-        return self._done(a, "done", "ok", now)
+        return self.done(a, "done", "ok", now)

@@ -47,13 +47,12 @@ from babysitter.controller.loop.heal.episode.base import (
 from babysitter.controller.loop.heal.episode.fault import Fault
 from babysitter.controller.loop.heal.episode.lemon_episode import drain_lemon, lemon_alert
 from babysitter.controller.loop.heal.episode.resetting import RESET_METRIC
-from babysitter.controller.loop.heal.episode.start import start
+from babysitter.controller.loop.heal.episode.start import Opening, open_all, start
 from babysitter.controller.loop.heal.episode.states import Handler, transition
 from babysitter.controller.loop.heal.lemons import drain_lemons
 from babysitter.controller.loop.heal.takeover import end_taken_over
 from babysitter.controller.loop.read.ledger import ACTIVE, Phase, Remediation
 from babysitter.controller.loop.record.alerts import Alert
-from babysitter.finding import Finding
 from babysitter.slurm.client import SlurmNode
 
 # their homes moved with the split; imported from here before it
@@ -172,8 +171,10 @@ class Healer(HealerBase):
         ]
         # one read for all of them: a cluster may hold many drained nodes
         found = open_findings(self.store, candidates) if candidates else {}
+        batch: list[Opening] = []  # written together: a rack's starts in one statement
         for node in sorted(found):
-            self._maybe_start(node, found[node], tick.now, tick.firing)
+            start(self, node, found[node], tick.now, tick.firing, batch)
+        open_all(self, batch, tick.now, tick.firing)
         for node, lemon in self._drain_lemons.items():
             if node not in self.open and node not in self.quiet and not self.dry_run:
                 drain_lemon(self, node, lemon, tick.now)
@@ -204,8 +205,3 @@ class Healer(HealerBase):
     def _startable(self, sn: SlurmNode | None) -> bool:
         """Drained by the policy and not already in a reboot of Slurm's."""
         return sn is not None and self.ours(sn) and not sn.flags & REBOOT_FLAGS
-
-    def _maybe_start(
-        self, node: str, findings: list[Finding], now: datetime, firing: list[Alert]
-    ) -> None:
-        start(self, node, findings, now, firing)

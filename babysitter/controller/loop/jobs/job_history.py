@@ -5,8 +5,11 @@ unchanged job is not rewritten every scan."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 
+from babysitter.controller.db.job_rows import job_rows, upsert_jobs
 from babysitter.controller.db.store import HistoryEntry, JobRow, Store
 
 log = logging.getLogger(__name__)
@@ -19,9 +22,43 @@ class JobHistory:
         # job -> what the scan last wrote of it: an unchanged job is not rewritten every scan
         # (thousands of babysat jobs, one transaction each, every job_scan_s)
         self._scanned: dict[int, dict[str, object]] = {}
+        # inside `kept`: the rows saved, written when it ends (job -> its values)
+        self._held: dict[int, dict[str, object]] | None = None
+        self._rows: dict[int, JobRow] = {}  # the run's jobs as read (`kept`)
+        self._read: set[int] = set()  # whose row was read (a job without one has none)
+
+    @contextmanager
+    def kept(self, job_ids: list[int]) -> Iterator[None]:
+        """A run over these jobs (the tick's due requeues): their rows read in one statement
+        and kept here (a requeue runs on a worker thread, where the tick remembers nothing),
+        what the run saves held and written together by `flush` (a rack's requeues: one read
+        and one write, not one of each per job)."""
+        self._rows = job_rows(self.store, job_ids) if job_ids else {}
+        self._read = set(job_ids)
+        self._held = {}
+        try:
+            yield
+        finally:
+            self.flush()
+            self._held, self._rows, self._read = None, {}, set()
+
+    def flush(self) -> None:
+        """Write what the run has saved so far (before a step that reads the store)."""
+        held, self._held = self._held, ({} if self._held is not None else None)
+        if held:
+            upsert_jobs(self.store, list(held.items()))
+            for job_id, values in held.items():
+                self._rows[job_id] = JobRow(**{**self._rows.get(job_id, {}), **values})  # type: ignore[typeddict-item]
 
     def row(self, job_id: int) -> JobRow | None:
-        return next(iter(self.store.jobs(job_id)), None)
+        if job_id in self._read:
+            row = self._rows.get(job_id)
+        else:
+            row = next(iter(self.store.jobs(job_id)), None)
+        held = (self._held or {}).get(job_id)
+        if held is None:
+            return row
+        return JobRow(**{**(row or {}), **held})  # type: ignore[typeddict-item]
 
     def entries(self, job_id: int) -> list[HistoryEntry]:
         row = self.row(job_id)
@@ -35,6 +72,10 @@ class JobHistory:
     def save(self, job_id: int, history: list[HistoryEntry], **values: object) -> None:
         """Write the job's row with its (capped) history."""
         self._scanned.pop(job_id, None)  # the row moved: the next scan writes it again
+        if self._held is not None:
+            self._held[job_id] = {**self._held.get(job_id, {}), **values}
+            self._held[job_id]["history"] = history[-HISTORY_MAX:]
+            return
         self.store.upsert_job(job_id, history=history[-HISTORY_MAX:], **values)
 
     def record_error(self, job_id: int, what: str, exc: BaseException, now: datetime) -> None:

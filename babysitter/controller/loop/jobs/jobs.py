@@ -198,21 +198,10 @@ class JobTracker:
         `hold_until`: held for a link fault's grace (link_hold.py), looked at every POLL_S; a
         requeue without a hold asked for while one is held makes it a plain requeue (`rule`),
         due now (another fault: nothing left to wait for)."""
-        a = self.pending.of(job_id)
-        if a is not None:
-            if a.rule == HELD_RULE and hold_until is None:
-                self._end_hold(a, bad_nodes, why, rule, now)
+        new = self._requeue_action(job_id, bad_nodes, why, hold_until, now, rule)
+        if new is None:
             return None
-        row = self.store.record(
-            Action(
-                ActionKind.REQUEUE,
-                node=",".join(bad_nodes)[:255] if bad_nodes else None,
-                job_id=job_id,
-                reason=why,
-                rule=rule if hold_until is None else HELD_RULE,
-                requested_by="policy",
-            )
-        )
+        row = self.store.record(new)
         aid = row.id
         if hold_until is not None:
             at = now or hold_until
@@ -234,6 +223,42 @@ class JobTracker:
             )
         self.pending.wrote(row)
         return aid
+
+    def requeue_action(
+        self, job_id: int, bad_nodes: list[str], why: str, now: datetime | None = None
+    ) -> Action | None:
+        """`record_requeue`'s plain requeue, not written: the action to record (the caller
+        writes it with others), None when one is pending already. The pending lookup counts
+        it from now on."""
+        new = self._requeue_action(job_id, bad_nodes, why, None, now, REQUEUE_RULE)
+        if new is not None:
+            self.pending.wrote(new)
+        return new
+
+    def _requeue_action(
+        self,
+        job_id: int,
+        bad_nodes: list[str],
+        why: str,
+        hold_until: datetime | None,
+        now: datetime | None,
+        rule: Rule,
+    ) -> Action | None:
+        """The requeue action to record; None while one for this job is pending (a held one
+        asked for without a hold becomes a plain one, due now)."""
+        a = self.pending.of(job_id)
+        if a is not None:
+            if a.rule == HELD_RULE and hold_until is None:
+                self._end_hold(a, bad_nodes, why, rule, now)
+            return None
+        return Action(
+            ActionKind.REQUEUE,
+            node=",".join(bad_nodes)[:255] if bad_nodes else None,
+            job_id=job_id,
+            reason=why,
+            rule=rule if hold_until is None else HELD_RULE,
+            requested_by="policy",
+        )
 
     def _end_hold(
         self, a: Action, bad_nodes: list[str], why: str, rule: Rule, now: datetime | None

@@ -7,13 +7,13 @@ counting towards a lemon; the clear is a row of its own (who, when)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import select, update
 
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store, aware
@@ -39,6 +39,7 @@ class Phase(StrEnum):
 ACTIVE = frozenset({Phase.WAITING, Phase.REBOOTING, Phase.RESETTING, Phase.VALIDATING})
 # the node stays drained until an admin resumes it or clears the ledger (a dry-run row stays
 # open as long as the dry-run drain, so it is written once)
+AUTOMATIC = [r.value for r in Rung if r.automatic]
 HELD = frozenset({Phase.FAILED, Phase.TIMED_OUT, Phase.INSPECT, Phase.LEMON, Phase.DRY_RUN})
 
 
@@ -106,6 +107,40 @@ class Remediation:
         return out
 
 
+@dataclass
+class NewRow:
+    """A ledger row to add (`Ledger.add_many`)."""
+
+    node: str
+    rung: Rung
+    fault_class: str
+    fault: str
+    state: Phase
+    requested_by: str = "policy"
+    outcome: str = ""
+    gpu_uuid: str | None = None
+    gpu_serial: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def values(self, now: datetime) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "rung": self.rung.value,
+            "fault_class": self.fault_class[:128],
+            "fault": self.fault,
+            "gpu_uuid": self.gpu_uuid,
+            "gpu_serial": self.gpu_serial,
+            "state": self.state.value,
+            "open": self.state in ACTIVE or self.state in HELD,
+            "requested_by": self.requested_by,
+            "outcome": self.outcome,
+            "evidence": self.evidence,
+            "created_at": now,
+            "updated_at": now,
+            "done_at": now if self.state not in ACTIVE else None,
+        }
+
+
 def carried_out(r: Remediation) -> bool:
     """The rung happened: a reboot Slurm was asked for, a reset ordered and not refused by the
     agent (one it never answered may have run: it counts). A rung that never ran (a refused
@@ -117,10 +152,73 @@ def carried_out(r: Remediation) -> bool:
     return True
 
 
+def _created(r: Remediation) -> datetime:
+    return r.created_at
+
+
 def _at(v: Any) -> datetime:
     out = aware(v)
     assert out is not None
     return out
+
+
+# The tick's remembered reads of the ledger, kept current through the healer's own writes of
+# it (issue 52, as db/action_view.py for the actions table): a row the healer inserts or moves,
+# as it now is in the table, is placed where the read's own WHERE and ORDER BY would place it.
+# A write that cannot say its rows (an admin's clear, the RMA step's link) leaves the reads
+# stale and they are made again.
+Patch = Callable[[list[Remediation], list[Remediation]], list[Remediation] | None]
+
+
+def as_written(rem: Remediation) -> Remediation:
+    """A copy of the row as written: the step goes on changing its own object (and the
+    evidence it carries) before its next write."""
+    return dataclasses.replace(rem, evidence=dict(rem.evidence))
+
+
+def open_patch(value: list[Remediation], rows: list[Remediation]) -> list[Remediation]:
+    """For the open rows, by id."""
+    by_id = {r.id: r for r in value}
+    for r in rows:
+        if r.open:
+            by_id[r.id] = r
+        else:
+            by_id.pop(r.id, None)
+    return sorted(by_id.values(), key=lambda r: r.id)
+
+
+def history_patch(node: str | None, limit: int, since: datetime | None) -> Patch:
+    """For the newest `limit` rows (of `node`, created since `since`), newest first. Neither
+    a row's node nor its creation time changes: a written row the listing lacks is new, or
+    older than a full listing's oldest (and stays out of it)."""
+
+    def patch(value: list[Remediation], rows: list[Remediation]) -> list[Remediation] | None:
+        full = len(value) >= limit
+        oldest = value[-1].id if value else 0
+        by_id = {r.id: r for r in value}
+        for r in rows:
+            if node is not None and r.node != node:
+                continue
+            if since is not None and r.created_at < since:
+                continue
+            if full and r.id < oldest:
+                continue
+            by_id[r.id] = r
+        return sorted(by_id.values(), key=lambda r: -r.id)[:limit]
+
+    return patch
+
+
+def counting_patch(value: list[Remediation], rows: list[Remediation]) -> list[Remediation]:
+    """For the rows that may count towards a lemon (automatic rungs, not cleared), by id; the
+    phase and whether it was carried out are asked of each row when it is counted."""
+    by_id = {r.id: r for r in value}
+    for r in rows:
+        if r.rung.automatic and r.cleared_at is None:
+            by_id[r.id] = r
+        else:
+            by_id.pop(r.id, None)
+    return sorted(by_id.values(), key=lambda r: r.id)
 
 
 class Ledger:
@@ -144,29 +242,37 @@ class Ledger:
     ) -> Remediation:
         """A new row, as written (its id included): the step that opened it goes on with it
         instead of reading back the row it has just written."""
-        done = state not in ACTIVE
-        with self.store.engine.begin() as c:
-            row = c.execute(
-                m.remediations.insert()
-                .values(
-                    node=node,
-                    rung=rung.value,
-                    fault_class=fault_class[:128],
-                    fault=fault,
-                    gpu_uuid=gpu_uuid,
-                    gpu_serial=gpu_serial,
-                    state=state.value,
-                    open=state in ACTIVE or state in HELD,
-                    requested_by=requested_by,
-                    outcome=outcome,
-                    evidence=evidence or {},
-                    created_at=now,
-                    updated_at=now,
-                    done_at=now if done else None,
-                )
-                .returning(*m.remediations.c)
-            ).one()
-        return Remediation.from_row(row._asdict())
+        row = NewRow(
+            node,
+            rung,
+            fault_class,
+            fault,
+            state,
+            requested_by=requested_by,
+            outcome=outcome,
+            gpu_uuid=gpu_uuid,
+            gpu_serial=gpu_serial,
+            evidence=evidence or {},
+        )
+        return self.add_many([row], now)[0]
+
+    def add_many(self, rows: list[NewRow], now: datetime) -> list[Remediation]:
+        """New rows in one statement (a rack's episodes starting together), as written, in
+        order."""
+        if not rows:
+            return []
+        # the ids in the rows' order: PostgreSQL returns them so when asked; SQLite cannot be
+        # asked, but one statement's new rowids ascend in the order its rows are inserted
+        sqlite = self.store.engine.dialect.name == "sqlite"
+        q = m.remediations.insert().returning(*m.remediations.c, sort_by_parameter_order=not sqlite)
+        with self.store.reads.writing("remediations") as w, self.store.engine.begin() as c:
+            got = [r._asdict() for r in c.execute(q, [r.values(now) for r in rows])]
+            if sqlite:
+                got.sort(key=lambda r: int(r["id"]))
+            out = [Remediation.from_row(r) for r in got]
+            for rem in out:
+                w.add(as_written(rem))
+        return out
 
     def move(
         self,
@@ -188,16 +294,34 @@ class Ledger:
         }
         if state not in ACTIVE:
             values["done_at"] = now
-        with self.store.engine.begin() as c:
+        with self.store.reads.writing("remediations") as w, self.store.engine.begin() as c:
             c.execute(update(m.remediations).where(m.remediations.c.id == rem.id).values(values))
+            w.add(
+                as_written(
+                    dataclasses.replace(
+                        rem,
+                        updated_at=now,
+                        open=values["open"],
+                        done_at=values.get("done_at", rem.done_at),
+                    )
+                )
+            )
 
     def close(self, rem: Remediation, now: datetime, outcome: str) -> None:
         """The episode is over without a new phase (an admin resumed the node)."""
-        with self.store.engine.begin() as c:
+        done_at = rem.done_at or now
+        with self.store.reads.writing("remediations") as w, self.store.engine.begin() as c:
             c.execute(
                 update(m.remediations)
                 .where(m.remediations.c.id == rem.id)
-                .values(open=False, outcome=outcome, updated_at=now, done_at=rem.done_at or now)
+                .values(open=False, outcome=outcome, updated_at=now, done_at=done_at)
+            )
+            w.add(
+                as_written(
+                    dataclasses.replace(
+                        rem, open=False, outcome=outcome, updated_at=now, done_at=done_at
+                    )
+                )
             )
 
     def open_rows(self) -> list[Remediation]:
@@ -207,7 +331,7 @@ class Ledger:
                 return [Remediation.from_row(r._asdict()) for r in c.execute(q)]
 
         # copies: a step changes its rows in memory before it writes them
-        rows = self.store.reads.read(("remediations",), ("open_remediations",), read)
+        rows = self.store.reads.read(("remediations",), ("open_remediations",), read, open_patch)
         return [dataclasses.replace(r) for r in rows]
 
     def history(
@@ -225,30 +349,42 @@ class Ledger:
                 return [Remediation.from_row(r._asdict()) for r in c.execute(q)]
 
         key = ("remediation_history", node, limit, since)
-        return [dataclasses.replace(r) for r in self.store.reads.read(("remediations",), key, read)]
+        patch = history_patch(node, limit, since)  # the healer's own writes keep it current
+        rows = self.store.reads.read(("remediations",), key, read, patch)
+        return [dataclasses.replace(r) for r in rows]
 
     def counted(self, node: str, gpus: Collection[str], since: datetime) -> list[Remediation]:
         """The remediations that count towards a lemon: automatic rungs actually carried out
         (`carried_out`) on this node or on one of its GPUs (by UUID or serial), not cleared,
-        since `since`."""
-        t = m.remediations.c
-        who = [t.node == node]
-        if gpus:
-            who += [t.gpu_uuid.in_(list(gpus)), t.gpu_serial.in_(list(gpus))]
-        q = (
-            select(m.remediations)
-            .where(or_(*who))
-            .where(t.rung.in_([r.value for r in Rung if r.automatic]))
-            .where(
-                t.state.notin_([Phase.DRY_RUN.value, Phase.WAITING.value, Phase.TAKEN_OVER.value])
+        since `since`. Inside the tick one read serves every node that starts an episode."""
+        excluded = (Phase.DRY_RUN, Phase.WAITING, Phase.TAKEN_OVER)
+        return [
+            r
+            for r in self._counting(since)
+            if (r.node == node or r.gpu_uuid in gpus or r.gpu_serial in gpus)
+            and r.state not in excluded
+            and carried_out(r)
+        ]
+
+    def _counting(self, since: datetime) -> list[Remediation]:
+        """The rows that may count towards a lemon since `since`, oldest first."""
+
+        def read(start: datetime) -> list[Remediation]:
+            t = m.remediations.c
+            q = (
+                select(m.remediations)
+                .where(t.rung.in_(AUTOMATIC))
+                .where(t.cleared_at.is_(None))
+                .where(t.created_at >= start)
+                .order_by(t.id)
             )
-            .where(t.cleared_at.is_(None))
-            .where(t.created_at >= since)
-            .order_by(t.id)
+            with self.store.reading() as c:
+                return [Remediation.from_row(r._asdict()) for r in c.execute(q)]
+
+        rows = self.store.reads.read_since(
+            ("remediations",), ("remediations_counting",), since, read, _created, counting_patch
         )
-        with self.store.reading() as c:
-            rows = [Remediation.from_row(r._asdict()) for r in c.execute(q)]
-        return [r for r in rows if carried_out(r)]
+        return [dataclasses.replace(r) for r in rows]
 
     def clear(self, node: str, who: str, now: datetime, why: str = "") -> int:
         """An admin's way back: the node's rows stop counting and its episode closes; the

@@ -13,6 +13,7 @@ from datetime import datetime
 from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action as Recorded
 from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.tickstore import record_rows
 from babysitter.controller.loop.admit.admission import Admission
 from babysitter.controller.loop.admit.gate import AdmittedSlurm
 from babysitter.controller.loop.decide.ladder import LadderTable
@@ -32,6 +33,7 @@ log = logging.getLogger("babysitter.controller.loop.heal.healer")
 
 REBOOT_FLAGS = frozenset({"REBOOT", "REBOOT_REQUESTED", "REBOOT_ISSUED"})
 CONFIG_TTL_S = 60.0  # slurm.conf's RebootProgram is re-read at most this often
+DONE = ActionStatus.DONE
 LEMON_CONDITION = "lemon_node"  # the policy's own lemon alert is replaced by the ledger's
 
 
@@ -110,15 +112,25 @@ class HealerBase:
     ) -> None:
         """Every healer action in the actions log and the audit log too (who, why, on what
         evidence, what became of it)."""
-        row = self.store.record(
-            Recorded(
-                kind=kind,
-                node=node,
-                reason=reason[:1000],
-                rule=Rule.REMEDIATION,
-                requested_by="policy",
-                status=status,
-                outcome=f"{outcome} (ledger row {rid})"[:1000],
-            )
+        self.record_many([(kind, node, reason, outcome, rid)], status)
+
+    def record_many(
+        self, records: list[tuple[ActionKind, str, str, str, int]], status: ActionStatus = DONE
+    ) -> None:
+        """`record` for several (kind, node, reason, outcome, ledger row): one statement."""
+        rows = record_rows(
+            self.store,
+            [
+                Recorded(
+                    kind=kind,
+                    node=node,
+                    reason=reason[:1000],
+                    rule=Rule.REMEDIATION,
+                    requested_by="policy",
+                    status=status,
+                    outcome=f"{outcome} (ledger row {rid})"[:1000],
+                )
+                for kind, node, reason, outcome, rid in records
+            ],
         )
-        audit.record_rows(self.store, [row])
+        audit.record_rows(self.store, rows)
