@@ -2,7 +2,8 @@
 (controller/loop/read/ledger.py, issue 52): the RMA step's history, the open episodes and the
 lemon count read after a start or a move answer as the database would, with no statement.
 Checked against the database itself (a second Store, read outside any tick) over random
-sequences of the healer's writes, on SQLite and PostgreSQL, with a history listing small
+sequences of the healer's writes (the open episodes read from the tick's view once a step has
+read it, from their own read before), on SQLite and PostgreSQL, with a history listing small
 enough to be cut at its limit."""
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def _answers(led: Ledger, now: datetime) -> dict[str, Any]:
     return {
         "open": sorted((r.to_json() for r in led.open_rows()), key=lambda r: r["id"]),
         "history": [r.to_json() for r in led.history(limit=4)],
+        "view": [r.to_json() for r in led.view(now - WINDOW)],
         "node_history": [r.to_json() for r in led.history(node="n1", limit=3)],
         "counted": {
             (n, g): [r.id for r in led.counted(n, {g} if g else set(), now - WINDOW)]
@@ -115,7 +117,7 @@ def test_the_steps_after_a_start_read_the_ledger_without_a_statement(tmp_path):
     counted: list[str] = []
     event.listen(store.engine, "before_cursor_execute", lambda *a: counted.append(a[2]))
     with store.tick_reads():
-        led.open_rows(), led.history(limit=200), led.counted("n1", set(), now - WINDOW)
+        led.view(now - WINDOW), led.history(limit=200)
         n = len(counted)
         new = [NewRow(x, Rung.REBOOT, "xid", "Xid 79", Phase.WAITING) for x in NODES]
         rems = led.add_many(new, now)

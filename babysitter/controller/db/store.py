@@ -51,6 +51,7 @@ def aware(dt: datetime | None) -> datetime | None:
 
 # NaN/Infinity are not JSON: Postgres refuses them, SQLite would keep text no JSON reader takes.
 # Refused when the value is bound (a data error: that report alone is refused, see _write_loop).
+PENDING_LISTING = 5000  # the newest pending actions a step looks through
 _json = json_text  # the kv table's JSON, as kv_view.py reads it back
 
 
@@ -395,7 +396,9 @@ class Store:
         return stored_action_row(row._mapping) if row is not None else None
 
     def pending_actions(self) -> list[Recorded]:
-        return sorted(self.actions(status=ActionStatus.PENDING), key=lambda a: a.id)
+        # the newest 1,000, from the listing the requeue lookup reads (one read for both)
+        listing = self.actions(status=ActionStatus.PENDING, limit=PENDING_LISTING)
+        return sorted(listing[:1000], key=lambda a: a.id)
 
     def update_action(self, action_id: int, **values: Any) -> None:
         known = self.reads.known("actions", action_id)

@@ -221,6 +221,18 @@ class TickReads:
             self._memo[key] = (stamp, value)
         return (value,)
 
+    def remembered(self, tables: tuple[str, ...], key: tuple[Any, ...]) -> Any:
+        """The answer remembered under `key` (as `read` stored it) if it is still good, with
+        the tick's own writes applied; None when it is not (nothing is read here)."""
+        if not self.active:
+            return None
+        hit = self._current(key, self._versions(tables))
+        if hit is None:
+            return None
+        self._used.add(key)
+        self.hits += 1
+        return hit[0]
+
     def mark(self, tables: tuple[str, ...]) -> tuple[int, ...] | None:
         """Taken before a read whose rows are then `seed`ed (None outside the tick): a write
         between the read and the seeding makes them stale, not remembered as new."""

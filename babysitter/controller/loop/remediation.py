@@ -294,7 +294,7 @@ class RemediationEngine:
             self._isolated("fabric", lambda: self.fabric.true_verdicts(result))
         if domained is not None:
             self._isolated("nvlink domains", lambda: self.domains.true_verdicts(result))
-        result.decisions = self.healer.hold(result.decisions)  # open remediations own theirs
+        result.decisions = self.healer.hold(result.decisions, now)  # open remediations own theirs
         return facts, cluster, result, slow[1] if slow is not None else []
 
     @staticmethod

@@ -30,7 +30,7 @@ or the next rung: start.py, fail.py). The Healer below keeps the tick's order an
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from babysitter.controller.db.tickstore import open_findings
 from babysitter.controller.loop.admit.maintenance import MAINTENANCE_UNKNOWN, maintenance_unknown
@@ -64,7 +64,7 @@ _HEALER_MOVES = (DecisionKind.RESUME, DecisionKind.VALIDATE)
 
 class Healer(HealerBase):
     # ---- the policy's side
-    def hold(self, decisions: list[Decision]) -> list[Decision]:
+    def hold(self, decisions: list[Decision], now: datetime) -> list[Decision]:
         """The policy's decisions minus those an open episode owns: no resume or validation
         (the healer validates and resumes), no drain while a reboot or validation runs, and
         the ledger's lemon instead of the policy's drain count. While the maintenance windows
@@ -74,7 +74,7 @@ class Healer(HealerBase):
             decisions = [d for d in decisions if d.kind not in moves]
         if not self.enabled:
             return decisions
-        self.open = self._open_by_node()
+        self.open = self._open_by_node(now)
         self._dry_drains = {
             d.node for d in decisions if d.kind is DecisionKind.DRAIN and d.dry_run and d.node
         }
@@ -106,9 +106,12 @@ class Healer(HealerBase):
             return True
         return d.kind is DecisionKind.ESCALATE and d.condition == LEMON_CONDITION
 
-    def _open_by_node(self) -> dict[str, Remediation]:
+    def _open_by_node(self, now: datetime) -> dict[str, Remediation]:
+        # the tick's view of the ledger: its open rows, and the lemon count's rows of the
+        # window for the episodes this tick may start (one read for both)
+        rows = self.ledger.view(now - timedelta(days=self.cfg.lemon_window_days))
         out: dict[str, Remediation] = {}
-        for r in sorted(self.ledger.open_rows(), key=lambda r: r.id):
+        for r in (r for r in rows if r.open):
             out[r.node] = r  # the newest open row is the node's episode
         return out
 
@@ -127,7 +130,7 @@ class Healer(HealerBase):
             self._lemon_alerts(now, firing)
             return
         tick = Tick(now, firing, clearing)
-        self.open = self._open_by_node()
+        self.open = self._open_by_node(tick.now)
         unsure = self._advance_open(tick)
         self._start_new(tick)
         self._after_starts(tick, unsure)

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
-from babysitter.controller.db.store import Store
+from babysitter.controller.db.store import PENDING_LISTING, Store
 
-READ_LIMIT = 5000  # the newest pending actions looked through (as before: one listing)
+READ_LIMIT = PENDING_LISTING  # the tick's listing of pending actions: one read for both
 
 
 class PendingRequeues:

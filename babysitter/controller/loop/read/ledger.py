@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, or_, select, update
 
 from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store, aware
@@ -152,8 +152,14 @@ def carried_out(r: Remediation) -> bool:
     return True
 
 
-def _created(r: Remediation) -> datetime:
-    return r.created_at
+VIEW_KEY = ("remediations_view",)
+_OPEN = datetime.max.replace(tzinfo=UTC)
+
+
+def _kept_while(r: Remediation) -> datetime:
+    """Until when a row of the view stays in it: an open row whatever its age, the others
+    while created in the window."""
+    return _OPEN if r.open else r.created_at
 
 
 def _at(v: Any) -> datetime:
@@ -209,12 +215,12 @@ def history_patch(node: str | None, limit: int, since: datetime | None) -> Patch
     return patch
 
 
-def counting_patch(value: list[Remediation], rows: list[Remediation]) -> list[Remediation]:
-    """For the rows that may count towards a lemon (automatic rungs, not cleared), by id; the
-    phase and whether it was carried out are asked of each row when it is counted."""
+def view_patch(value: list[Remediation], rows: list[Remediation]) -> list[Remediation]:
+    """For the ledger's view (`Ledger.view`): the open rows and those that may count towards
+    a lemon, by id (a closed row older than the window leaves it when next asked)."""
     by_id = {r.id: r for r in value}
     for r in rows:
-        if r.rung.automatic and r.cleared_at is None:
+        if r.open or (r.rung.automatic and r.cleared_at is None):
             by_id[r.id] = r
         else:
             by_id.pop(r.id, None)
@@ -325,6 +331,12 @@ class Ledger:
             )
 
     def open_rows(self) -> list[Remediation]:
+        """The open rows (every node's current episode). Inside the tick, from its view of
+        the ledger (`view`) once a step has read it."""
+        seen = self.store.reads.remembered(("remediations",), VIEW_KEY)
+        if seen is not None:
+            return [dataclasses.replace(r) for r in seen[1] if r.open]
+
         def read() -> list[Remediation]:
             q = select(m.remediations).where(m.remediations.c.open.is_(True))
             with self.store.reading() as c:
@@ -332,6 +344,23 @@ class Ledger:
 
         # copies: a step changes its rows in memory before it writes them
         rows = self.store.reads.read(("remediations",), ("open_remediations",), read, open_patch)
+        return [dataclasses.replace(r) for r in rows]
+
+    def view(self, since: datetime) -> list[Remediation]:
+        """What the healer reads of the ledger each tick, in one statement: the open rows
+        and the rows that may count towards a lemon since `since` (automatic rungs, not
+        cleared), oldest first. Its own writes keep it current (`view_patch`)."""
+
+        def read(start: datetime) -> list[Remediation]:
+            t = m.remediations.c
+            countable = and_(t.rung.in_(AUTOMATIC), t.cleared_at.is_(None), t.created_at >= start)
+            q = select(m.remediations).where(or_(t.open.is_(True), countable)).order_by(t.id)
+            with self.store.reading() as c:
+                return [Remediation.from_row(r._asdict()) for r in c.execute(q)]
+
+        rows = self.store.reads.read_since(
+            ("remediations",), VIEW_KEY, since, read, _kept_while, view_patch
+        )
         return [dataclasses.replace(r) for r in rows]
 
     def history(
@@ -360,31 +389,14 @@ class Ledger:
         excluded = (Phase.DRY_RUN, Phase.WAITING, Phase.TAKEN_OVER)
         return [
             r
-            for r in self._counting(since)
-            if (r.node == node or r.gpu_uuid in gpus or r.gpu_serial in gpus)
+            for r in self.view(since)
+            if r.created_at >= since
+            and r.rung.automatic
+            and r.cleared_at is None
+            and (r.node == node or r.gpu_uuid in gpus or r.gpu_serial in gpus)
             and r.state not in excluded
             and carried_out(r)
         ]
-
-    def _counting(self, since: datetime) -> list[Remediation]:
-        """The rows that may count towards a lemon since `since`, oldest first."""
-
-        def read(start: datetime) -> list[Remediation]:
-            t = m.remediations.c
-            q = (
-                select(m.remediations)
-                .where(t.rung.in_(AUTOMATIC))
-                .where(t.cleared_at.is_(None))
-                .where(t.created_at >= start)
-                .order_by(t.id)
-            )
-            with self.store.reading() as c:
-                return [Remediation.from_row(r._asdict()) for r in c.execute(q)]
-
-        rows = self.store.reads.read_since(
-            ("remediations",), ("remediations_counting",), since, read, _created, counting_patch
-        )
-        return [dataclasses.replace(r) for r in rows]
 
     def clear(self, node: str, who: str, now: datetime, why: str = "") -> int:
         """An admin's way back: the node's rows stop counting and its episode closes; the
