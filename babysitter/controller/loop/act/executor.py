@@ -304,15 +304,17 @@ class ActionExecutor:
         try:
             with self.jobs.pending.kept(), self.jobs.history.kept(jobs):
                 self.closing = Settled()
-                for a in due:
-                    if a.kind not in HELD_TO_RUN_END:
-                        lost |= self._close_run(now)  # what it counts or reads sees them
-                    if self._execute_guarded(a, now) != "pending":
-                        settled.append(a.id)
-                        self.jobs.pending.settled(a)  # a requeue run is no longer pending
+                try:
+                    for a in due:
+                        if a.kind not in HELD_TO_RUN_END:
+                            lost |= self._close_run(now)  # what it counts or reads sees them
+                        if self._execute_guarded(a, now) != "pending":
+                            settled.append(a.id)
+                            self.jobs.pending.settled(a)  # a requeue run is no longer pending
+                finally:
+                    lost |= self._close_run(now)
         finally:
             self.job_listing = None
-            lost |= self._close_run(now)
             self.closing = None
         self.isolated("audit", lambda: self._audit([i for i in settled if i not in lost], now))
 

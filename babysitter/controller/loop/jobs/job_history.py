@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from typing import cast
 
 from babysitter.controller.db.job_rows import job_rows, upsert_jobs
 from babysitter.controller.db.store import HistoryEntry, JobRow, Store
@@ -31,24 +32,24 @@ class JobHistory:
     def kept(self, job_ids: list[int]) -> Iterator[None]:
         """A run over these jobs (the tick's due requeues): their rows read in one statement
         and kept here (a requeue runs on a worker thread, where the tick remembers nothing),
-        what the run saves held and written together by `flush` (a rack's requeues: one read
-        and one write, not one of each per job)."""
+        what the run saves held until the caller's `flush` (a rack's requeues: one read and
+        one write, not one of each per job; the caller writes them with the run's outcomes)."""
         self._rows = job_rows(self.store, job_ids) if job_ids else {}
         self._read = set(job_ids)
         self._held = {}
         try:
             yield
         finally:
-            self.flush()
             self._held, self._rows, self._read = None, {}, set()
 
     def flush(self) -> None:
-        """Write what the run has saved so far (before a step that reads the store)."""
+        """Write what the run has saved so far, in one transaction (a failure loses them: the
+        run's actions stay pending and are carried out again)."""
         held, self._held = self._held, ({} if self._held is not None else None)
         if held:
             upsert_jobs(self.store, list(held.items()))
             for job_id, values in held.items():
-                self._rows[job_id] = JobRow(**{**self._rows.get(job_id, {}), **values})  # type: ignore[typeddict-item]
+                self._rows[job_id] = _merged(self._rows.get(job_id), values)
 
     def row(self, job_id: int) -> JobRow | None:
         if job_id in self._read:
@@ -56,9 +57,7 @@ class JobHistory:
         else:
             row = next(iter(self.store.jobs(job_id)), None)
         held = (self._held or {}).get(job_id)
-        if held is None:
-            return row
-        return JobRow(**{**(row or {}), **held})  # type: ignore[typeddict-item]
+        return row if held is None else _merged(row, held)
 
     def entries(self, job_id: int) -> list[HistoryEntry]:
         row = self.row(job_id)
@@ -102,3 +101,8 @@ class JobHistory:
         """Forget jobs that left the queue: a long-running controller sees millions of ids."""
         for gone in self._scanned.keys() - live:
             del self._scanned[gone]
+
+
+def _merged(row: JobRow | None, values: dict[str, object]) -> JobRow:
+    """The job's row as it reads once `values` are written."""
+    return cast(JobRow, {**(row or {}), **values})
