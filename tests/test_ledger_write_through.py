@@ -8,11 +8,10 @@ enough to be cut at its limit."""
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import event
 
@@ -20,6 +19,7 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db.store import Store
 from babysitter.controller.loop.decide.ladder import Rung
 from babysitter.controller.loop.read.ledger import Ledger, NewRow, Phase
+from tests.fixtures.write_through import SEQUENCES, meanwhile, tick_and_truth
 
 NODES = ["n1", "n2", "n3"]
 RUNGS = [Rung.REBOOT, Rung.RESET_GPU, Rung.INSPECT]
@@ -78,33 +78,19 @@ def _apply(led: Ledger, truth: Ledger, op: tuple[Any, ...], now: datetime) -> No
         case ("clear", node):
             led.clear(node, "admin", now)
         case ("other_thread", new):
-            t = threading.Thread(target=led.add_many, args=([new], now))
-            t.start()
-            t.join()
+            meanwhile(led.add_many, [new], now)
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@SEQUENCES
 @given(st.lists(write, min_size=1, max_size=10))
 def test_what_the_healer_wrote_is_read_as_the_database_has_it(db_url, ops):
-    store, other = Store(db_url), Store(db_url)
-    store.upgrade()
-    with store.engine.begin() as c:  # each example starts from an empty table
-        c.execute(m.remediations.delete())
-    led, truth = Ledger(store), Ledger(other)
     now = datetime.now(UTC)
-    try:
-        with store.tick_reads():
-            assert _answers(led, now) == _answers(truth, now)
-            for op in ops:
-                _apply(led, truth, op, now)
-                assert _answers(led, now) == _answers(truth, now), op
-    finally:
-        store.close()
-        other.close()
+    with tick_and_truth(db_url, m.remediations) as (store, other):
+        led, truth = Ledger(store), Ledger(other)
+        assert _answers(led, now) == _answers(truth, now)
+        for op in ops:
+            _apply(led, truth, op, now)
+            assert _answers(led, now) == _answers(truth, now), op
 
 
 def test_the_steps_after_a_start_read_the_ledger_without_a_statement(tmp_path):

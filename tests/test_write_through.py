@@ -10,7 +10,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import event
 
@@ -28,6 +28,7 @@ from babysitter.controller.db.tickstore import (
     record_actions,
     settle,
 )
+from tests.fixtures.write_through import SEQUENCES, meanwhile, tick_and_truth
 
 NODES = ["n1", "n2", "n3"]
 KINDS = [ActionKind.DRAIN, ActionKind.VALIDATE, ActionKind.REQUEUE, ActionKind.RESUME]
@@ -89,32 +90,18 @@ def _apply(store: Store, truth: Store, op: tuple[Any, ...]) -> None:
             )
             settle(store, s, now)
         case ("other_thread", a):  # an admin's request through the API, meanwhile
-            t = threading.Thread(target=store.record, args=(a,))
-            t.start()
-            t.join()
+            meanwhile(store.record, a)
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@SEQUENCES
 @given(st.lists(write, min_size=1, max_size=12))
 def test_what_the_tick_wrote_is_read_as_the_database_has_it(db_url, ops):
-    store, truth = Store(db_url), Store(db_url)
-    store.upgrade()
-    with store.engine.begin() as c:  # each example starts from an empty table
-        c.execute(m.actions.delete())
     since = datetime.now(UTC) - timedelta(hours=1)
-    try:
-        with store.tick_reads():
-            assert _answers(store, since) == _answers(truth, since)
-            for op in ops:
-                _apply(store, truth, op)
-                assert _answers(store, since) == _answers(truth, since), op
-    finally:
-        store.close()
-        truth.close()
+    with tick_and_truth(db_url, m.actions) as (store, truth):
+        assert _answers(store, since) == _answers(truth, since)
+        for op in ops:
+            _apply(store, truth, op)
+            assert _answers(store, since) == _answers(truth, since), op
 
 
 def test_a_step_reads_the_actions_the_step_before_it_wrote_without_a_statement(tmp_path):
