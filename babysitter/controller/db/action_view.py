@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
+from babysitter.controller.db.row_patches import newest_first
 
 Recorded = Action
 RowPatch = Callable[[list[Any], list[Recorded]], list[Any] | None]
@@ -21,23 +22,7 @@ def listing_patch(
     status: str | None, limit: int
 ) -> Callable[[list[Recorded], list[Recorded]], list[Recorded] | None]:
     """For the newest `limit` actions (of `status` when given), newest first."""
-
-    def patch(value: list[Recorded], rows: list[Recorded]) -> list[Recorded] | None:
-        full = len(value) >= limit
-        oldest = value[-1].id if value else 0
-        by_id = {a.id: a for a in value}
-        for r in rows:
-            by_id.pop(r.id, None)
-        for r in rows:
-            # with the listing cut, a row older than its oldest may have unknown rows after it
-            if (status is None or r.status == status) and not (full and r.id < oldest):
-                by_id[r.id] = r
-        out = sorted(by_id.values(), key=lambda a: -a.id)
-        if full and len(out) < limit:
-            return None  # the next older row is not known here
-        return out[:limit]
-
-    return patch
+    return newest_first(limit, lambda a: status is None or a.status == status)
 
 
 def pending_drains_patch() -> Callable[

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from babysitter.controller.db import models as m
 from babysitter.controller.db import store as clock
 from babysitter.controller.db.store import JobRow, Store, aware
-from babysitter.controller.db.upsert import clamped, dialect_insert
+from babysitter.controller.db.upsert import clamped, upsert_many
 
 
 def job_rows(store: Store, job_ids: list[int]) -> dict[int, JobRow]:
@@ -38,16 +38,6 @@ def upsert_jobs(store: Store, rows: list[tuple[int, dict[str, Any]]]) -> None:
     """`Store.upsert_job` of each (job, values), in one transaction and one statement for
     each set of columns."""
     ts = clock.now()  # Store.upsert_job's clock (a simulation sets it)
-    runs: dict[frozenset[str], list[dict[str, Any]]] = {}
-    for job_id, values in rows:
-        v = clamped(m.jobs, values)
-        first: dict[str, Any] = {"first_seen_at": ts} | ({} if "babysit" in v else {"babysit": {}})
-        runs.setdefault(frozenset(v), []).append({**first, **v, "job_id": job_id, "updated_at": ts})
+    values = [(job_id, {**clamped(m.jobs, v), "updated_at": ts}) for job_id, v in rows]
     with store.engine.begin() as c:
-        for columns, params in runs.items():
-            stmt = dialect_insert(c.dialect.name)(m.jobs)
-            stmt = stmt.on_conflict_do_update(
-                index_elements=["job_id"],
-                set_={col: stmt.excluded[col] for col in sorted(columns | {"updated_at"})},
-            )
-            c.execute(stmt, params)
+        upsert_many(c, m.jobs, "job_id", values, lambda cols: m.new_job_columns(cols, ts))

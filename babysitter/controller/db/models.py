@@ -3,6 +3,9 @@ sql/schema.sql is generated from it for DBAs (tests keep both in sync)."""
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -148,6 +151,13 @@ jobs = Table(
     Column("first_seen_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
+
+
+def new_job_columns(columns: frozenset[str], at: datetime) -> dict[str, Any]:
+    """What a new jobs row gets besides the columns written: when it was first seen, and an
+    empty babysit spec unless one is written (the column has no default)."""
+    return {"first_seen_at": at} | ({} if "babysit" in columns else {"babysit": {}})
+
 
 # The lemon ledger: one row per rung babysitter climbed (or decided not to) for a node's fault,
 # with the GPU it concerned (UUID and serial travel with the hardware: a node renamed keeps its

@@ -410,9 +410,7 @@ class Store:
     def upsert_job(self, job_id: int, **values: Any) -> None:
         ts = now()
         values = clamped(m.jobs, values)
-        first: dict[str, Any] = {"first_seen_at": ts} | (
-            {} if "babysit" in values else {"babysit": {}}
-        )
+        first = m.new_job_columns(frozenset(values), ts)
         with self.engine.begin() as c:
             upsert(c, m.jobs, {"job_id": job_id}, {**values, "updated_at": ts}, first)
 

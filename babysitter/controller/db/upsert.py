@@ -5,6 +5,7 @@ is saved, and no window between the read and the write)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Connection, String, Table, bindparam, update
@@ -50,18 +51,24 @@ def _missing(table: Table, row: dict[str, Any]) -> bool:
 
 
 def upsert_many(
-    c: Connection, table: Table, key: str, rows: list[tuple[Any, dict[str, Any]]]
+    c: Connection,
+    table: Table,
+    key: str,
+    rows: list[tuple[Any, dict[str, Any]]],
+    only_on_insert: Callable[[frozenset[str]], dict[str, Any]] | None = None,
 ) -> None:
     """upsert() of each (key value, values) in turn, in one statement for each run of rows
     that set the same columns (an alert storm's records: one, not one per node). A key met
-    twice in a run keeps its last values, as the writes one by one would have."""
+    twice in a run keeps its last values, as the writes one by one would have.
+    `only_on_insert(columns)`: what a new row of a run setting `columns` also gets."""
     runs: list[tuple[frozenset[str], dict[Any, dict[str, Any]]]] = []
     for k, values in rows:
         if not runs or runs[-1][0] != frozenset(values):
             runs.append((frozenset(values), {}))
         runs[-1][1][k] = values
     for columns, run in runs:
-        if _missing(table, {key: None, **next(iter(run.values()))}):
+        first = only_on_insert(columns) if only_on_insert is not None else {}
+        if _missing(table, {key: None, **first, **next(iter(run.values()))}):
             # a partial row (a resolve) updates the row there is, as upsert() does
             done = c.execute(
                 update(table).where(table.c[key] == bindparam("b_key")),
@@ -69,13 +76,13 @@ def upsert_many(
             ).rowcount
             if done != len(run):  # some row is not there: each as upsert() would (an error)
                 for k, v in run.items():
-                    upsert(c, table, {key: k}, v)
+                    upsert(c, table, {key: k}, v, first)
             continue
         stmt = dialect_insert(c.dialect.name)(table)
         stmt = stmt.on_conflict_do_update(
             index_elements=[key], set_={col: stmt.excluded[col] for col in sorted(columns)}
         )
-        c.execute(stmt, [{key: k, **v} for k, v in run.items()])
+        c.execute(stmt, [{**first, key: k, **v} for k, v in run.items()])
 
 
 def clamped(table: Any, values: dict[str, Any]) -> dict[str, Any]:

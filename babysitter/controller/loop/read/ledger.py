@@ -7,7 +7,7 @@ counting towards a lemon; the clear is a row of its own (who, when)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select, update
 
 from babysitter.controller.db import models as m
+from babysitter.controller.db.row_patches import Patch, every, newest_first
 from babysitter.controller.db.store import Store, aware
 from babysitter.controller.loop.decide.ladder import Rung
 
@@ -173,58 +174,24 @@ def _at(v: Any) -> datetime:
 # as it now is in the table, is placed where the read's own WHERE and ORDER BY would place it.
 # A write that cannot say its rows (an admin's clear, the RMA step's link) leaves the reads
 # stale and they are made again.
-Patch = Callable[[list[Remediation], list[Remediation]], list[Remediation] | None]
-
-
 def as_written(rem: Remediation) -> Remediation:
     """A copy of the row as written: the step goes on changing its own object (and the
     evidence it carries) before its next write."""
     return dataclasses.replace(rem, evidence=dict(rem.evidence))
 
 
-def open_patch(value: list[Remediation], rows: list[Remediation]) -> list[Remediation]:
-    """For the open rows, by id."""
-    by_id = {r.id: r for r in value}
-    for r in rows:
-        if r.open:
-            by_id[r.id] = r
-        else:
-            by_id.pop(r.id, None)
-    return sorted(by_id.values(), key=lambda r: r.id)
+# the open rows; the view (`Ledger.view`): the open rows and those that may count towards a
+# lemon (a closed row older than the window leaves it when next asked)
+open_patch = every(lambda r: r.open)
+view_patch = every(lambda r: r.open or (r.rung.automatic and r.cleared_at is None))
 
 
-def history_patch(node: str | None, limit: int, since: datetime | None) -> Patch:
-    """For the newest `limit` rows (of `node`, created since `since`), newest first. Neither
-    a row's node nor its creation time changes: a written row the listing lacks is new, or
-    older than a full listing's oldest (and stays out of it)."""
-
-    def patch(value: list[Remediation], rows: list[Remediation]) -> list[Remediation] | None:
-        full = len(value) >= limit
-        oldest = value[-1].id if value else 0
-        by_id = {r.id: r for r in value}
-        for r in rows:
-            if node is not None and r.node != node:
-                continue
-            if since is not None and r.created_at < since:
-                continue
-            if full and r.id < oldest:
-                continue
-            by_id[r.id] = r
-        return sorted(by_id.values(), key=lambda r: -r.id)[:limit]
-
-    return patch
-
-
-def view_patch(value: list[Remediation], rows: list[Remediation]) -> list[Remediation]:
-    """For the ledger's view (`Ledger.view`): the open rows and those that may count towards
-    a lemon, by id (a closed row older than the window leaves it when next asked)."""
-    by_id = {r.id: r for r in value}
-    for r in rows:
-        if r.open or (r.rung.automatic and r.cleared_at is None):
-            by_id[r.id] = r
-        else:
-            by_id.pop(r.id, None)
-    return sorted(by_id.values(), key=lambda r: r.id)
+def history_patch(node: str | None, limit: int, since: datetime | None) -> Patch[Remediation]:
+    """For the newest `limit` rows (of `node`, created since `since`), newest first."""
+    return newest_first(
+        limit,
+        lambda r: (node is None or r.node == node) and (since is None or r.created_at >= since),
+    )
 
 
 class Ledger:
