@@ -165,3 +165,21 @@ def test_only_the_tick_thread_is_answered_from_what_the_tick_knows(tmp_path):
         t.join()
         assert store.pending_actions() == []
     store.close()
+
+
+def test_a_full_listing_that_loses_a_row_is_read_again_not_filled_from_older_rows(db_url):
+    """The newest three pending actions: the tick settles the newest-but-two and, in the same
+    tick, changes a much older pending one it knows from another listing. The listing cannot
+    tell which pending action now comes third (the ones between are not known): it is read
+    again, never filled up with the older row it happens to know."""
+    with tick_and_truth(db_url, m.actions) as (store, truth):
+        ids = [store.record(Action(ActionKind.REQUEUE, node="n1")).id for _ in range(6)]
+        store.actions(limit=1000)  # the tick knows every row from here
+        assert [a.id for a in store.actions(status=ActionStatus.PENDING, limit=3)] == ids[:2:-1]
+        settle(
+            store, Settled(actions=[Outcome(ids[3], ActionStatus.DONE, "ok")]), datetime.now(UTC)
+        )
+        store.update_action(ids[0], outcome="looked at")
+        got = store.actions(status=ActionStatus.PENDING, limit=3)
+        assert got == truth.actions(status=ActionStatus.PENDING, limit=3)
+        assert [a.id for a in got] == [ids[5], ids[4], ids[2]]
