@@ -376,7 +376,10 @@ def sim(tmp_path: Path, receiver: Receiver, slurm_daemons: str) -> Iterator[SimC
         base,
         n_nodes=3,
         webhook_url=receiver.url + "/hook",
-        policy={"validate_before_resume": True},
+        # both nodes out at once: which agent reports first is a race, and the node whose
+        # validation fails stays out, so a cap of one would hold the other's drain for good
+        policy={"validate_before_resume": True, "max_drained_fraction": 1.0},
+        extra_config={"blast_radius": {"partition_fraction": 1.0, "cluster_fraction": 1.0}},
         validation={
             "command": ["sh", "-c", script],
             "output_dir": str(base / "validation"),

@@ -536,3 +536,44 @@ def test_an_admin_resume_mid_gpu_reset_ends_the_episode_and_its_late_refusal_is_
         c.tick()
     assert c.calls_after(mark, "node1") == [] and not c.slurm.node("node1").reason
     c.close()
+
+
+def test_a_drain_held_while_a_node_validates_runs_the_tick_after_it_returns(tmp_path: Path):
+    """A drain the admission step held was asked again only every 30 s: the room a returning
+    node made went unused for up to 30 s (the DCGM e2e test timed out waiting for it under
+    load) and the admission_held page cleared on every tick in between, then fired again.
+    One node of a partition at a time: node1 validates after its reboot (in its reservation,
+    not drained in Slurm, still counted) and node2's drain is held, the page firing on every
+    tick; node1 passes and returns: node2 is drained on the next tick, its hold written once
+    though it was asked on every tick."""
+    c = Cluster(tmp_path, nodes=3, blast_radius={"partition_count": 1})
+    writes: list[int] = []
+    update = c.store.update_action
+    c.store.update_action = lambda aid, **kw: (writes.append(aid), update(aid, **kw))[1]  # type: ignore[method-assign]
+    c.tick()
+    c.report("node1", xid79())
+    for _ in range(3):
+        c.tick()
+    c.power_cycle("node1")
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.VALIDATING
+    c.report("node2", sdc_mismatch())
+    c.tick(1)
+    [held] = [a for a in c.store.pending_actions() if a.node == "node2"]
+    assert (held.outcome or "").startswith("held:"), held.outcome
+    for _ in range(5):
+        c.tick(1)
+        assert "cluster|admission_held" in c.engine.router.firing_keys()
+        assert not c.slurm.node("node2").drained_or_draining
+    assert writes.count(held.id) == 1, writes
+    c.slurm.verdict("node1")
+    ticks = 0
+    while not c.slurm.node("node2").drained_or_draining and ticks < 10:
+        c.tick(1)
+        ticks += 1
+    assert c.ledger("node1")[0].state is Phase.PASSED
+    assert not c.slurm.node("node1").drained_or_draining
+    assert c.slurm.node("node2").drained_or_draining
+    # the verdict's tick, node1's return, then node2's drain: not 30 ticks of 1 s later
+    assert ticks <= 3, ticks
+    c.close()

@@ -123,6 +123,9 @@ class ActionExecutor:
         self.job_listing: list[Any] | None = None  # shared by this tick's requeue_jobs actions
         # the run's requeue outcomes and the requeues it queues, written when it ends
         self.closing: Settled | None = None
+        # actions the admission step held: asked again on every tick (a resume in any tick may
+        # make room), not only once HOLD_RETRY_S is over (that re-reads Slurm first)
+        self.held: set[int] = set()
         # how each kind is carried out (not in here: never executed, e.g. UNKNOWN)
         self._runners: dict[ActionKind, Callable[[Action, datetime], str]] = {
             ActionKind.DRAIN: self._drain,
@@ -228,10 +231,13 @@ class ActionExecutor:
         return out
 
     def _hold(self, a: Action, now: datetime, refusal: Refusal) -> str:
-        """Held by the admission step: still pending, not an attempt that failed."""
-        self.store.update_action(
-            a.id, outcome=str(refusal)[:1000], next_attempt_at=now + timedelta(seconds=HOLD_RETRY_S)
-        )
+        """Held by the admission step: still pending, not an attempt that failed. Written
+        when the reason changes or the retry time is over (not on every tick it is asked)."""
+        self.held.add(a.id)
+        said = str(refusal)[:1000]
+        if a.outcome != said or a.next_attempt_at is None or a.next_attempt_at <= now:
+            retry = now + timedelta(seconds=HOLD_RETRY_S)
+            self.store.update_action(a.id, outcome=said, next_attempt_at=retry)
         return str(refusal)
 
     def _call_grouped(self, batch: Batch) -> Results:
@@ -294,7 +300,10 @@ class ActionExecutor:
 
     # ---- pending actions, one by one
     def run_pending(self, pending: list[Action], now: datetime) -> None:
-        due = [a for a in pending if not ((nxt := a.next_attempt_at) and nxt > now)]
+        listed = {a.id for a in pending}
+        held, newest = self.held & listed, max(listed, default=0)
+        self.held = {i for i in self.held if i > newest}  # held this tick: asked from the next
+        due = [a for a in pending if a.id in held or not ((nxt := a.next_attempt_at) and nxt > now)]
         self.job_listing = job_listing(self.slurm, self.snapshot.ok, due)
         # one lookup of the pending requeues, one write of the jobs' outcomes and of the
         # requeues they queue, and one audit for a rack (not one per node or job)

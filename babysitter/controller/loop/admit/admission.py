@@ -14,9 +14,9 @@ own goes to Slurm only when
 - everything it needs to know is known: a stale Slurm listing, an unreadable topology (with a
   switch cap set) or maintenance windows that could not be read admit nothing new.
 
-A refused action is held, not failed: it stays pending with the refusal as its outcome and is
-asked again later; the refusals of a tick are counted by rule (metric
-`babysitter_admission_refusals_total`) and paged as one `admission_held` alert.
+A refused action is held, not failed: it stays pending with the refusal as its outcome, is
+asked again on every tick (the executor's `held`), counted by rule in
+`babysitter_admission_refusals_total` and paged as one `admission_held` alert.
 
 `decide_admission` is the pure core (tests/test_admission.py, tests/test_invariants.py);
 `Admission` gathers its inputs from the loop's snapshot and the store."""
@@ -55,7 +55,7 @@ from babysitter.slurm.topology import Topology
 log = logging.getLogger(__name__)
 CONDITION = "admission_held"
 SWITCH_REASON = re.compile(r"^switch \S+ suspected$")  # fabric.switch_reason
-HOLD_RETRY_S = 30.0  # a held action is asked again after this
+HOLD_RETRY_S = 30.0  # a held action's retry time: past it, Slurm is read before it is asked
 
 
 class Act(StrEnum):
@@ -174,8 +174,7 @@ class _Counts:
     drained: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def add(self, keys: Sequence[tuple[str, str]]) -> None:
-        for k in keys:
-            self.drained[k] = self.drained.get(k, 0) + 1
+        self.drained.update((k, self.drained.get(k, 0) + 1) for k in keys)
 
 
 def _counts(w: World, nodes: Mapping[str, SlurmNode], exclude: Collection[str]) -> _Counts:
@@ -370,6 +369,7 @@ class Admission:
         self.domains: Callable[[], Mapping[str, str]] = dict
         self.quiet: Collection[str] | None = ()
         self.refused: dict[str, Refusal] = {}  # this tick's refusals: node -> why
+        self.before: dict[str, Refusal] = {}  # the last tick's
         self.refusals = Counter(
             "babysitter_admission_refusals",
             "Automatic actions held by the admission step (controller/loop/admit/admission.py), by "
@@ -453,9 +453,8 @@ class Admission:
         if fresh is not None and w.nodes is not None:
             w = replace(w, nodes={**w.nodes, **fresh})
         out = decide_admission(act, nodes, w, self.limits, switch_incident)
-        for n, r in out.items():
-            if r is not None:
-                self._count(act, n, r)
+        for n, r in ((n, r) for n, r in out.items() if r is not None):
+            self._count(act, n, r)
         return out
 
     def one(self, act: Act, node: str, now: datetime) -> Refusal | None:
@@ -464,21 +463,23 @@ class Admission:
         try:
             fresh = self.slurm.node(node)
         except (SlurmError, NotImplementedError) as exc:
-            r = Refusal(Why.UNKNOWN, f"state unknown: cannot read {node} from Slurm ({exc})")
-            self._count(act, node, r)
-            return r
+            why = f"state unknown: cannot read {node} from Slurm ({exc})"
+            return self._count(act, node, Refusal(Why.UNKNOWN, why))
         return self.check(act, [node], now, fresh={node: fresh})[node]
 
-    def _count(self, act: Act, node: str, r: Refusal) -> None:
+    def _count(self, act: Act, node: str, r: Refusal) -> Refusal:
+        said = (self.refused.get(node) or self.before.get(node)) == r  # logged once a hold
         self.refused[node] = r
         self.refusals.labels(str(r.why), str(act)).inc()
-        log.info("%s %s held: %s", act, node, r.reason)
+        log.log(logging.DEBUG if said else logging.INFO, "%s %s held: %s", act, node, r.reason)
+        return r
 
     def alerts(
         self, now: datetime, firing: list[Alert], clearing: list[tuple[str | None, str]]
     ) -> None:
         """One alert for what this tick held (cleared on a tick that held nothing)."""
-        held, self.refused = self.refused, {}
+        held = self.before = self.refused
+        self.refused = {}
         if not held:
             clearing.append((None, CONDITION))
             return
