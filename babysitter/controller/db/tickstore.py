@@ -1,13 +1,6 @@
 """The policy tick's reads and batched writes, sized for 10,000 nodes.
 
-Reads: only the rows and columns a tick needs.
-
-A healthy node (no open finding, reporting in time, not drained, verdict already `healthy`)
-gives the policy nothing to decide, so a steady tick reads only the nodes that may: with open
-findings, a verdict other than healthy, drained by babysitter, silent past the heartbeat
-timeout, or named by the engine (Slurm state changed, alerts firing, XID/drain/validation
-history). Reading and decoding every node row each tick was 0.45 s of CPU at 10,000 nodes
-(held the GIL and starved ingest); this is a filtered scan in SQLite's C code.
+Reads: only the rows and columns a tick needs (the policy's node rows: db/policy_read.py).
 
 Writes: a rack of 32 nodes drained in one tick is one transaction for the 32 actions and one
 for their outcomes, not ~130 (SQLite has one writer: each transaction of the tick queued
@@ -29,9 +22,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
-    false,
     func,
-    or_,
     select,
     true,
     update,
@@ -41,76 +32,12 @@ from babysitter.controller.db import models as m
 from babysitter.controller.db import store as clock
 from babysitter.controller.db.action_view import done_drains_patch, pending_drains_patch
 from babysitter.controller.db.actions import Action, ActionStatus
-from babysitter.controller.db.audit import EVIDENCE_KEY, kept
 from babysitter.controller.db.episodes import episode_start
+from babysitter.controller.db.policy_read import NAMED, OPEN_FINDINGS
 from babysitter.controller.db.store import Store, aware, stored_finding
 from babysitter.finding import Finding
 
-# larger name sets than this are read as a full pass (a long IN list costs more than a scan)
-MAX_NAMED = 500
-
-
-_POLICY_COLUMNS = select(
-    m.nodes.c.name,
-    m.nodes.c.open_findings,
-    m.nodes.c.consecutive_clean,
-    m.nodes.c.last_report_at,
-    m.nodes.c.babysitter_drained,
-    m.nodes.c.slurm_reason,
-).order_by(m.nodes.c.name)
-_STEADY_CONDS = (
-    m.nodes.c.worst_severity != "ok",
-    m.nodes.c.verdict != "healthy",
-    m.nodes.c.babysitter_drained == true(),
-    m.nodes.c.last_report_at.is_(None),
-    m.nodes.c.last_report_at < bindparam("stale"),
-)
-_POLICY_STEADY = _POLICY_COLUMNS.where(or_(*_STEADY_CONDS))
-# the shapes with names: an expanding IN, so each is built (and its cache key worked out) once
-_NAMED = m.nodes.c.name.in_(bindparam("names", expanding=True))
-_POLICY_STEADY_NAMED = _POLICY_COLUMNS.where(or_(*_STEADY_CONDS, _NAMED))
-_POLICY_NAMED = _POLICY_COLUMNS.where(_NAMED)
-_POLICY_NONE = _POLICY_COLUMNS.where(false())
-
-
-def policy_rows(
-    store: Store,
-    *,
-    full: bool = False,
-    stale_before: datetime | None = None,
-    names: Collection[str] = (),
-) -> list[dict[str, Any]]:
-    """Node rows (the columns the policy reads) of every node when `full`; else of the nodes
-    that may need a decision (see the module doc: `stale_before` = now - heartbeat timeout,
-    None for `names` only)."""
-    params: dict[str, Any] = {}
-    q = _POLICY_COLUMNS
-    if full or len(names) > MAX_NAMED:
-        pass
-    elif stale_before is not None:
-        params["stale"] = stale_before
-        q = _POLICY_STEADY  # every tick's shape: built once
-        if names:
-            q, params["names"] = _POLICY_STEADY_NAMED, sorted(names)
-    elif names:
-        q, params = _POLICY_NAMED, {"names": sorted(names)}
-    else:
-        q = _POLICY_NONE
-    stamp = store.reads.mark(_OPEN_FINDINGS)
-    with store.reading() as c:
-        rows = [r._asdict() for r in c.execute(q, params)]
-    # the steps after the policy (an audit's evidence, the executor's requeue hold, the
-    # healer's starts) ask for the open findings of nodes read here
-    store.reads.seed(stamp, {(EVIDENCE_KEY, r["name"]): kept(r["open_findings"]) for r in rows})
-    for r in rows:
-        r["last_report_at"] = aware(r["last_report_at"])
-        r["open_findings"] = [stored_finding(f) for f in r["open_findings"] or []]
-    store.reads.seed(stamp, {("open_findings", r["name"]): r["open_findings"] for r in rows})
-    return rows
-
-
-_OPEN_FINDINGS = ("nodes.open_findings",)
-_FINDINGS_NAMED = select(m.nodes.c.name, m.nodes.c.open_findings).where(_NAMED)
+_FINDINGS_NAMED = select(m.nodes.c.name, m.nodes.c.open_findings).where(NAMED)
 
 
 def open_findings(store: Store, names: Collection[str]) -> dict[str, list[Finding]]:
@@ -123,7 +50,7 @@ def open_findings(store: Store, names: Collection[str]) -> dict[str, list[Findin
             return {("open_findings", n): [stored_finding(f) for f in fs or []] for n, fs in got}
 
     keys = [("open_findings", n) for n in sorted(set(names))]
-    return {k[1]: list(v) for k, v in store.reads.read_many(_OPEN_FINDINGS, keys, read).items()}
+    return {k[1]: list(v) for k, v in store.reads.read_many(OPEN_FINDINGS, keys, read).items()}
 
 
 _METRICS_TEXT = cast(m.nodes.c.metrics, String)
@@ -150,30 +77,6 @@ def perf_metrics(store: Store) -> list[tuple[str, Any]]:
     """(node, metrics) of the nodes whose report metrics carry a throughput measurement
     (`perf_gflops`, `perf_busbw`)."""
     return metrics_mentioning(store, "perf")
-
-
-_XIDS = select(
-    m.findings.c.node, m.findings.c.component, m.findings.c.code, m.findings.c.observed_at
-).where(
-    m.findings.c.severity == "critical",
-    m.findings.c.observed_at >= bindparam("since"),
-    m.findings.c.code.like("xid.%"),
-)
-
-
-def xid_history(store: Store, since: datetime) -> dict[str, list[tuple[str, int, datetime]]]:
-    """Per node, the critical `xid.<n>` findings observed since `since`: (component, xid,
-    when). Four columns of the matching rows only (the general findings read decoded whole
-    rows, up to 10,000 a tick once a rack had been failing for a while)."""
-    out: dict[str, list[tuple[str, int, datetime]]] = {}
-    with store.reading() as c:
-        for node, comp, code, when in c.execute(_XIDS, {"since": since}):
-            code = str(code)
-            if code[4:].isascii() and code[4:].isdigit():
-                at = aware(when)
-                assert at is not None
-                out.setdefault(node, []).append((comp, int(code[4:12]), at))
-    return out
 
 
 # who decides the drains the rolling hour's budget counts: the node policy and switch incidents

@@ -16,8 +16,8 @@ from sqlalchemy import func, select
 
 from babysitter.controller.db import models as m
 from babysitter.controller.db.actions import ActionKind, ActionStatus
+from babysitter.controller.db.policy_read import policy_rows
 from babysitter.controller.db.store import Store
-from babysitter.controller.db.tickstore import policy_rows
 from babysitter.controller.loop.decide.ladder import remediable
 from babysitter.controller.loop.read.ledger import Ledger, Phase
 from babysitter.finding import Finding
@@ -77,7 +77,7 @@ def drain_lemons(
         return {}
     ledger = Ledger(store)
     out: dict[str, DrainLemon] = {}
-    for row in policy_rows(store, names=sorted(nodes)):
+    for row in policy_rows(store, sorted(nodes)):
         findings = list(row["open_findings"])
         if any(remediable(f) for f in findings):
             continue  # the ladder's: its count is the ledger's

@@ -13,14 +13,13 @@ from typing import Any
 
 from babysitter.config import Config
 from babysitter.controller.db.episodes import validation_history
+from babysitter.controller.db.policy_read import policy_rows, policy_view
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import (
     drains_since,
     pending_drain_nodes,
     perf_metrics,
     policy_drain_times,
-    policy_rows,
-    xid_history,
 )
 from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind
 from babysitter.controller.loop.decide.node.facts_model import (
@@ -92,12 +91,12 @@ class FactGatherer:
         # the drain budget's rolling hour, counted in the database (a listing of the newest
         # actions would miss drains behind thousands of other actions)
         drains_last_hour = drains_since(self.store, now - timedelta(hours=1))
-        xids = xid_history(self.store, now - self.settings.xid_window)
         # each node's validations since babysitter last drained it, counted in the database
         validations = validation_history(self.store)
+        since = now - self.settings.xid_window  # the XID escalation's window
         if not self._full_pass_done:
             self._full_pass_done = True
-            rows = policy_rows(self.store, full=True)
+            view = policy_view(self.store, since, full=True)
         else:
             named = (
                 self.snapshot.sweep_share()
@@ -105,14 +104,15 @@ class FactGatherer:
                 | self.snapshot.held
                 | pending_drains
                 | drains_by_node.keys()
-                | xids.keys()
                 | validations.keys()
                 | self._alerting_nodes()
             )
             stale = now - timedelta(seconds=self.settings.heartbeat_timeout_s)
-            rows = policy_rows(self.store, stale_before=stale, names=named)
+            # and every node with an XID in the window (named by the read itself)
+            view = policy_view(self.store, since, stale_before=stale, names=named)
         self.snapshot.changed = set()
-        facts = self._node_facts(rows, now, pending_drains, drains_by_node, xids, validations)
+        rows = view.rows
+        facts = self._node_facts(rows, now, pending_drains, drains_by_node, view.xids, validations)
         drained_by_us = self._with_pending(dict(self.snapshot.drained_by_us), pending_drains)
         if self.settings.dry_run:  # a dry-run drain holds its place in the guard's count
             for f, r in zip(facts, rows, strict=True):
@@ -214,7 +214,7 @@ class FactGatherer:
         drains = {d.node: d for d in res.decisions if d.kind is DecisionKind.DRAIN and d.node}
         missing = drains.keys() - {f.name for f in facts}
         if missing:  # healthy otherwise, so not passed this tick: the straggler finding is new
-            facts = facts + self._node_facts(policy_rows(self.store, names=missing), now)
+            facts = facts + self._node_facts(policy_rows(self.store, missing), now)
         if drains:
             facts = [
                 replace(
