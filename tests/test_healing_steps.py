@@ -577,3 +577,22 @@ def test_a_drain_held_while_a_node_validates_runs_the_tick_after_it_returns(tmp_
     # the verdict's tick, node1's return, then node2's drain: not 30 ticks of 1 s later
     assert ticks <= 3, ticks
     c.close()
+
+
+def test_a_drain_is_dated_when_it_was_made_by_whoever_made_it(tmp_path: Path):
+    """The verdict writer took a drain babysitter carried out in the same tick for someone
+    else's (its facts predate the drain) and dated it again with the wall clock. A drain
+    babysitter makes keeps the time it made it (the tick's); one an admin makes in Slurm is
+    dated when babysitter first sees it."""
+    c = Cluster(tmp_path, nodes=3)
+    c.now += timedelta(hours=1)  # the tick's clock, an hour ahead of the wall clock
+    c.tick()
+    c.report("node1", sdc_mismatch())
+    c.tick()
+    assert c.slurm.node("node1").drained_or_draining
+    assert c.store.node("node1")["drained_at"] == c.now
+    c.slurm.admin_drain("node2", "cable work")
+    c.tick()
+    at = c.store.node("node2")["drained_at"]
+    assert at is not None and at < c.now - timedelta(minutes=30)  # the wall clock's
+    c.close()

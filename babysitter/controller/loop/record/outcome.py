@@ -17,6 +17,8 @@ from babysitter.controller.loop.decide.node.facts_model import (
 )
 from babysitter.controller.loop.read.guard import GUARD_INFO_KEY
 from babysitter.controller.loop.read.snapshot import SlurmSnapshot
+from babysitter.slurm.client import SlurmNode
+from babysitter.slurm.ownership import ReasonOwner, reason_owner
 
 
 def _drained(values: dict[str, Any]) -> bool:
@@ -48,18 +50,20 @@ class OutcomeWriter:
             old = self._written.get(name)
             if old != values:
                 written[name] = changes[name] = values
-                if (
-                    _drained(values)
-                    and old is not None
-                    and not _drained(old)
-                    and not (running is not None and running.ours)
-                ):
+                if _drained(values) and old is not None and not _drained(old) and self._foreign(sn):
                     # a drain someone else made in Slurm: when it began, for the age of stuck
-                    # drains (babysitter's and an admin's drains set it themselves)
+                    # drains (babysitter's and an admin's through it set it when they drain,
+                    # this tick's included: the facts predate them)
                     changes[name] = {**values, "drained_at": datetime.now(UTC)}
         if changes:
             self.store.update_nodes(changes)
             self._written.update(written)
+
+    def _foreign(self, sn: SlurmNode | None) -> bool:
+        """The node's drain is not one babysitter carried out (its automation's, an admin's
+        through it): its reason is someone else's, or the HealthCheckProgram's."""
+        owner = reason_owner(sn.reason if sn else "", self.snapshot.cfg.slurm.reason_prefix)
+        return owner not in (ReasonOwner.AUTOMATIC, ReasonOwner.MANUAL)
 
     def guard(self, result: PolicyResult, cluster: ClusterFacts, now: datetime) -> None:
         """The guard's state and why, for `babysitter status` and GET /api/v1/guard."""
