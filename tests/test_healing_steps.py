@@ -596,3 +596,18 @@ def test_a_drain_is_dated_when_it_was_made_by_whoever_made_it(tmp_path: Path):
     at = c.store.node("node2")["drained_at"]
     assert at is not None and at < c.now - timedelta(minutes=30)  # the wall clock's
     c.close()
+
+
+def test_one_xid_the_agent_repeats_until_the_reboot_is_no_repeated_xid_page(tmp_path: Path):
+    """An XID 79 the agent keeps in every report until the node reboots (a sticky event
+    finding, 30 s apart) paged `xid_79_repeated`, "needs hardware inspection", from its fifth
+    report on: for one event, on every node whose reboot took longer than two minutes."""
+    c = Cluster(tmp_path, nodes=3)
+    c.tick()
+    once = xid79()
+    for _ in range(10):
+        c.report("node1", once)
+        c.tick(30)
+    keys = c.engine.router.firing_keys()
+    assert "node1|node_unhealthy" in keys and "node1|xid_79_repeated" not in keys, keys
+    c.close()

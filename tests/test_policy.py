@@ -129,6 +129,24 @@ def test_repeated_fatal_xid_escalates_and_lemon_node():
     assert not kinds(decide([node("node1", xid_history=old)], cluster(), S, NOW), "escalate")
 
 
+def test_xid_escalation_counts_events_not_the_reports_that_repeat_them():
+    """One XID 79 escalated as "seen 5 times": the agent repeats a sticky XID in every report
+    until the reboot (the same observed_at each time) and NVML and the kernel log both report
+    most XIDs, seconds apart. Those are one event; five events an hour apart, each seen both
+    ways, are five."""
+    once = NOW - timedelta(hours=1)
+    repeated = tuple(("gpu3", 79, once) for _ in range(12))
+    both_ways = (*repeated, ("gpu3", 79, once + timedelta(seconds=2)))
+    assert not kinds(decide([node("node1", xid_history=both_ways)], cluster(), S, NOW), "escalate")
+    five = tuple(
+        ("gpu3", 79, NOW - timedelta(hours=h, seconds=s)) for h in range(5) for s in (0, 3)
+    )
+    [esc] = kinds(decide([node("node1", xid_history=five)], cluster(), S, NOW), "escalate")
+    assert esc.rule == "xid_escalation" and "seen 5 times" in esc.reason
+    four = five[:8]  # four events, each seen twice
+    assert not kinds(decide([node("node1", xid_history=four)], cluster(), S, NOW), "escalate")
+
+
 def test_xid_escalation_and_lemon_limits_are_read_from_policy_config(tmp_path):
     conf = tmp_path / "babysitter.toml"
     conf.write_text(

@@ -37,8 +37,8 @@ def report(store: Store, node: str, at: datetime, *findings: Finding) -> None:
 
 
 def test_a_node_whose_xid_cleared_is_read_with_its_window_and_nothing_else_is(db_url):
-    """Four nodes, all healthy now: n1 had XID 79 twice in the window (both counted, with
-    aware times), n2 an XID older than the window (not read), n3 a finding whose code is not a
+    """Four nodes, all healthy now: n1 had XID 79 twice in the window (read once each, with
+    aware times, however many reports repeated them), n2 an XID older than the window (not read), n3 a finding whose code is not a
     number (read, as any `xid.` code in the window, but not counted), n4 nothing. A steady
     read names none of them: n1 and n3 come back for their XIDs, in one statement; named, n4
     comes back too, in name order."""
@@ -48,6 +48,10 @@ def test_a_node_whose_xid_cleared_is_read_with_its_window_and_nothing_else_is(db
         since = NOW - timedelta(hours=24)
         report(store, "n1", NOW - timedelta(hours=2), xid("xid.79", NOW - timedelta(hours=2)))
         report(store, "n1", NOW - timedelta(hours=1), xid("xid.79", NOW - timedelta(hours=1)))
+        # the agent's next reports repeat it (a sticky event finding): one event, one row
+        for m in (30, 31):
+            later = NOW - timedelta(minutes=m)
+            report(store, "n1", later, xid("xid.79", NOW - timedelta(hours=1)))
         report(store, "n2", NOW - timedelta(hours=30), xid("xid.48", NOW - timedelta(hours=30)))
         report(store, "n3", NOW - timedelta(hours=1), xid("xid.foo", NOW - timedelta(hours=1)))
         for n in ("n1", "n2", "n3", "n4"):

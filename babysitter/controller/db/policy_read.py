@@ -74,14 +74,17 @@ def _with_xids(where: ColumnElement[bool]) -> CompoundSelect:
         type_coerce(null(), _F.code.type).label("code"),
         type_coerce(null(), _F.observed_at.type).label("observed_at"),
     ).where(or_(where, _HAS_XID))
+    # one row an event: the agent sends a sticky XID again in every report until the reboot
+    events = select(_F.node, _F.component, _F.code, _F.observed_at).where(_XID).distinct()
+    x = events.subquery()
     xids = select(
         literal_column("'x'"),
-        _F.node,
+        x.c.node,
         *(null() for _ in _COLUMNS[1:]),
-        _F.component,
-        _F.code,
-        _F.observed_at,
-    ).where(_XID)
+        x.c.component,
+        x.c.code,
+        x.c.observed_at,
+    )
     return union_all(rows, xids)
 
 

@@ -4,7 +4,7 @@ is only wished here: the blast-radius guard (drain_guard.py) decides which are m
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from babysitter.controller.db.validation_state import validated_for_this_drain
 from babysitter.controller.loop.decide.node.decisions import Decision, DecisionKind
@@ -15,15 +15,24 @@ from babysitter.controller.loop.decide.node.verdict import drain_worthy
 from babysitter.controller.loop.decide.node.wording import summary
 from babysitter.finding import Finding, Severity, no_verdict
 
+# one XID on one GPU seen again within this is the same event (the escalation counts events)
+SAME_EVENT = timedelta(seconds=60)
+
 
 def _escalations(n: NodeFacts, s: PolicySettings, now: datetime) -> list[Decision]:
     """The same fatal XID again and again on one GPU, or a node drained again and again (a
     lemon): a human looks."""
     out: list[Decision] = []
     counts: dict[tuple[str, int], int] = {}
-    for comp, xid, when in n.xid_history:
-        if now - when <= s.xid_window:
+    last: dict[tuple[str, int], datetime] = {}
+    for comp, xid, when in sorted(n.xid_history, key=lambda e: e[2]):
+        # an event, not a finding row: the agent repeats a sticky XID in every report until
+        # the reboot, and NVML and the kernel log both report most XIDs (seconds apart)
+        if now - when <= s.xid_window and not (
+            (seen := last.get((comp, xid))) is not None and when - seen < SAME_EVENT
+        ):
             counts[(comp, xid)] = counts.get((comp, xid), 0) + 1
+            last[(comp, xid)] = when
     for (comp, xid), c in sorted(counts.items()):
         if c >= s.xid_escalation_count:
             out.append(
