@@ -232,3 +232,41 @@ def test_a_gpu_reset_ends_that_gpus_kernel_log_xids(tmp_path):
     with kmsg.open("a") as f:  # the same XID after the reset is a new fault
         f.write("NVRM: Xid (PCI:0000:5d:00): 74, pid=1, NVLink: fatal error detected\n")
     assert ("gpu3", "xid.74") in {(f.component, f.code) for f in check.run()}
+
+
+def test_a_reset_ends_a_kernel_log_xid_the_fast_tier_had_not_read_yet(tmp_path):
+    """The driver logs XID 74 and NVML reports it; the controller orders a reset before the
+    fast tier has read the kernel log. The line, read after the reset began, was stamped after
+    it: the reset did not end it, the rung failed and the node was rebooted for nothing (a
+    recovery e2e run met this). The agent reads the log up to the reset's start first, and
+    what it read then is said once by the next run; a line the kernel logs after the reset
+    is a new fault."""
+    import time
+
+    from babysitter.checks.base import CheckContext
+    from babysitter.checks.nvml import Device
+    from babysitter.checks.xid.check import KmsgXidCheck
+
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    devs = {"5d:00": Device(3, None, "H100", "GPU-3", "00000000:5D:00.0")}
+
+    class Check(KmsgXidCheck):
+        def _pci_to_gpu(self):
+            return devs
+
+    check = Check(CheckContext(parse_config({"agent": {"kmsg_path": str(kmsg)}}), "n"))
+    assert [f.code for f in check.run()] == ["xid.none"]
+    with kmsg.open("a") as f:
+        f.write("NVRM: Xid (PCI:0000:5d:00): 74, pid=1, NVLink: fatal error detected on link 2\n")
+        f.write("NVRM: Xid (PCI:0000:5d:00): 999, pid=1, an XID no table knows\n")
+    check.before_gpu_reset()
+    started = time.time()  # reset.carry_out: the reset begins after the catch-up
+    check.gpu_was_reset(3, started)
+    codes = {f.code for f in check.run()}
+    assert "xid.74" not in codes  # ended by the reset
+    assert "xid.999" in codes  # read by the catch-up, said by the run after it, once
+    assert "xid.999" not in {f.code for f in check.run()}
+    with kmsg.open("a") as f:
+        f.write("NVRM: Xid (PCI:0000:5d:00): 74, pid=1, NVLink: fatal error detected on link 2\n")
+    assert "xid.74" in {f.code for f in check.run()}

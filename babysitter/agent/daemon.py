@@ -290,6 +290,11 @@ class Agent:
 
         def run() -> None:
             try:
+                for c in self.checks:  # the kernel log read up to the reset's start
+                    try:
+                        c.before_gpu_reset()
+                    except Exception:
+                        log.exception("check %s: cannot read up to the reset", c.name)
                 self._reset_done(reset.carry_out(self.cfg.agent, order))
             finally:
                 self._resetting.release()

@@ -142,6 +142,10 @@ class Check:
         out, self.events = self.events, []
         return out
 
+    def before_gpu_reset(self) -> None:
+        """A GPU reset is about to begin: a check that reads a log reads it up to now first,
+        so what was logged before the reset is known to be from before it."""
+
     def gpu_was_reset(self, gpu: int, before: float) -> None:
         """GPU `gpu` was reset (the reset began at `before`, a wall clock time): what a check
         keeps across runs about it from before then is over. Polled reads see the GPU anew;

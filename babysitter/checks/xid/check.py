@@ -104,6 +104,10 @@ class KmsgXidCheck(Check):
         # drops them while a run may be adding: one lock)
         self._open: dict[tuple[str, str], Finding] = {}
         self._open_lock = threading.Lock()
+        # one reader of the log at a time: a run, or a reset's catch-up (before_gpu_reset),
+        # whose said-once findings wait here for the next run
+        self._read_lock = threading.Lock()
+        self._caught: dict[tuple[str, str], Finding] = {}
         self.malformed_lines = 0
         self._reader = KmsgReader()
         # per component: the last XID that was not a follow-on one, and when (kernel seconds)
@@ -221,8 +225,19 @@ class KmsgXidCheck(Check):
                 return new
             return read_devkmsg(fh)  # /dev/kmsg: non-blocking reads of whole records
 
-    def run(self) -> list[Finding]:
-        self.begin()  # one signal, read every run; this keeps the tier's bookkeeping
+    def before_gpu_reset(self) -> None:
+        """Read the log up to now before a reset begins: a line the kernel logged before the
+        reset is then stamped before it too, and the reset ends it, however late the fast
+        tier would have come (it came after the reset had begun, and the reset rung failed
+        on an XID 74 it had cleared)."""
+        with self._read_lock:
+            got = self._ingest()
+            if isinstance(got, dict):
+                self._caught.update(got)
+
+    def _ingest(self) -> dict[tuple[str, str], Finding] | list[Finding]:
+        """Read and parse the lines written since the last read: the findings said by these
+        lines only (the kept ones go to `_open`), or a finding saying the log is unreadable."""
         path = Path(self.ctx.config.agent.kmsg_path)
         overrides = self.ctx.config.checks.xid.overrides
         try:
@@ -240,7 +255,7 @@ class KmsgXidCheck(Check):
                 )
             ]
         pci_map: dict[str, nvml.Device] | None = None
-        once: dict[tuple[str, str], Finding] = {}  # said by this run only: no reason to stay
+        once: dict[tuple[str, str], Finding] = {}  # said by this read only: no reason to stay
         for raw in new:
             # each line under its own error boundary: the offset has already moved past these
             # lines, so one that breaks the parser must not lose the real XIDs after it
@@ -261,6 +276,15 @@ class KmsgXidCheck(Check):
                         self._open[(f.component, f.code)] = kept
                     elif f.severity >= Severity.WARNING:
                         once[(f.component, f.code)] = f
+        return once
+
+    def run(self) -> list[Finding]:
+        self.begin()  # one signal, read every run; this keeps the tier's bookkeeping
+        with self._read_lock:
+            got = self._ingest()
+            if not isinstance(got, dict):
+                return got
+            once, self._caught = {**self._caught, **got}, {}
         if self.malformed_lines:
             self.metrics["kmsg_malformed_lines"] = self.malformed_lines
         seen = unparsed.REGISTRY.snapshot()
