@@ -212,12 +212,7 @@ def test_a_validation_an_older_version_left_waiting_for_ever_gets_a_deadline(tmp
     """Rows an older version drained for their verdict carry no deadline (they waited for
     ever): they get one (the job's time limit + 5 min from now) and then fail as above."""
     c = Cluster(tmp_path)
-    c.tick()
-    c.report("node1", xid79())
-    for _ in range(3):
-        c.tick()
-    c.power_cycle("node1")
-    c.tick()
+    _validating(c)
     (validation,) = [a for a in c.store.actions() if a.kind is ActionKind.VALIDATE]
     assert validation.job_id is not None
     c.slurm.jobs_state[validation.job_id] = "PENDING"
@@ -239,6 +234,17 @@ def test_a_validation_an_older_version_left_waiting_for_ever_gets_a_deadline(tmp
     assert c.slurm.jobs_state[validation.job_id] == "CANCELLED"
     assert c.ledger("node1")[0].state is not Phase.VALIDATING
     c.close()
+
+
+def _validating(c: Cluster) -> None:
+    """XID 79 on node1: drained, rebooted through Slurm, back, and its validation running."""
+    c.tick()
+    c.report("node1", xid79())
+    for _ in range(3):
+        c.tick()
+    c.power_cycle("node1")
+    c.tick()
+    assert c.ledger("node1")[0].state is Phase.VALIDATING
 
 
 def _back_from_reboot(tmp_path: Path) -> Cluster:
@@ -493,13 +499,7 @@ def test_a_validation_behind_hundreds_of_actions_still_ends_its_episode(tmp_path
     from babysitter.controller.db.actions import Action
 
     c = Cluster(tmp_path)
-    c.tick()
-    c.report("node1", xid79())
-    for _ in range(3):
-        c.tick()
-    c.power_cycle("node1")
-    c.tick()
-    assert c.ledger("node1")[0].state is Phase.VALIDATING
+    _validating(c)
     busy = Action(
         ActionKind.REQUEUE, reason="node failure elsewhere", status=ActionStatus.DONE
     ).created(c.now)
@@ -550,13 +550,7 @@ def test_a_drain_held_while_a_node_validates_runs_the_tick_after_it_returns(tmp_
     writes: list[int] = []
     update = c.store.update_action
     c.store.update_action = lambda aid, **kw: (writes.append(aid), update(aid, **kw))[1]  # type: ignore[method-assign]
-    c.tick()
-    c.report("node1", xid79())
-    for _ in range(3):
-        c.tick()
-    c.power_cycle("node1")
-    c.tick()
-    assert c.ledger("node1")[0].state is Phase.VALIDATING
+    _validating(c)
     c.report("node2", sdc_mismatch())
     c.tick(1)
     [held] = [a for a in c.store.pending_actions() if a.node == "node2"]
