@@ -38,10 +38,10 @@ def report(store: Store, node: str, at: datetime, *findings: Finding) -> None:
 
 def test_a_node_whose_xid_cleared_is_read_with_its_window_and_nothing_else_is(db_url):
     """Four nodes, all healthy now: n1 had XID 79 twice in the window (read once each, with
-    aware times, however many reports repeated them), n2 an XID older than the window (not read), n3 a finding whose code is not a
-    number (read, as any `xid.` code in the window, but not counted), n4 nothing. A steady
-    read names none of them: n1 and n3 come back for their XIDs, in one statement; named, n4
-    comes back too, in name order."""
+    aware times, however many reports repeated them), n2 an XID older than the window (not
+    read), n3 a finding whose code is not a number (read, as any `xid.` code in the window,
+    but not counted), n4 nothing. A steady read names none of them: n1 and n3 come back for
+    their XIDs, in one statement; named, n4 comes back too, in name order."""
     store = Store(db_url)
     store.upgrade()
     try:
