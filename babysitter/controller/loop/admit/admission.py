@@ -28,7 +28,6 @@ import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from enum import StrEnum
 
 from prometheus_client import Counter
 
@@ -36,6 +35,7 @@ from babysitter.config import Config
 from babysitter.controller.db.actions import ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import drains_since, pending_drain_nodes
+from babysitter.controller.loop.admit.refusal import Act, Refusal, Why
 from babysitter.controller.loop.decide.blast import BlastSettings
 from babysitter.controller.loop.read.ledger import ACTIVE, Ledger, Phase
 from babysitter.controller.loop.read.snapshot import SlurmSnapshot
@@ -56,39 +56,6 @@ log = logging.getLogger(__name__)
 CONDITION = "admission_held"
 SWITCH_REASON = re.compile(r"^switch \S+ suspected$")  # fabric.switch_reason
 HOLD_RETRY_S = 30.0  # a held action's retry time: past it, Slurm is read before it is asked
-
-
-class Act(StrEnum):
-    DRAIN = "drain"
-    REBOOT = "reboot"
-    RESET_GPU = "reset_gpu"
-    RESTART_FABRIC = "restart_fabric"  # like a GPU reset: the node's own, ownership only
-    RESUME = "resume"
-    VALIDATE = "validate"
-
-
-class Why(StrEnum):
-    """The rule that refused an action (the metric's label)."""
-
-    OWNERSHIP = "ownership"
-    UNKNOWN = "unknown"  # a count or state the decision needs could not be read
-    MAINTENANCE = "maintenance"
-    CAP_SWITCH = "cap_switch"
-    CAP_DOMAIN = "cap_domain"
-    CAP_PARTITION = "cap_partition"
-    CAP_CLUSTER = "cap_cluster"
-    CAP_GUARD = "cap_guard"  # [policy] max_drained_fraction of a partition
-    CAP_RATE = "cap_rate"
-    CAP_REBOOTS = "cap_reboots"
-
-
-@dataclass(frozen=True)
-class Refusal:
-    why: Why
-    reason: str
-
-    def __str__(self) -> str:
-        return f"held: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -174,7 +141,8 @@ class _Counts:
     drained: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def add(self, keys: Sequence[tuple[str, str]]) -> None:
-        self.drained.update((k, self.drained.get(k, 0) + 1) for k in keys)
+        for k in keys:
+            self.drained[k] = self.drained.get(k, 0) + 1
 
 
 def _counts(w: World, nodes: Mapping[str, SlurmNode], exclude: Collection[str]) -> _Counts:
@@ -453,8 +421,9 @@ class Admission:
         if fresh is not None and w.nodes is not None:
             w = replace(w, nodes={**w.nodes, **fresh})
         out = decide_admission(act, nodes, w, self.limits, switch_incident)
-        for n, r in ((n, r) for n, r in out.items() if r is not None):
-            self._count(act, n, r)
+        for n, r in out.items():
+            if r is not None:
+                self._count(act, n, r)
         return out
 
     def one(self, act: Act, node: str, now: datetime) -> Refusal | None:
@@ -468,7 +437,8 @@ class Admission:
         return self.check(act, [node], now, fresh={node: fresh})[node]
 
     def _count(self, act: Act, node: str, r: Refusal) -> Refusal:
-        said = (self.refused.get(node) or self.before.get(node)) == r  # logged once a hold
+        # a held action is asked on every tick: logged when its hold starts or its reason changes
+        said = (self.refused.get(node) or self.before.get(node)) == r
         self.refused[node] = r
         self.refusals.labels(str(r.why), str(act)).inc()
         log.log(logging.DEBUG if said else logging.INFO, "%s %s held: %s", act, node, r.reason)
@@ -478,8 +448,8 @@ class Admission:
         self, now: datetime, firing: list[Alert], clearing: list[tuple[str | None, str]]
     ) -> None:
         """One alert for what this tick held (cleared on a tick that held nothing)."""
-        held = self.before = self.refused
-        self.refused = {}
+        held, self.refused = self.refused, {}
+        self.before = held  # a hold asked again next tick is not logged again
         if not held:
             clearing.append((None, CONDITION))
             return
