@@ -134,8 +134,26 @@ def test_a_tick_with_a_fault_rereads_only_what_it_wrote(cluster):
     # requeue run writes its outcomes, its jobs and the requeues it queues once, the open
     # episodes and the lemon count are one view of the ledger, and the pending actions and
     # the requeue lookup one listing: 11, 8 and 6. The policy's node rows and the XIDs of the
-    # window are one read (db/policy_read.py): 10, 7 and 5
-    assert counts[0] <= 10 and max(counts[1:]) <= 7, counts
+    # window are one read (db/policy_read.py): 10, 7 and 5. A drained node's verdict is
+    # written with its drain (one write of its row a tick): 9
+    assert counts[0] <= 9 and max(counts[1:]) <= 7, counts
+
+
+def test_a_node_moved_in_a_tick_has_its_row_written_once(cluster):
+    """The drain's write of the node's row carries its verdict and Slurm state, as the
+    tick's outcome has them (they were a second update of the row at the tick's end); a
+    reader sees the node drained, by babysitter, with the verdict of the fault."""
+    store, names, engine = cluster
+    ReportWriter(store).write([_report(names[0], datetime.now(UTC), DBE)])
+    sql = [s for s, _ in _statements(store, engine)]
+    updates = [s for s in sql if re.match(r"\s*UPDATE nodes\b", s)]
+    assert len(updates) == 1, updates
+    row = store.node(names[0])
+    assert row is not None and row["babysitter_drained"]
+    assert row["verdict"] == "unhealthy" and "DRAIN" in row["slurm_state"].split("+")
+    assert str(row["slurm_reason"]).startswith("babysitter")
+    engine.tick()  # the next tick has nothing new to write for it
+    assert store.node(names[0])["verdict"] == "unhealthy"
 
 
 def _fault_ticks(where: Path, faulty: int) -> list[int]:

@@ -13,7 +13,7 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     Connection,
@@ -259,40 +259,64 @@ class Settled:
     resumed: list[str] = field(default_factory=list)
     actions: list[Outcome] = field(default_factory=list)
     follow_ups: list[Action] = field(default_factory=list)  # new pending actions
+    # node -> the columns the tick's outcome writes for it (its verdict, its Slurm state),
+    # written with its move: a node drained or resumed in a tick has its row written once
+    node_columns: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class NodeColumns(Protocol):
+    """What a move's write of its node's row also carries (record/outcome.py: the tick's
+    verdict columns), told when it has been written."""
+
+    def columns(self, names: list[str]) -> dict[str, dict[str, Any]]: ...
+
+    def written(self, columns: dict[str, dict[str, Any]]) -> None: ...
+
+
+_n = m.nodes
+# what a move sets in its node's row (its verdict columns are added by Settled.node_columns)
+_MOVED: dict[str, dict[str, Any]] = {
+    "drain": {
+        "babysitter_drained": bindparam("b_ours"),
+        "drain_reason": bindparam("b_reason"),
+        "drained_at": bindparam("b_at"),
+        # babysitter's drains (a held one carried out included) start a new validation
+        # history; an admin's starts none
+        "drain_episode": case(
+            (bindparam("b_ours") == true(), episode_start()), else_=_n.c.drain_episode
+        ),
+    },
+    "resume": {"babysitter_drained": False, "drain_reason": None, "consecutive_clean": 0},
+}
+
+
+def _moves(c: Connection, s: Settled, at: datetime) -> None:
+    """The moved nodes' rows: one statement per kind of move and set of columns (a rack
+    drained together: one)."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    rows = [
+        ("drain", d.node, {"b_reason": d.reason, "b_ours": d.ours, "b_at": at}) for d in s.drained
+    ]
+    rows += [("resume", node, {}) for node in s.resumed]
+    for kind, node, params in rows:
+        extra = s.node_columns.get(node, {})
+        groups.setdefault((kind, *sorted(extra)), []).append(
+            {"b_name": node, **params, **{f"v_{k}": v for k, v in extra.items()}}
+        )
+    for (kind, *columns), params_list in groups.items():
+        values = {**_MOVED[kind], **{k: bindparam(f"v_{k}") for k in columns}}
+        c.execute(update(_n).where(_n.c.name == bindparam("b_name")).values(values), params_list)
 
 
 def settle(store: Store, s: Settled, at: datetime) -> None:
     if not (s.drained or s.resumed or s.follow_ups or s.actions):
         return  # a steady tick: no transaction to open
-    n, a = m.nodes, m.actions
+    a = m.actions
     # each settled action's row as the tick knows it now, looked up before the write (the
     # executor's copy may predate one of the tick's writes)
     known = [store.reads.known("actions", o.action_id) for o in s.actions]
     with store.reads.writing("actions") as w, store.engine.begin() as c:
-        if s.drained:
-            c.execute(
-                update(n)
-                .where(n.c.name == bindparam("b_name"))
-                .values(
-                    babysitter_drained=bindparam("b_ours"),
-                    drain_reason=bindparam("b_reason"),
-                    drained_at=at,
-                    # babysitter's drains (a held one carried out included) start a new
-                    # validation history; an admin's starts none
-                    drain_episode=case(
-                        (bindparam("b_ours") == true(), episode_start()),
-                        else_=n.c.drain_episode,
-                    ),
-                ),
-                [{"b_name": d.node, "b_reason": d.reason, "b_ours": d.ours} for d in s.drained],
-            )
-        if s.resumed:
-            c.execute(
-                update(n)
-                .where(n.c.name == bindparam("b_name"))
-                .values(babysitter_drained=False, drain_reason=None, consecutive_clean=0),
-                [{"b_name": node} for node in s.resumed],
-            )
+        _moves(c, s, at)
         if s.follow_ups:  # one statement for a rack's follow-ups (ids as record_actions)
             for row in _insert_pending(store, c, s.follow_ups, at):
                 w.add(row)

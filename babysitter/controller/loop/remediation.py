@@ -149,6 +149,7 @@ class RemediationEngine:
             cfg, store, self.settings, self.snapshot, self.router, self._isolated
         )
         self.outcome = OutcomeWriter(store, self.settings, self.snapshot)
+        self.executor.node_columns = self.outcome  # a moved node's row: written once a tick
         self.validator = Validator(cfg, store, self.slurm)
         self.validator.admission = self.admission
         self.applier = DecisionApplier(store, self.executor, self.validator, lambda: self.slurm_ok)
@@ -257,6 +258,7 @@ class RemediationEngine:
         facts, cluster, result, noticed = self._decide(now)
         self._isolated("nccl requeues", lambda: self.nccl.step(facts, now))  # run by _act
         firing, clearing = self._straggler_alerts(noticed, now)
+        self.outcome.prepare(result, facts)
         self._act(result, cluster, now, firing, clearing, read)
         self._publish(result, facts, cluster, now, firing, clearing)
         self._isolated("jobs", lambda: self.jobs.tick(self.slurm_nodes, now))

@@ -15,7 +15,7 @@ from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.episodes import start_drain_episodes
 from babysitter.controller.db.store import Store, aware
-from babysitter.controller.db.tickstore import Drained, Outcome, Settled, settle
+from babysitter.controller.db.tickstore import Drained, NodeColumns, Outcome, Settled, settle
 from babysitter.controller.loop.act.held_drain import cleared_while_held
 from babysitter.controller.loop.act.job_runners import requeue, requeue_jobs
 from babysitter.controller.loop.admit.admission import HOLD_RETRY_S, Act, Admission, Refusal
@@ -126,6 +126,8 @@ class ActionExecutor:
         # actions the admission step held: asked again on every tick (a resume in any tick may
         # make room), not only once HOLD_RETRY_S is over (that re-reads Slurm first)
         self.held: set[int] = set()
+        # the tick's verdict columns a move's node write carries (record/outcome.py)
+        self.node_columns: NodeColumns | None = None
         # how each kind is carried out (not in here: never executed, e.g. UNKNOWN)
         self._runners: dict[ActionKind, Callable[[Action, datetime], str]] = {
             ActionKind.DRAIN: self._drain,
@@ -278,8 +280,7 @@ class ActionExecutor:
                 self._drained(a, a.reason or "", s)
             else:
                 self._resumed(a, s)
-        settle(self.store, s, now)
-        self.snapshot.moved_here([(d.node, d.reason) for d in s.drained], s.resumed)
+        self._write_moves(s, now)
         out = {o.action_id: str(o.status) for o in s.actions}
         for a, _, _ in results:
             self._count(a, out.get(a.id, "pending"))
@@ -294,9 +295,19 @@ class ActionExecutor:
             self._drained(a, a.reason or "", s)
         else:
             self._resumed(a, s)
-        settle(self.store, s, now)
+        self._write_moves(s, now)
         self._count(a, "done")
         return "done"
+
+    def _write_moves(self, s: Settled, now: datetime) -> None:
+        """Write settled moves, applied to the snapshot first (Slurm has made them), their
+        nodes' verdict columns with them: a node moved in a tick has its row written once."""
+        self.snapshot.moved_here([(d.node, d.reason) for d in s.drained], s.resumed)
+        if self.node_columns is not None:
+            s.node_columns = self.node_columns.columns([d.node for d in s.drained] + s.resumed)
+        settle(self.store, s, now)
+        if self.node_columns is not None:
+            self.node_columns.written(s.node_columns)
 
     # ---- pending actions, one by one
     def run_pending(self, pending: list[Action], now: datetime) -> None:
@@ -463,9 +474,8 @@ class ActionExecutor:
         self.slurm.drain(a.node, reason)
         s = Settled()
         self._drained(a, reason, s)
-        settle(self.store, s, now)
         # the next action's admission counts it (the listing is older than this drain)
-        self.snapshot.moved_here([(a.node, reason)], [])
+        self._write_moves(s, now)
         self._count(a, "done")
         return "done"
 
@@ -475,8 +485,7 @@ class ActionExecutor:
         self.slurm.resume(a.node, manual=a.manual)
         s = Settled()
         self._resumed(a, s)
-        settle(self.store, s, now)
-        self.snapshot.moved_here([], [a.node])
+        self._write_moves(s, now)
         self._count(a, "done")
         return "done"
 

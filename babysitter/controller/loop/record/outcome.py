@@ -32,13 +32,46 @@ class OutcomeWriter:
         self.snapshot = snapshot  # the nodes' Slurm state, written next to their verdicts
         self._written: dict[str, dict[str, Any]] = {}  # node columns last written
         self._guard_written: dict[str, Any] | None = None
+        # the tick's verdicts and facts by node, between `prepare` and `verdicts`
+        self._tick: tuple[dict[str, str], dict[str, NodeFacts]] | None = None
+
+    def prepare(self, result: PolicyResult, facts: list[NodeFacts]) -> None:
+        """The tick's verdicts, known before it moves nodes: a node it drains or resumes has
+        them written with its move (`columns`), its row written once in the tick."""
+        self._tick = (result.verdicts, {f.name: f for f in facts})
+
+    def columns(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        """The verdict columns of these nodes, as `verdicts` would write them now, for those
+        whose columns changed (and only these columns: a drain made by someone else, dated
+        here, is left to `verdicts`). Not marked written until `written`."""
+        if self._tick is None:
+            return {}
+        verdicts, facts_by_name = self._tick
+        named = {n: v for n in names if (v := verdicts.get(n)) is not None}
+        changes, _ = self._changes(named, facts_by_name)
+        return {n: v for n, v in changes.items() if "drained_at" not in v}
+
+    def written(self, columns: dict[str, dict[str, Any]]) -> None:
+        """`columns` were written with the nodes' moves: `verdicts` writes them only if they
+        change again in this tick."""
+        self._written.update(columns)
 
     def verdicts(self, result: PolicyResult, facts: list[NodeFacts]) -> None:
         """Each decided node's verdict and Slurm state columns, written when they change."""
+        self._tick = None
+        changes, written = self._changes(result.verdicts, {f.name: f for f in facts})
+        if changes:
+            self.store.update_nodes(changes)
+            self._written.update(written)
+
+    def _changes(
+        self, verdicts: dict[str, str], facts_by_name: dict[str, NodeFacts]
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """(the columns to write, the columns as they will then be) of the nodes whose verdict
+        or Slurm state columns changed since they were last written."""
         changes: dict[str, dict[str, Any]] = {}
         written: dict[str, dict[str, Any]] = {}
-        facts_by_name = {f.name: f for f in facts}
-        for name, verdict in result.verdicts.items():
+        for name, verdict in verdicts.items():
             sn = self.snapshot.nodes.get(name)
             running = facts_by_name.get(name)
             if running is not None and running.validation == "running":
@@ -55,9 +88,7 @@ class OutcomeWriter:
                     # drains (babysitter's and an admin's through it set it when they drain,
                     # this tick's included: the facts predate them)
                     changes[name] = {**values, "drained_at": datetime.now(UTC)}
-        if changes:
-            self.store.update_nodes(changes)
-            self._written.update(written)
+        return changes, written
 
     def _foreign(self, sn: SlurmNode | None) -> bool:
         """The node's drain is not one babysitter carried out (its automation's, an admin's
