@@ -19,6 +19,7 @@ from sqlalchemy import event
 
 from babysitter.config import parse_config
 from babysitter.controller.api.ingest import ReportWriter
+from babysitter.controller.db import audit
 from babysitter.controller.db.actions import Action, ActionKind, ActionStatus
 from babysitter.controller.db.store import Store
 from babysitter.controller.db.tick_reads import _written
@@ -185,6 +186,24 @@ def test_a_rack_failing_together_costs_the_statements_of_one_node(tmp_path):
     one = _fault_ticks(tmp_path / "1", 1)
     assert _fault_ticks(tmp_path / "3", 3) == one
     assert _fault_ticks(tmp_path / "6", 6) == one
+
+
+def test_a_breaker_tripping_is_recorded_with_the_ticks_drains(cluster):
+    """10 of 64 nodes failing at once trip the blast-radius breaker: its record in the
+    actions log is written in the statement that records the tick's drains ahead of them (it
+    was an insert of its own), and audited."""
+    store, names, engine = cluster
+    ReportWriter(store).write([_report(x, datetime.now(UTC), DBE) for x in names[:10]])
+    sql = [s for s, _ in _statements(store, engine)]
+    trips = [a for a in store.actions() if a.kind is ActionKind.GUARD]
+    assert len(trips) == 1 and trips[0].status is ActionStatus.DONE
+    assert trips[0].outcome == "breaker tripped: drains stopped"
+    drains = [a for a in store.actions() if a.kind is ActionKind.DRAIN]
+    assert drains and all(a.id < trips[0].id for a in drains)  # one statement, in its order
+    inserts = [s for s in sql if s.lstrip().startswith("INSERT INTO actions")]
+    # the drains and the breaker, the drains' follow-ups, the healer's records
+    assert len(inserts) == 3, inserts
+    assert trips[0].id in {e.action_id for e in audit.entries(store)}
 
 
 def test_a_racks_follow_ups_cost_the_statements_of_one_nodes(tmp_path):

@@ -187,13 +187,18 @@ def _drain_time(a: Action) -> tuple[int, str, datetime] | None:
 _DONE_POLICY = done_drains_patch(("policy",), _drain_time)
 
 
-def record_actions(store: Store, actions: list[Action], at: datetime) -> list[Action]:
-    """Insert pending actions in one transaction; returns them recorded (with their ids), in
-    order."""
-    if not actions:
+def record_actions(
+    store: Store, actions: list[Action], at: datetime, done: Collection[Action] = ()
+) -> list[Action]:
+    """Insert pending actions, and `done` (records of what the tick did, as they are, e.g. a
+    breaker tripping), in one statement; returns them recorded (with their ids), in order:
+    the pending ones, then `done`."""
+    if not actions and not done:
         return []
+    pending = [replace(a, status=ActionStatus.PENDING).created(at) for a in actions]
+    records = [a.created(clock.now()) for a in done]  # Store.record's clock
     with store.reads.writing("actions") as w, store.engine.begin() as c:
-        return [w.add(a) for a in _insert_pending(store, c, actions, at)]
+        return [w.add(a) for a in _insert(store, c, pending + records)]
 
 
 def record_rows(store: Store, actions: list[Action]) -> list[Action]:

@@ -34,12 +34,31 @@ class DecisionApplier:
         self.validator = validator
         self.slurm_ok = slurm_ok
 
-    def record_moves(self, moves: list[Decision], now: datetime) -> dict[int, Action]:
-        """Pending actions of the tick's drain/resume decisions: id(decision) -> action."""
-        if not moves:
+    def record_moves(
+        self, decisions: list[Decision], cluster: ClusterFacts, now: datetime
+    ) -> dict[int, Action]:
+        """Pending actions of the tick's drain/resume decisions, and the record of the breaker
+        tripping in this tick, in one statement: id(decision) -> action."""
+        moves = [d for d in decisions if d.kind in (DecisionKind.DRAIN, DecisionKind.RESUME)]
+        trip = DecisionKind.GUARD_TRIPPED
+        trips = [] if cluster.guard_tripped else [d for d in decisions if d.kind is trip]
+        if not moves and not trips:
             return {}
-        recorded = record_actions(self.store, [self._action_of(d) for d in moves], now)
-        return dict(zip(map(id, moves), recorded, strict=True))
+        done = [self._trip_record(d) for d in trips]
+        recorded = record_actions(self.store, [self._action_of(d) for d in moves], now, done)
+        return dict(zip(map(id, moves + trips), recorded, strict=True))
+
+    @staticmethod
+    def _trip_record(d: Decision) -> Action:
+        """The actions log's record of the breaker tripping."""
+        return Action(
+            ActionKind.GUARD,
+            reason=d.reason,
+            rule=d.rule or None,
+            requested_by="policy",
+            status=ActionStatus.DONE,
+            outcome="breaker tripped: drains stopped",
+        )
 
     @staticmethod
     def _action_of(d: Decision) -> Action:
@@ -62,7 +81,7 @@ class DecisionApplier:
         if d.kind in (DecisionKind.DRAIN, DecisionKind.RESUME):
             self._move(d, now, firing, clearing, action)
         elif d.kind is DecisionKind.GUARD_TRIPPED:
-            self._trip_guard(d, cluster, now, firing)
+            self._trip_guard(d, cluster, now, firing, action)
         elif d.kind is DecisionKind.KEEP_ALERT:
             held = {
                 "node_unhealthy": "node held drained by babysitter until clean checks",
@@ -106,20 +125,19 @@ class DecisionApplier:
         node_alert(d, self.executor.execute(action, now), firing, clearing, now)
 
     def _trip_guard(
-        self, d: Decision, cluster: ClusterFacts, now: datetime, firing: list[Alert]
+        self,
+        d: Decision,
+        cluster: ClusterFacts,
+        now: datetime,
+        firing: list[Alert],
+        record: Action | None,
     ) -> None:
         """The blast-radius breaker trips (recorded once, when it trips) and pages."""
         if not cluster.guard_tripped:
             self.store.kv_set(GUARD_KEY, True)
-            aid = self.store.record_action(
-                ActionKind.GUARD,
-                reason=d.reason,
-                rule=d.rule or None,
-                requested_by="policy",
-                status=ActionStatus.DONE,
-                outcome="breaker tripped: drains stopped",
-            )
-            audit.record_actions(self.store, [aid], now)
+            if record is None:  # not recorded with the tick's moves
+                record = self.store.record(self._trip_record(d))
+            audit.record_actions(self.store, [record.id], now)
         firing.append(
             Alert(
                 None,

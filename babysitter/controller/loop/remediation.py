@@ -342,9 +342,11 @@ class RemediationEngine:
             # snapshot (only while there is work, so the steady state keeps its budget)
             self._read_slurm(force=True)
         self.executor.batch = []
-        # the tick's drains/resumes are recorded in one transaction (a rack: one, not 32)
-        moves = [d for d in result.decisions if d.kind in (DecisionKind.DRAIN, DecisionKind.RESUME)]
-        recorded = self._isolated("record actions", lambda: self.applier.record_moves(moves, now))
+        # the tick's drains/resumes (and a breaker tripping) are recorded in one statement (a
+        # rack: one, not 32)
+        recorded = self._isolated(
+            "record actions", lambda: self.applier.record_moves(result.decisions, cluster, now)
+        )
         for d in result.decisions:
             self._isolated(
                 f"decision {d.kind} {d.node or ''}",
