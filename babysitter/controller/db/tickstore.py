@@ -195,10 +195,9 @@ def record_actions(
     the pending ones, then `done`."""
     if not actions and not done:
         return []
-    pending = [replace(a, status=ActionStatus.PENDING).created(at) for a in actions]
     records = [a.created(clock.now()) for a in done]  # Store.record's clock
     with store.reads.writing("actions") as w, store.engine.begin() as c:
-        return [w.add(a) for a in _insert(store, c, pending + records)]
+        return [w.add(a) for a in _insert(store, c, _pending(actions, at) + records)]
 
 
 def record_rows(store: Store, actions: list[Action]) -> list[Action]:
@@ -211,10 +210,9 @@ def record_rows(store: Store, actions: list[Action]) -> list[Action]:
         return [w.add(a) for a in _insert(store, c, [a.created(at) for a in actions])]
 
 
-def _insert_pending(
-    store: Store, c: Connection, actions: list[Action], at: datetime
-) -> list[Action]:
-    return _insert(store, c, [replace(a, status=ActionStatus.PENDING).created(at) for a in actions])
+def _pending(actions: list[Action], at: datetime) -> list[Action]:
+    """The rows of new pending actions recorded at `at`."""
+    return [replace(a, status=ActionStatus.PENDING).created(at) for a in actions]
 
 
 def _insert(store: Store, c: Connection, rows: list[Action]) -> list[Action]:
@@ -323,7 +321,7 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
     with store.reads.writing("actions") as w, store.engine.begin() as c:
         _moves(c, s, at)
         if s.follow_ups:  # one statement for a rack's follow-ups (ids as record_actions)
-            for row in _insert_pending(store, c, s.follow_ups, at):
+            for row in _insert(store, c, _pending(s.follow_ups, at)):
                 w.add(row)
         if s.actions:
             c.execute(
