@@ -136,8 +136,9 @@ def test_a_tick_with_a_fault_rereads_only_what_it_wrote(cluster):
     # episodes and the lemon count are one view of the ledger, and the pending actions and
     # the requeue lookup one listing: 11, 8 and 6. The policy's node rows and the XIDs of the
     # window are one read (db/policy_read.py): 10, 7 and 5. A drained node's verdict is
-    # written with its drain (one write of its row a tick): 9
-    assert counts[0] <= 9 and max(counts[1:]) <= 7, counts
+    # written with its drain (one write of its row a tick): 9. A settle's outcomes and the
+    # follow-ups they lead to are one upsert: 8, 6 and 5
+    assert counts[0] <= 8 and max(counts[1:]) <= 6, counts
 
 
 def test_a_node_moved_in_a_tick_has_its_row_written_once(cluster):
@@ -387,6 +388,54 @@ def test_a_racks_drains_are_recorded_in_one_statement_with_their_own_ids(db_url)
             assert stored is not None
             assert (stored.kind, stored.node, stored.reason) == (r.kind, r.node, r.reason)
             assert stored.status is ActionStatus.PENDING
+    finally:
+        store.close()
+
+
+def test_a_settles_outcomes_and_follow_ups_are_one_statement_with_their_own_ids(db_url):
+    """Drains carried out and the requeue_jobs they lead to: the outcomes and the new rows are
+    written in one statement, on either database; each outcome lands on its own row (nothing
+    else in it changes) and each follow-up gets the id of its own new row."""
+    from babysitter.controller.db.tickstore import Outcome, Settled, settle
+
+    store = Store(db_url)
+    store.upgrade()
+    try:
+        now = datetime.now(UTC)
+        other = record_actions(store, [Action(ActionKind.DRAIN, node="x", reason="left")], now)
+        drains = record_actions(
+            store,
+            [Action(ActionKind.DRAIN, node=f"r{i}", reason=f"why {i}") for i in range(3)],
+            now,
+        )
+        follow = [
+            Action(ActionKind.REQUEUE_JOBS, node=d.node, reason=f"after {d.id}") for d in drains
+        ]
+        done = [Outcome(d.id, ActionStatus.DONE, f"drained {d.node}") for d in reversed(drains)]
+        writes: list[str] = []
+        event.listen(
+            store.engine,
+            "before_cursor_execute",
+            lambda *a: writes.append(a[2]) if WRITE.match(a[2]) else None,
+        )
+        with store.tick_reads():
+            store.pending_actions()  # the tick knows the drains' rows
+            settle(store, Settled(actions=done, follow_ups=follow), now)
+        assert len(writes) == 1, writes
+        for d in drains:
+            stored = store.action(d.id)
+            assert stored is not None and stored.status is ActionStatus.DONE
+            assert (stored.node, stored.reason, stored.outcome) == (
+                d.node,
+                d.reason,
+                f"drained {d.node}",
+            )
+        assert store.action(other[0].id).status is ActionStatus.PENDING
+        queued = [a for a in store.actions() if a.kind is ActionKind.REQUEUE_JOBS]
+        assert sorted((a.node, a.reason) for a in queued) == [
+            (d.node, f"after {d.id}") for d in drains
+        ]
+        assert all(a.status is ActionStatus.PENDING and a.id > drains[-1].id for a in queued)
     finally:
         store.close()
 

@@ -35,6 +35,7 @@ from babysitter.controller.db.actions import Action, ActionStatus
 from babysitter.controller.db.episodes import episode_start
 from babysitter.controller.db.policy_read import NAMED, OPEN_FINDINGS
 from babysitter.controller.db.store import Store, aware, stored_finding
+from babysitter.controller.db.upsert import dialect_insert
 from babysitter.finding import Finding
 
 _FINDINGS_NAMED = select(m.nodes.c.name, m.nodes.c.open_findings).where(NAMED)
@@ -168,6 +169,8 @@ def policy_drain_times(store: Store, since: datetime) -> dict[str, list[datetime
     key = ("drain_times",)
     for _, node, t in store.reads.read_since(("actions",), key, since, read, _last, _DONE_POLICY):
         out.setdefault(node, []).append(t)
+    for times in out.values():  # oldest first, however the rows came (a patch appends a row
+        times.sort()  # settled again after newer ones; the database has no order without one)
     return out
 
 
@@ -225,6 +228,46 @@ def _insert(store: Store, c: Connection, rows: list[Action]) -> list[Action]:
     if sqlite:
         ids = sorted(ids)
     return [a.recorded(int(i)) for a, i in zip(rows, ids, strict=True)]
+
+
+def _outcomes_and_inserts(
+    store: Store, c: Connection, settled: list[Action], new: list[Action]
+) -> list[Action]:
+    """The rows `settled` as their outcomes leave them, and the `new` rows, in one statement
+    (a settle's outcomes and the follow-ups they lead to): an upsert on the id, where a row
+    there is takes only its outcome columns. Returns `settled` then `new`, recorded. The new
+    rows' ids are the ones the rows there are do not have, ascending in the rows' order."""
+    if not settled:
+        return _insert(store, c, new)
+    # an action settled twice keeps its last outcome, as updates one after the other would
+    # (an upsert may not touch a row twice)
+    settled = list({a.id: a for a in settled}.values())
+    got = c.execute(
+        _upsert(store.engine.dialect.name),
+        [{**a.columns(), "id": a.id} for a in settled] + [{**a.columns(), "id": None} for a in new],
+    ).scalars()
+    there = {a.id for a in settled}
+    ids = sorted(i for i in map(int, got) if i not in there)
+    return settled + [a.recorded(i) for a, i in zip(new, ids, strict=True)]
+
+
+_OUTCOME = ("status", "outcome", "done_at", "attempts")  # what a settle changes in a row
+
+
+def _upsert(dialect: str) -> Any:
+    # a new row's id (None) is the table's own: SQLite gives a NULL rowid the next one, and
+    # PostgreSQL's is drawn from its sequence in the statement (one round trip, row by row
+    # in the rows' order)
+    given = bindparam("id", type_=m.actions.c.id.type)
+    if dialect == "sqlite":
+        q = dialect_insert(dialect)(m.actions).values(id=given)
+    else:
+        next_id = func.nextval(func.pg_get_serial_sequence("actions", "id"))
+        q = dialect_insert(dialect)(m.actions).values(id=func.coalesce(given, next_id))
+    q = q.on_conflict_do_update(
+        index_elements=[m.actions.c.id], set_={k: q.excluded[k] for k in _OUTCOME}
+    )
+    return q.returning(m.actions.c.id)
 
 
 @dataclass(frozen=True)
@@ -320,10 +363,17 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
     known = [store.reads.known("actions", o.action_id) for o in s.actions]
     with store.reads.writing("actions") as w, store.engine.begin() as c:
         _moves(c, s, at)
-        if s.follow_ups:  # one statement for a rack's follow-ups (ids as record_actions)
-            for row in _insert(store, c, _pending(s.follow_ups, at)):
+        # the outcomes of the actions the tick knows, with the follow-ups: one statement
+        rows = [
+            o.row(before, at)
+            for o, before in zip(s.actions, known, strict=True)
+            if before is not None
+        ]
+        if s.follow_ups or rows:
+            for row in _outcomes_and_inserts(store, c, rows, _pending(s.follow_ups, at)):
                 w.add(row)
-        if s.actions:
+        unknown = [o for o, before in zip(s.actions, known, strict=True) if before is None]
+        if unknown:
             c.execute(
                 update(a)
                 .where(a.c.id == bindparam("b_id"))
@@ -340,8 +390,7 @@ def settle(store: Store, s: Settled, at: datetime) -> None:
                         "b_outcome": o.outcome[:1000],
                         "b_attempts": o.attempts,
                     }
-                    for o in s.actions
+                    for o in unknown
                 ],
             )
-            for o, before in zip(s.actions, known, strict=True):
-                w.add(None if before is None else o.row(before, at))
+            w.add(None)  # rows the tick did not know: its reads of actions are stale
