@@ -598,3 +598,22 @@ def test_the_slurm_client_keeps_an_admins_manual_drain_from_automation():
     assert c.drain_many(["n1"], f"{MANUAL_MARK} still cabling")["n1"] is None  # the admin's
     assert c.resume_many(["n1"], manual=True)["n1"] is None
     assert c.done == [f"drain babysitter: {MANUAL_MARK} still cabling", "resume"]
+
+
+@pytest.mark.parametrize(
+    ("size", "min_drainable", "fraction"),
+    [(1, 1, 0.1), (7, 1, 0.1), (10, 2, 0.1), (64, 1, 0.1), (64, 8, 0.05), (100, 0, 0.25)],
+)
+def test_the_admission_steps_partition_cap_is_the_policys_drain_limit(
+    size, min_drainable, fraction
+):
+    """The policy's blast-radius guard and the admission step hold a partition to the same
+    number of drained nodes (one rule: a copy that drifted would let one of them drain what
+    the other refuses)."""
+    from babysitter.controller.loop.decide.node.drain_guard import drain_limit
+    from babysitter.controller.loop.decide.node.facts_model import PolicySettings
+
+    policy = PolicySettings(max_drained_fraction=fraction, min_drainable=min_drainable)
+    limits = Limits(max_drained_fraction=fraction, min_drainable=min_drainable)
+    assert limits.guard_limit(size) == drain_limit(size, policy)
+    assert drain_limit(size, policy) >= min_drainable  # the first fault of a small partition

@@ -37,6 +37,7 @@ from babysitter.controller.db.store import Store
 from babysitter.controller.db.tickstore import drains_since, pending_drain_nodes
 from babysitter.controller.loop.admit.refusal import Act, Refusal, Why
 from babysitter.controller.loop.decide.blast import BlastSettings
+from babysitter.controller.loop.decide.node.drain_guard import drained_cap
 from babysitter.controller.loop.read.ledger import ACTIVE, Ledger, Phase
 from babysitter.controller.loop.read.snapshot import SlurmSnapshot
 from babysitter.controller.loop.record.alerts import Alert
@@ -68,8 +69,8 @@ class Limits:
     max_concurrent_fraction: float = 0.0
 
     def guard_limit(self, size: int) -> float:
-        """policy.drain_limit: the fraction, never fewer than min_drainable."""
-        return max(float(self.min_drainable), self.max_drained_fraction * size)
+        """The policy's drain limit (`drained_cap`), with these limits."""
+        return drained_cap(size, self.min_drainable, self.max_drained_fraction)
 
     @classmethod
     def from_config(cls, cfg: Config) -> Limits:

@@ -18,9 +18,15 @@ from babysitter.finding import Severity
 
 
 def drain_limit(size: int, s: PolicySettings) -> float:
+    """Nodes of a partition of `size` babysitter may hold drained (`drained_cap`)."""
+    return drained_cap(size, s.min_drainable, s.max_drained_fraction)
+
+
+def drained_cap(size: int, min_drainable: int, max_drained_fraction: float) -> float:
     """Nodes of a partition of `size` babysitter may hold drained: the fraction, but never
-    fewer than min_drainable (so the first fault in a small partition is drained)."""
-    return max(float(s.min_drainable), s.max_drained_fraction * size)
+    fewer than min_drainable (so the first fault in a small partition is drained). The one
+    rule for the policy's guard and the admission step's cap."""
+    return max(float(min_drainable), max_drained_fraction * size)
 
 
 @dataclass(frozen=True)
